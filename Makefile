@@ -1,0 +1,58 @@
+# blockmem_lite — the two commands a newcomer needs:
+#   make lab    set up .venv if needed, check the environment, open JupyterLab on notebooks/
+#   make test   set up .venv if needed, lint, check exercises, run pytest + every notebook (fast mode)
+#
+# TORCH_SPEC picks the PyTorch build. The default pins the version the kit is
+# tested with; pip then takes your platform's wheel (on this project's CI machine
+# that is a CPU wheel on local disk). For a CPU-only build on Linux pass PyTorch's
+# CPU wheel index, e.g.  make lab TORCH_PIP_ARGS="--index-url <PyTorch CPU index URL>"
+PYTHON ?= python3
+VENV ?= .venv
+TORCH_SPEC ?= torch==2.13.0
+TORCH_PIP_ARGS ?=
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.blockmem_installed
+PORT ?= 8888
+
+# Environment for headless, offline, fast runs (CI and `make test`).
+TEST_ENV := BLOCKMEM_FAST=1 BLOCKMEM_HEADLESS=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 \
+	PLOTLY_RENDERER=json PYTHONHASHSEED=0
+
+.PHONY: setup lab test lint pytest notebooks exercises bench clean-notebooks help
+
+help:
+	@echo "make lab    - set up (if needed) and open JupyterLab on notebooks/ (stop: Ctrl-C twice)"
+	@echo "make test   - set up (if needed) and run every test (library + notebooks, fast mode)"
+	@echo "make bench  - run the dense benchmark and print the table"
+	@echo "make exercises - regenerate notebooks/exercises/ from notebooks/solutions/"
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install --quiet -e ".[notebooks,test]"
+	@touch $(STAMP)
+
+setup: $(STAMP)
+
+lab: setup
+	$(BIN)/python -m blockmem_lite envcheck
+	$(BIN)/jupyter lab --notebook-dir=notebooks --port=$(PORT)
+
+lint: setup
+	$(BIN)/python -m ruff check blockmem_lite tests notebooks
+
+exercises: setup
+	$(BIN)/python -m blockmem_lite exercises build
+
+test: setup lint
+	$(BIN)/python -m blockmem_lite exercises check
+	$(TEST_ENV) $(BIN)/python -m pytest tests \
+		--nbval-lax --nbval-current-env --nbval-cell-timeout=600 \
+		notebooks/*.ipynb notebooks/solutions/*.ipynb
+
+bench: setup
+	$(BIN)/python -m blockmem_lite bench --arch dense --seq-len 256,1024,4096
+
+clean-notebooks: setup
+	$(BIN)/python -m blockmem_lite exercises strip notebooks

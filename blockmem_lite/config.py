@@ -1,0 +1,240 @@
+"""Configuration: model and training dataclasses, presets, and validation.
+
+Every notebook has one visible config cell::
+
+    cfg = notebook_config("class", arch="dense")
+
+which returns the ``fast`` preset instead when the environment variable
+``BLOCKMEM_FAST=1`` is set (CI). Invalid values raise a ``ValueError`` that
+names the field, the value and what is allowed.
+
+Presets (kit scale, see MECHANISMS.md "Kit decisions"):
+
+========  ===========================  =========================================
+preset    size                         meant for
+========  ===========================  =========================================
+tiny      d=32, 2 layers, T=32         unit tests (milliseconds)
+fast      d=32, 2 layers, T=64         CI notebooks (< 1 min each on 2 CPU cores)
+class     d=128, 4 layers, T=256       a classroom laptop CPU (a few minutes)
+gpu       d=384, 8 layers, T=1024      one GPU (about 15M parameters)
+========  ===========================  =========================================
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field, fields
+
+PRESET_NAMES = ("tiny", "fast", "class", "gpu")
+
+
+def _fail(field_name: str, value, allowed: str) -> None:
+    raise ValueError(f"{field_name}={value!r} is not allowed: {allowed}")
+
+
+def _check_int(name: str, value, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        _fail(name, value, f"expected an integer >= {minimum}")
+
+
+def _check_float(name: str, value, low: float, high: float | None = None,
+                 low_inclusive: bool = True) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        _fail(name, value, "expected a number")
+    too_low = value < low if low_inclusive else value <= low
+    if too_low or (high is not None and value > high):
+        bracket = "[" if low_inclusive else "("
+        upper = f"{high}]" if high is not None else "inf)"
+        _fail(name, value, f"expected a number in {bracket}{low}, {upper}")
+
+
+@dataclass
+class ModelConfig:
+    """Shape of a language model. Mechanism modules add their own fields here.
+
+    The common backbone (kit decision): pre-norm blocks, RMSNorm, RoPE, SwiGLU
+    MLP, no biases, untied LM head.
+    """
+
+    arch: str = "dense"
+    vocab_size: int = 256            # byte-level tokenizer by default
+    d_model: int = 128
+    n_layer: int = 4
+    n_head: int = 4
+    seq_len: int = 256               # training context length T
+    mlp_ratio: float = 8 / 3         # SwiGLU hidden = round_up(mlp_ratio * d, 8)
+    rope_base: float = 10000.0
+    norm_eps: float = 1e-5
+    dropout: float = 0.0
+    init_std: float = 0.02
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_head
+
+    def validate(self) -> None:
+        from blockmem_lite.models.base import available_archs
+
+        archs = available_archs()
+        if self.arch not in archs:
+            _fail("arch", self.arch, f"known architectures are {', '.join(archs)}")
+        _check_int("vocab_size", self.vocab_size, 2)
+        _check_int("d_model", self.d_model, 2)
+        _check_int("n_layer", self.n_layer, 1)
+        _check_int("n_head", self.n_head, 1)
+        if self.d_model % self.n_head:
+            _fail("n_head", self.n_head,
+                  f"must divide d_model={self.d_model} (divisors: "
+                  f"{', '.join(str(h) for h in range(1, self.d_model + 1) if self.d_model % h == 0)})")
+        if self.head_dim % 2:
+            _fail("n_head", self.n_head,
+                  f"d_model/n_head={self.head_dim} must be even for RoPE")
+        _check_int("seq_len", self.seq_len, 1)
+        _check_float("mlp_ratio", self.mlp_ratio, 0.0, low_inclusive=False)
+        _check_float("rope_base", self.rope_base, 1.0, low_inclusive=False)
+        _check_float("norm_eps", self.norm_eps, 0.0, low_inclusive=False)
+        _check_float("dropout", self.dropout, 0.0, 1.0)
+        _check_float("init_std", self.init_std, 0.0, low_inclusive=False)
+
+
+@dataclass
+class TrainConfig:
+    """How to train: optimiser, schedule, evaluation, checkpoints, device."""
+
+    steps: int = 600
+    batch_size: int = 16
+    lr: float = 3e-3
+    min_lr_ratio: float = 0.1        # cosine decays to lr * min_lr_ratio
+    warmup_steps: int = 30
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0           # 0 disables clipping
+    eval_every: int = 100
+    eval_batches: int = 8
+    log_every: int = 10
+    checkpoint_every: int = 0        # 0: only at the end / on interrupt
+    checkpoint_dir: str | None = None
+    seed: int = 0
+    device: str = "auto"             # auto = cuda > mps > cpu
+    precision: str = "auto"          # auto = bf16 autocast on CUDA, fp32 elsewhere
+    num_workers: int = 0             # DataLoader workers; 0 keeps 2-core machines responsive
+    val_fraction: float = 0.1
+    corpus: str = "offline"          # see corpora.load_corpus
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        _check_int("steps", self.steps, 1)
+        _check_int("batch_size", self.batch_size, 1)
+        _check_float("lr", self.lr, 0.0, low_inclusive=False)
+        _check_float("min_lr_ratio", self.min_lr_ratio, 0.0, 1.0)
+        _check_int("warmup_steps", self.warmup_steps, 0)
+        _check_float("weight_decay", self.weight_decay, 0.0)
+        _check_float("beta1", self.beta1, 0.0, 1.0)
+        _check_float("beta2", self.beta2, 0.0, 1.0)
+        _check_float("grad_clip", self.grad_clip, 0.0)
+        _check_int("eval_every", self.eval_every, 1)
+        _check_int("eval_batches", self.eval_batches, 1)
+        _check_int("log_every", self.log_every, 1)
+        _check_int("checkpoint_every", self.checkpoint_every, 0)
+        _check_int("seed", self.seed, 0)
+        if self.device not in ("auto", "cpu", "cuda", "mps") and not self.device.startswith("cuda:"):
+            _fail("device", self.device, "expected 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'")
+        if self.precision not in ("auto", "fp32", "bf16"):
+            _fail("precision", self.precision, "expected 'auto', 'fp32' or 'bf16'")
+        _check_int("num_workers", self.num_workers, 0)
+        _check_float("val_fraction", self.val_fraction, 0.0, 0.5, low_inclusive=False)
+
+
+@dataclass
+class RunConfig:
+    """A model config, a training config, and where they came from."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    preset: str = "class"
+
+    @property
+    def fast(self) -> bool:
+        return self.preset in ("tiny", "fast")
+
+    def replace(self, **overrides) -> RunConfig:
+        """A copy with fields of ``model`` or ``train`` replaced (validated)."""
+        model_names = {f.name for f in fields(ModelConfig)}
+        train_names = {f.name for f in fields(TrainConfig)}
+        model_kw, train_kw = {}, {}
+        for key, value in overrides.items():
+            if key in model_names:
+                model_kw[key] = value
+            elif key in train_names:
+                train_kw[key] = value
+            else:
+                _fail(key, value,
+                      "unknown field; ModelConfig has " + ", ".join(sorted(model_names))
+                      + "; TrainConfig has " + ", ".join(sorted(train_names)))
+        return RunConfig(
+            model=dataclasses.replace(self.model, **model_kw),
+            train=dataclasses.replace(self.train, **train_kw),
+            preset=self.preset,
+        )
+
+    def to_dict(self) -> dict:
+        return {"preset": self.preset, "model": dataclasses.asdict(self.model),
+                "train": dataclasses.asdict(self.train)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> RunConfig:
+        return cls(model=ModelConfig(**d["model"]), train=TrainConfig(**d["train"]),
+                   preset=d.get("preset", "custom"))
+
+
+def _preset_fields(name: str) -> tuple[dict, dict]:
+    if name == "tiny":
+        return (dict(d_model=32, n_layer=2, n_head=2, seq_len=32),
+                dict(steps=20, batch_size=4, lr=3e-3, warmup_steps=2, eval_every=10,
+                     eval_batches=2, log_every=5))
+    if name == "fast":
+        return (dict(d_model=32, n_layer=2, n_head=2, seq_len=64),
+                dict(steps=60, batch_size=8, lr=5e-3, warmup_steps=5, eval_every=20,
+                     eval_batches=2, log_every=10))
+    if name == "class":
+        return (dict(d_model=128, n_layer=4, n_head=4, seq_len=256),
+                dict(steps=600, batch_size=16, lr=3e-3, warmup_steps=30, eval_every=100,
+                     eval_batches=8, log_every=10))
+    if name == "gpu":
+        return (dict(d_model=384, n_layer=8, n_head=6, seq_len=1024),
+                dict(steps=5000, batch_size=32, lr=1e-3, warmup_steps=200, eval_every=250,
+                     eval_batches=20, log_every=25, corpus="wikitext-103"))
+    _fail("preset", name, f"expected one of {', '.join(PRESET_NAMES)}")
+    raise AssertionError  # unreachable: _fail raises
+
+
+def preset(name: str, **overrides) -> RunConfig:
+    """The named preset (tiny, fast, class, gpu), with optional field overrides."""
+    model_kw, train_kw = _preset_fields(name)
+    cfg = RunConfig(model=ModelConfig(**model_kw), train=TrainConfig(**train_kw), preset=name)
+    return cfg.replace(**overrides) if overrides else cfg
+
+
+def fast_mode() -> bool:
+    """True when ``BLOCKMEM_FAST`` is set to 1/true/yes (CI and quick runs)."""
+    return os.environ.get("BLOCKMEM_FAST", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def notebook_config(preset_name: str = "class", *, fast: dict | None = None,
+                    **overrides) -> RunConfig:
+    """The config a notebook uses: ``preset_name``, or ``fast`` when BLOCKMEM_FAST=1.
+
+    ``overrides`` apply in both modes (e.g. ``arch="bcmt"``); ``fast`` holds extra
+    overrides applied only in fast mode, after ``overrides`` (e.g. fewer steps).
+    """
+    if fast_mode():
+        cfg = preset("fast", **overrides)
+        return cfg.replace(**fast) if fast else cfg
+    return preset(preset_name, **overrides)

@@ -1,0 +1,53 @@
+"""Boolean attention masks as pure functions.
+
+Convention everywhere in the kit: ``mask[q, k] == True`` means query ``q`` MAY
+attend to key ``k`` (the same convention as ``F.scaled_dot_product_attention``
+boolean masks). Masks are for teaching, tests, plots and the few places where
+no fast kernel exists; hot paths use ``is_causal`` or reshapes instead
+(PERFORMANCE.md: a T x T mask is slower than dense).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _check_positive(name: str, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name}={value!r} is not allowed: expected an integer >= 1")
+
+
+def causal_mask(q_len: int, kv_len: int | None = None, device=None) -> torch.Tensor:
+    """Causal mask aligned to the bottom-right: (q_len, kv_len).
+
+    With a KV cache the ``q_len`` queries are the *last* ``q_len`` positions of
+    the ``kv_len`` keys, so query i sits at absolute position ``kv_len - q_len + i``
+    and may see keys ``0 .. kv_len - q_len + i``. For ``q_len == kv_len`` this
+    is the usual lower triangle.
+    """
+    kv_len = q_len if kv_len is None else kv_len
+    _check_positive("q_len", q_len)
+    _check_positive("kv_len", kv_len)
+    if q_len > kv_len:
+        raise ValueError(f"q_len={q_len} is not allowed: must be <= kv_len={kv_len}")
+    q_pos = torch.arange(kv_len - q_len, kv_len, device=device)[:, None]  # (q, 1)
+    k_pos = torch.arange(kv_len, device=device)[None, :]                  # (1, k)
+    return k_pos <= q_pos
+
+
+def block_causal_mask(seq_len: int, block_size: int, device=None) -> torch.Tensor:
+    """Block-local causal mask: (T, T); token t sees s iff same block and s <= t.
+
+    This is what BCMT / HOnly's local attention computes; the fast path reshapes
+    (B, H, T, hd) to (B, H*T/L, L, hd) instead of building this mask.
+    """
+    _check_positive("seq_len", seq_len)
+    _check_positive("block_size", block_size)
+    pos = torch.arange(seq_len, device=device)
+    same_block = (pos[:, None] // block_size) == (pos[None, :] // block_size)
+    return same_block & causal_mask(seq_len, device=device)
+
+
+def mask_density(mask: torch.Tensor) -> float:
+    """Fraction of allowed (query, key) pairs: the share of attention work done."""
+    return mask.float().mean().item()

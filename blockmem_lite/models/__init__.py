@@ -1,0 +1,15 @@
+"""Model zoo: one module per mechanism, all behind ``LanguageModel`` and ``build_model``."""
+
+from blockmem_lite.models import dense  # noqa: F401  (registers "dense")
+from blockmem_lite.models.base import (
+    IGNORE_INDEX,
+    LanguageModel,
+    ModelOutput,
+    State,
+    available_archs,
+    build_model,
+    register,
+)
+
+__all__ = ["IGNORE_INDEX", "LanguageModel", "ModelOutput", "State", "available_archs",
+           "build_model", "register"]

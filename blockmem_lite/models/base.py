@@ -1,0 +1,183 @@
+"""The interface every model in the kit shares, and the registry.
+
+Because every architecture implements the same ``LanguageModel`` interface,
+the trainer, the benchmarks, the dashboard and the notebooks never branch on
+the architecture:
+
+* ``forward(tokens, targets=None) -> ModelOutput(logits, loss, aux_loss)``
+  tokens, targets: (B, T) int64; targets == -100 are ignored in the loss.
+* ``prefill(tokens, max_len) -> (logits (B, T, V), state)`` and
+  ``step(token, state) -> (logits (B, V), state)``: incremental decoding.
+  Step-by-step logits must equal the full forward's (tests prove it).
+* ``generate(prompt, max_new_tokens, ...)`` built on prefill/step.
+* ``State.nbytes()`` reports the bytes the decoding state holds, so cache
+  memory is comparable across mechanisms.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+IGNORE_INDEX = -100
+
+_REGISTRY: dict[str, Callable] = {}
+
+
+def register(*names: str):
+    """Class decorator: make ``build_model`` know this architecture by ``names``."""
+
+    def wrap(cls):
+        for name in names:
+            _REGISTRY[name] = cls
+        return cls
+
+    return wrap
+
+
+def available_archs() -> list[str]:
+    import blockmem_lite.models  # noqa: F401  (importing registers the built-in models)
+
+    return sorted(_REGISTRY)
+
+
+def build_model(cfg) -> LanguageModel:
+    """Build the model for ``cfg`` (a ModelConfig, or a RunConfig whose ``.model`` is used)."""
+    model_cfg = getattr(cfg, "model", cfg)
+    archs = available_archs()
+    if model_cfg.arch not in _REGISTRY:
+        raise ValueError(f"arch={model_cfg.arch!r} is not allowed: known architectures are "
+                         f"{', '.join(archs)}")
+    return _REGISTRY[model_cfg.arch](model_cfg)
+
+
+@dataclass
+class ModelOutput:
+    logits: torch.Tensor                 # (B, T, V)
+    loss: torch.Tensor | None = None     # scalar: cross-entropy + aux_loss
+    aux_loss: torch.Tensor | None = None  # scalar: auxiliary terms already in loss (0 if none)
+    ce_loss: torch.Tensor | None = None  # scalar: the language-model cross-entropy alone
+
+
+class State:
+    """Decoding state of one model (KV caches, memories...). Subclasses hold tensors."""
+
+    def tensors(self) -> list[torch.Tensor]:
+        """Every tensor the state holds; ``nbytes`` sums them."""
+        raise NotImplementedError(f"{type(self).__name__} must list its tensors")
+
+    def nbytes(self) -> int:
+        """Bytes held by the state (what decoding keeps in memory besides the weights)."""
+        seen, total = set(), 0
+        for t in self.tensors():
+            key = (t.untyped_storage().data_ptr(), t.device)
+            if key not in seen:
+                seen.add(key)
+                total += t.untyped_storage().nbytes()
+        return total
+
+
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy over positions whose target is not IGNORE_INDEX."""
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1),
+                           ignore_index=IGNORE_INDEX)
+
+
+def check_tokens(tokens: torch.Tensor, vocab_size: int, max_len: int | None = None) -> None:
+    """Clear errors for token tensors of the wrong shape, dtype or range."""
+    if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2:
+        shape = tuple(tokens.shape) if isinstance(tokens, torch.Tensor) else type(tokens).__name__
+        raise ValueError(f"tokens of shape {shape} are not allowed: expected a (batch, time) tensor")
+    if tokens.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"tokens.dtype={tokens.dtype} is not allowed: expected torch.long")
+    if tokens.numel() and (tokens.min() < 0 or tokens.max() >= vocab_size):
+        raise ValueError(f"token ids in [{tokens.min().item()}, {tokens.max().item()}] are not "
+                         f"allowed: expected ids in [0, {vocab_size - 1}] (vocab_size={vocab_size})")
+    if max_len is not None and tokens.shape[1] > max_len:
+        raise ValueError(f"sequence length {tokens.shape[1]} is not allowed: this model's "
+                         f"maximum is {max_len}")
+
+
+class LanguageModel(nn.Module):
+    """Base class: subclasses implement ``forward``, ``prefill`` and ``step``."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.cfg = cfg
+
+    # --- interface -----------------------------------------------------------------
+    def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None) -> ModelOutput:
+        raise NotImplementedError
+
+    def prefill(self, tokens: torch.Tensor, max_len: int | None = None):
+        """Run the prompt (B, T); return (logits (B, T, V), state) ready for ``step``.
+
+        ``max_len`` is the total length the state must hold (prompt + new tokens).
+        """
+        raise NotImplementedError
+
+    def step(self, token: torch.Tensor, state: State):
+        """Feed one token per sequence, (B,) or (B, 1); return (logits (B, V), state)."""
+        raise NotImplementedError
+
+    # --- shared helpers ------------------------------------------------------------
+    def output(self, logits: torch.Tensor, targets: torch.Tensor | None,
+               aux_loss: torch.Tensor | None = None) -> ModelOutput:
+        """Package logits with CE (+ aux) loss the same way for every model."""
+        aux = aux_loss if aux_loss is not None else logits.new_zeros(())
+        if targets is None:
+            return ModelOutput(logits=logits, aux_loss=aux)
+        ce = lm_loss(logits, targets)
+        return ModelOutput(logits=logits, loss=ce + aux, aux_loss=aux, ce_loss=ce)
+
+    def num_params(self, trainable_only: bool = False) -> int:
+        return sum(p.numel() for p in self.parameters() if p.requires_grad or not trainable_only)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.parameters()).device
+
+    @torch.no_grad()
+    def generate(self, prompt: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
+                 top_k: int | None = None, greedy: bool = False,
+                 generator: torch.Generator | None = None) -> torch.Tensor:
+        """Continue ``prompt`` (B, T) by ``max_new_tokens``; returns (B, T + new).
+
+        ``greedy=True`` (or temperature 0) takes the argmax; otherwise samples
+        from softmax(logits / temperature), optionally restricted to ``top_k``.
+        """
+        if max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens={max_new_tokens} is not allowed: expected >= 0")
+        if temperature < 0:
+            raise ValueError(f"temperature={temperature} is not allowed: expected >= 0")
+        if top_k is not None and top_k < 1:
+            raise ValueError(f"top_k={top_k} is not allowed: expected None or >= 1")
+        was_training = self.training
+        self.eval()
+        logits, state = self.prefill(prompt, max_len=prompt.shape[1] + max_new_tokens)
+        next_logits = logits[:, -1]                          # (B, V)
+        out = [prompt]
+        for i in range(max_new_tokens):
+            token = _pick(next_logits, temperature, top_k, greedy, generator)  # (B,)
+            out.append(token[:, None])
+            if i + 1 < max_new_tokens:
+                next_logits, state = self.step(token, state)
+        self.train(was_training)
+        return torch.cat(out, dim=1)
+
+
+def _pick(logits: torch.Tensor, temperature: float, top_k: int | None, greedy: bool,
+          generator: torch.Generator | None) -> torch.Tensor:
+    """Choose the next token from logits (B, V)."""
+    if greedy or temperature == 0:
+        return logits.argmax(dim=-1)
+    logits = logits.float() / temperature
+    if top_k is not None:
+        kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = logits.softmax(dim=-1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
