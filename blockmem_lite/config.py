@@ -27,6 +27,7 @@ import os
 from dataclasses import dataclass, field, fields
 
 PRESET_NAMES = ("tiny", "fast", "class", "gpu")
+BLOCK_ARCHS = ("bcmt", "honly")      # architectures that use block_size / alpha
 
 
 def _fail(field_name: str, value, allowed: str) -> None:
@@ -68,6 +69,11 @@ class ModelConfig:
     norm_eps: float = 1e-5
     dropout: float = 0.0
     init_std: float = 0.02
+    # --- BCMT / HOnly (models/bcmt.py) ---
+    block_size: int = 64             # L: tokens per block (the tail is padded)
+    alpha: float = 0.8               # decay of the exponential block memory (fixed)
+    memory: bool = True              # False = the HOnly ablation (no block memory)
+    learn_alpha: bool = False        # exercises only: make alpha a parameter
 
     def __post_init__(self) -> None:
         self.validate()
@@ -99,6 +105,12 @@ class ModelConfig:
         _check_float("norm_eps", self.norm_eps, 0.0, low_inclusive=False)
         _check_float("dropout", self.dropout, 0.0, 1.0)
         _check_float("init_std", self.init_std, 0.0, low_inclusive=False)
+        if self.arch in BLOCK_ARCHS:
+            _check_int("block_size", self.block_size, 1)
+            if self.block_size > self.seq_len:
+                _fail("block_size", self.block_size,
+                      f"must be between 1 and seq_len={self.seq_len} (the context)")
+            _check_float("alpha", self.alpha, 0.0, 1.0)
 
 
 @dataclass
@@ -196,19 +208,19 @@ class RunConfig:
 
 def _preset_fields(name: str) -> tuple[dict, dict]:
     if name == "tiny":
-        return (dict(d_model=32, n_layer=2, n_head=2, seq_len=32),
+        return (dict(d_model=32, n_layer=2, n_head=2, seq_len=32, block_size=8),
                 dict(steps=20, batch_size=4, lr=3e-3, warmup_steps=2, eval_every=10,
                      eval_batches=2, log_every=5))
     if name == "fast":
-        return (dict(d_model=32, n_layer=2, n_head=2, seq_len=64),
+        return (dict(d_model=32, n_layer=2, n_head=2, seq_len=64, block_size=16),
                 dict(steps=60, batch_size=8, lr=5e-3, warmup_steps=5, eval_every=20,
                      eval_batches=2, log_every=10))
     if name == "class":
-        return (dict(d_model=128, n_layer=4, n_head=4, seq_len=256),
+        return (dict(d_model=128, n_layer=4, n_head=4, seq_len=256, block_size=64),
                 dict(steps=600, batch_size=16, lr=3e-3, warmup_steps=30, eval_every=100,
                      eval_batches=8, log_every=10))
     if name == "gpu":
-        return (dict(d_model=384, n_layer=8, n_head=6, seq_len=1024),
+        return (dict(d_model=384, n_layer=8, n_head=6, seq_len=1024, block_size=128),
                 dict(steps=5000, batch_size=32, lr=1e-3, warmup_steps=200, eval_every=250,
                      eval_batches=20, log_every=25, corpus="wikitext-103"))
     _fail("preset", name, f"expected one of {', '.join(PRESET_NAMES)}")

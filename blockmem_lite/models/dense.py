@@ -38,12 +38,16 @@ class DenseLM(LanguageModel):
     def __init__(self, cfg):
         super().__init__(cfg)
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.blocks = nn.ModuleList(
-            Block(cfg.d_model, cfg.n_head, cfg.mlp_ratio, cfg.rope_base, cfg.norm_eps, cfg.dropout)
-            for _ in range(cfg.n_layer))
+        self.blocks = nn.ModuleList(self.build_block(i) for i in range(cfg.n_layer))
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         init_weights(self, cfg.init_std, cfg.n_layer)
+
+    def build_block(self, index: int) -> nn.Module:
+        """Layer ``index`` of the stack; mechanisms that change the layer override this."""
+        cfg = self.cfg
+        return Block(cfg.d_model, cfg.n_head, cfg.mlp_ratio, cfg.rope_base, cfg.norm_eps,
+                     cfg.dropout)
 
     def _run(self, tokens: torch.Tensor, caches: list[KVCache] | None = None,
              reference: bool = False) -> torch.Tensor:

@@ -1,0 +1,319 @@
+"""BCMT: Blockwise Causal Memory Transformer (Arezki, 2026), and the HOnly ablation.
+
+Each layer (MECHANISMS.md section 1.2; B batch, N blocks, L block size, D width):
+
+1. local attention: ``U = X + LocalAttn(RMSNorm(X))``, causal *inside* each block
+   of L tokens, by reshaping (B, H, T, hd) -> (B, H*N, L, hd) for SDPA;
+2. adaptive summary: ``a_t = RMSNorm_s(U)_t . w_s + b_s``,
+   ``pi = softmax over the block``, ``S_j = sum_t pi_t RMSNorm_s(U)_t``;
+3. normalised exponential memory: ``M_i = sum_{j<=i} a^(i-j) S_j / sum_{j<=i} a^(i-j)``
+   (alpha = 0.8, fixed), computed as ``W @ S`` with the N x N row-normalised matrix W;
+4. shift by one block: block i reads M_{i-1} (block 0 reads zeros);
+5. ``P = M_shifted W_p``, copied to every token of the block;
+6. gated fusion: ``G = sigmoid([U ; P] W_g + b_g)``, ``V = U + G * P``;
+7. ``Y = V + MLP(RMSNorm(V))``.
+
+``memory=False`` (or ``arch="honly"``) drops steps 2-6: a purely block-local model.
+
+What the paper states (abstract, a published summary, one third-party review):
+dense causal attention inside local blocks; adaptive block summaries from a
+linear score and a softmax over the block's tokens; a normalised causal
+exponential memory with fixed alpha = 0.8; projected, shifted by one block,
+broadcast to the block and fused by a learned gate; HOnly = no memory.
+
+Our design choices (the paper is silent; MECHANISMS.md marks them):
+memory in every layer, from that layer's own states; RMSNorm before
+summarising; zero memory for the first block; the additive gated residual
+``V = U + G * P`` (so one block, L = T, is exactly a dense Transformer); RoPE
+with absolute positions (relative, so equal to within-block positions);
+SwiGLU MLP; padding the tail to a multiple of L with the padded tokens masked
+out of the summary softmax.
+
+Generation keeps, per layer, a KV cache of at most one block, the (num, den)
+memory state and a streaming summary (running max, normaliser, weighted sum),
+so the decoding state is constant in the context length.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from blockmem_lite.masks import block_causal_mask
+from blockmem_lite.models.base import State, check_tokens, register
+from blockmem_lite.models.dense import DenseLM
+from blockmem_lite.nn import MLP, KVCache, RMSNorm, SelfAttention, attention, reference_attention
+from blockmem_lite.trace import is_tracing, record, scope
+
+# --- the memory maths as pure functions (tests and notebooks use them) -------------------
+
+def decay_weights(n_blocks: int, alpha, dtype=torch.float32, device=None) -> torch.Tensor:
+    """Row-normalised causal decay matrix W: (N, N), ``W_ij ∝ alpha^(i-j)`` for j <= i.
+
+    Exponents are i - j >= 0, so nothing overflows (unlike alpha^-j tricks);
+    ``alpha`` may be a float or a 0-d tensor (learnable for exercises).
+    """
+    i = torch.arange(n_blocks, device=device)[:, None]
+    j = torch.arange(n_blocks, device=device)[None, :]
+    lag = (i - j).clamp(min=0).to(dtype)                                   # (N, N)
+    alpha = torch.as_tensor(alpha, dtype=dtype, device=device)
+    w = torch.pow(alpha, lag) * (j <= i).to(dtype)
+    return w / w.sum(dim=-1, keepdim=True)
+
+
+def memory_matrix_form(summaries: torch.Tensor, alpha) -> torch.Tensor:
+    """M = W S. summaries: (B, N, D) -> memories (B, N, D), M_i over blocks 0..i."""
+    w = decay_weights(summaries.shape[1], alpha, summaries.dtype, summaries.device)
+    return w @ summaries
+
+
+def memory_scan_form(summaries: torch.Tensor, alpha) -> torch.Tensor:
+    """The same memory by the recurrence num = a*num + S_j, den = a*den + 1, M_j = num/den."""
+    num = torch.zeros_like(summaries[:, 0])                                # (B, D)
+    den = 0.0
+    out = []
+    for j in range(summaries.shape[1]):
+        num = alpha * num + summaries[:, j]
+        den = alpha * den + 1.0
+        out.append(num / den)
+    return torch.stack(out, dim=1)                                         # (B, N, D)
+
+
+def shift_one_block(memories: torch.Tensor) -> torch.Tensor:
+    """Block i gets M_{i-1}; block 0 gets zeros. (B, N, D) -> (B, N, D)."""
+    return torch.cat([torch.zeros_like(memories[:, :1]), memories[:, :-1]], dim=1)
+
+
+def block_summaries(states: torch.Tensor, scores: torch.Tensor, block_size: int,
+                    n_valid: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax-weighted summary per block.
+
+    states: (B, N*L, D), scores: (B, N*L); tokens at index >= n_valid are padding
+    and get weight 0. Returns (summaries (B, N, D), weights pi (B, N, L)).
+    """
+    b, t, d = states.shape
+    n = t // block_size
+    scores = scores.view(b, n, block_size)
+    if n_valid is not None and n_valid < t:
+        pad = torch.arange(t, device=states.device).view(n, block_size) >= n_valid
+        scores = scores.masked_fill(pad, float("-inf"))
+    weights = scores.softmax(dim=-1)                                       # (B, N, L)
+    summaries = torch.einsum("bnl,bnld->bnd", weights, states.view(b, n, block_size, d))
+    return summaries, weights
+
+
+# --- one layer -------------------------------------------------------------------------
+
+class BCMTLayerState:
+    """Per-layer decoding state: one block of KV, the memory and the streaming summary."""
+
+    def __init__(self, cache: KVCache, dim: int, batch: int, device, dtype):
+        self.cache = cache
+        zeros = dict(device=device, dtype=dtype)
+        self.num = torch.zeros(batch, dim, **zeros)          # sum_j alpha^(i-j) S_j
+        self.den = torch.zeros(batch, 1, **zeros)            # sum_j alpha^(i-j)
+        self.memory_out = torch.zeros(batch, 1, dim, **zeros)  # P for the current block
+        self.run_max = torch.full((batch, 1), float("-inf"), **zeros)
+        self.run_norm = torch.zeros(batch, 1, **zeros)
+        self.run_sum = torch.zeros(batch, dim, **zeros)
+
+    def reset_summary(self) -> None:
+        self.run_max.fill_(float("-inf"))
+        self.run_norm.zero_()
+        self.run_sum.zero_()
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [self.cache.k, self.cache.v, self.num, self.den, self.memory_out,
+                self.run_max, self.run_norm, self.run_sum]
+
+
+class BCMTLayer(nn.Module):
+    """Local causal attention + (optionally) the gated block memory + MLP."""
+
+    def __init__(self, cfg, memory: bool):
+        super().__init__()
+        d = cfg.d_model
+        self.block_size = cfg.block_size
+        self.has_memory = memory
+        self.norm1 = RMSNorm(d, cfg.norm_eps)
+        self.attn = SelfAttention(d, cfg.n_head, cfg.rope_base, cfg.dropout)
+        self.norm2 = RMSNorm(d, cfg.norm_eps)
+        self.mlp = MLP(d, cfg.mlp_ratio)
+        self.drop = nn.Dropout(cfg.dropout)
+        if memory:
+            self.summary_norm = RMSNorm(d, cfg.norm_eps)
+            self.score = nn.Linear(d, 1)                  # w_s, b_s
+            self.memory_proj = nn.Linear(d, d, bias=False)  # W_p (no bias: P_0 = 0)
+            self.gate = nn.Linear(2 * d, d)               # W_g, b_g
+            alpha = torch.tensor(float(cfg.alpha))
+            if cfg.learn_alpha:
+                self.alpha = nn.Parameter(alpha)
+            else:
+                self.register_buffer("alpha", alpha)
+
+    # parallel (training) form ------------------------------------------------------
+    def local_attention(self, x: torch.Tensor, positions: torch.Tensor,
+                        reference: bool = False) -> torch.Tensor:
+        """Causal attention inside blocks. x: (B, N*L, D) -> (B, N*L, D)."""
+        q, k, v = self.attn.project_qkv(x, positions)                      # (B, H, T, hd)
+        b, h, t, hd = q.shape
+        if reference or is_tracing("attn_weights"):
+            y, w = reference_attention(q, k, v, mask=block_causal_mask(t, self.block_size, x.device))
+            record("attn_weights", w)
+        else:
+            n = t // self.block_size
+            blocks = [z.reshape(b, h * n, self.block_size, hd) for z in (q, k, v)]  # 4-D for SDPA
+            p = self.attn.dropout if self.training else 0.0
+            y = attention(*blocks, causal=True, dropout_p=p).reshape(b, h, t, hd)
+        return self.attn.out(self.attn.merge_heads(y))
+
+    def block_memory(self, u: torch.Tensor, n_valid: int,
+                     summaries_out: list | None = None) -> torch.Tensor:
+        """Steps 2-5: memory projection per token. u: (B, N*L, D) -> (B, N*L, D).
+
+        ``summaries_out`` (prefill) receives this layer's block summaries S: (B, N, D).
+        """
+        b, t, d = u.shape
+        u_bar = self.summary_norm(u)
+        summaries, weights = block_summaries(u_bar, self.score(u_bar).squeeze(-1),
+                                             self.block_size, n_valid)       # (B, N, D)
+        if summaries_out is not None:
+            summaries_out.append(summaries)
+        memories = memory_matrix_form(summaries, self.alpha)
+        shifted = shift_one_block(memories)
+        projected = self.memory_proj(shifted)                                # (B, N, D)
+        if is_tracing():
+            record("decay_weights", decay_weights(summaries.shape[1], self.alpha, u.dtype))
+            record("summary_weights", weights)
+            record("memory", shifted)
+        return projected.repeat_interleave(self.block_size, dim=1)          # (B, N*L, D)
+
+    def fuse(self, u: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+        """Step 6: V = U + sigmoid([U ; P] W_g + b_g) * P."""
+        g = torch.sigmoid(self.gate(torch.cat([u, p], dim=-1)))
+        record("gate", g)
+        return u + g * p
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, n_valid: int,
+                reference: bool = False, summaries_out: list | None = None) -> torch.Tensor:
+        """x: (B, N*L, D), the last N*L - n_valid positions are padding."""
+        u = x + self.drop(self.local_attention(self.norm1(x), positions, reference))
+        if self.has_memory:
+            u = self.fuse(u, self.block_memory(u, n_valid, summaries_out))
+        return u + self.drop(self.mlp(self.norm2(u)))
+
+    # recurrent (generation) form ---------------------------------------------------
+    def step(self, x: torch.Tensor, position: int, st: BCMTLayerState) -> torch.Tensor:
+        """One token. x: (B, 1, D) -> (B, 1, D); updates ``st`` in place."""
+        pos = torch.tensor([position], device=x.device)
+        u = x + self.attn(self.norm1(x), pos, cache=st.cache)               # (B, 1, D)
+        if self.has_memory:
+            self._stream_summary(u, st)
+            u = self.fuse(u, st.memory_out)
+        out = u + self.mlp(self.norm2(u))
+        if (position + 1) % self.block_size == 0:
+            self.close_block(st)
+        return out
+
+    def _stream_summary(self, u: torch.Tensor, st: BCMTLayerState) -> None:
+        """Online softmax: fold token u (B, 1, D) into the running block summary."""
+        u_bar = self.summary_norm(u)[:, 0]                                  # (B, D)
+        score = self.score(u_bar)                                           # (B, 1)
+        new_max = torch.maximum(st.run_max, score)
+        rescale = torch.exp(st.run_max - new_max)
+        weight = torch.exp(score - new_max)
+        st.run_norm.copy_(st.run_norm * rescale + weight)
+        st.run_sum.copy_(st.run_sum * rescale + weight * u_bar)
+        st.run_max.copy_(new_max)
+
+    def load_memory(self, summaries: torch.Tensor, st: BCMTLayerState) -> None:
+        """Set (num, den) and P from the summaries (B, N, D) of N completed blocks."""
+        for j in range(summaries.shape[1]):
+            st.num.copy_(self.alpha * st.num + summaries[:, j])
+            st.den.copy_(self.alpha * st.den + 1.0)
+        st.memory_out.copy_(self.memory_proj(st.num / st.den)[:, None])
+
+    def close_block(self, st: BCMTLayerState) -> None:
+        """A block ended: fold its summary into (num, den), refresh P, clear the cache."""
+        if self.has_memory:
+            summary = st.run_sum / st.run_norm                                # (B, D)
+            st.num.copy_(self.alpha * st.num + summary)
+            st.den.copy_(self.alpha * st.den + 1.0)
+            st.memory_out.copy_(self.memory_proj(st.num / st.den)[:, None])
+            st.reset_summary()
+        st.cache.reset()
+
+
+# --- the model -------------------------------------------------------------------------
+
+class BCMTState(State):
+    def __init__(self, layers: list[BCMTLayerState], position: int = 0):
+        self.layers = layers
+        self.position = position
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [t for layer in self.layers for t in layer.tensors()]
+
+
+@register("bcmt", "honly")
+class BCMTLM(DenseLM):
+    """The dense stack with BCMT layers; ``arch="honly"`` or ``memory=False`` = HOnly."""
+
+    def build_block(self, index: int) -> nn.Module:
+        return BCMTLayer(self.cfg, memory=self.cfg.memory and self.cfg.arch != "honly")
+
+    def _run_blocks(self, tokens: torch.Tensor, reference: bool = False,
+                    summaries_out: list | None = None) -> torch.Tensor:
+        """tokens (B, T) -> logits (B, T, V); pads to a multiple of L internally."""
+        b, t = tokens.shape
+        block = self.cfg.block_size
+        padded = -(-t // block) * block
+        x = self.embed(tokens)                                              # (B, T, D)
+        x = F.pad(x, (0, 0, 0, padded - t))                                 # (B, N*L, D)
+        positions = torch.arange(padded, device=tokens.device)
+        for i, layer in enumerate(self.blocks):
+            with scope(f"layer{i}"):
+                x = layer(x, positions, t, reference, summaries_out)
+        return self.head(self.norm(x[:, :t]))
+
+    def forward(self, tokens, targets=None, reference: bool = False):
+        check_tokens(tokens, self.cfg.vocab_size)
+        return self.output(self._run_blocks(tokens, reference), targets)
+
+    def new_state(self, batch: int) -> BCMTState:
+        p = next(self.parameters())
+        cfg = self.cfg
+        layers = [BCMTLayerState(KVCache(batch, cfg.n_head, cfg.block_size, cfg.head_dim,
+                                         p.device, p.dtype), cfg.d_model, batch, p.device, p.dtype)
+                  for _ in range(cfg.n_layer)]
+        return BCMTState(layers)
+
+    def prefill(self, tokens: torch.Tensor, max_len: int | None = None):
+        """Whole blocks of the prompt in parallel, the partial last block token by token.
+
+        The state after whole blocks is an empty KV cache and (num, den) folded
+        from each layer's block summaries; ``max_len`` is not needed (state is O(L)).
+        """
+        check_tokens(tokens, self.cfg.vocab_size)
+        state = self.new_state(tokens.shape[0])
+        aligned = tokens.shape[1] // self.cfg.block_size * self.cfg.block_size
+        logits = []
+        if aligned:
+            summaries: list[torch.Tensor] = []
+            logits.append(self._run_blocks(tokens[:, :aligned], summaries_out=summaries))
+            for layer, layer_state, s in zip(self.blocks, state.layers, summaries, strict=True):
+                layer.load_memory(s, layer_state)
+            state.position = aligned
+        for i in range(aligned, tokens.shape[1]):
+            logits.append(self.step(tokens[:, i], state)[0][:, None])
+        return torch.cat(logits, dim=1), state
+
+    def step(self, token: torch.Tensor, state: BCMTState):
+        token = token.reshape(-1, 1)
+        check_tokens(token, self.cfg.vocab_size)
+        x = self.embed(token)                                               # (B, 1, D)
+        for layer, layer_state in zip(self.blocks, state.layers, strict=True):
+            x = layer.step(x, state.position, layer_state)
+        state.position += 1
+        return self.head(self.norm(x))[:, -1], state
