@@ -302,8 +302,9 @@ class BCMTLM(DenseLM):
         if aligned:
             summaries: list[torch.Tensor] = []
             logits.append(self._run_blocks(tokens[:, :aligned], summaries_out=summaries))
-            for layer, layer_state, s in zip(self.blocks, state.layers, summaries, strict=True):
-                layer.load_memory(s, layer_state)
+            if summaries:  # HOnly layers have no memory to load
+                for layer, layer_state, s in zip(self.blocks, state.layers, summaries, strict=True):
+                    layer.load_memory(s, layer_state)
             state.position = aligned
         for i in range(aligned, tokens.shape[1]):
             logits.append(self.step(tokens[:, i], state)[0][:, None])
