@@ -1,0 +1,482 @@
+"""``python -m blockmem_lite bench``: throughput, memory and state bytes vs dense, same run.
+
+The protocol (PERFORMANCE.md): same width/depth/vocab/dtype for every model;
+dense is timed in the same process, interleaved with every variant (A B A B
+…), so ``ratio_vs_dense`` is immune to the ±20% drift of a shared machine;
+each ratio is shown next to its analytic FLOP ceiling (``metrics.py``).
+
+Phases:
+
+* ``train``: forward + backward on (batch, T) with the LM loss; **no optimizer
+  step** (it costs the same for every architecture of a size); gradients are
+  cleared after every step. Default batch: ``max(1, 4096 // T)`` sequences, so
+  every length does about the same work per step.
+* ``decode``: after a prefill of t = T tokens, the time of ``model.step``
+  (tokens/s of decoding, batch 1 by default). Each timed sample runs
+  ``decode_burst`` steps; ``ms_per_step`` is per token step. ``state_bytes`` is
+  ``state.nbytes()`` after a prefill of exactly t tokens.
+
+Memory (one ``memory_bytes`` + ``memory_method`` per record, the other figures
+under extra keys):
+
+* ``"cuda_max_allocated"`` on CUDA: peak allocated during one step (decode:
+  prefill + steps), after ``reset_peak_memory_stats``;
+* ``"rss_subprocess"`` on CPU when ``rss`` is requested: the peak RSS of a fresh
+  subprocess running the phase, *including* the interpreter + torch baseline;
+  ``rss_base_bytes`` is that process's peak right after import + model build,
+  so ``rss_peak_bytes - rss_base_bytes`` is what the phase added;
+* ``"saved_tensors"`` on CPU when only ``saved`` is requested (train only):
+  bytes of activations saved for backward (parameters excluded), deterministic;
+* ``"none"`` when nothing applies (``--memory none``; decode with ``saved`` only).
+
+Extra record keys: ``saved_bytes``, ``rss_peak_bytes``, ``rss_base_bytes``
+(None when not measured), ``flops_per_token`` (analytic; train = 3 × forward),
+``ms_per_step``, ``frac_of_ceiling``, ``step_times_ms`` (every timed sample; decode:
+per token step, like ``ms_per_step``), ``machine``, ``d_model``,
+``n_layer``, ``n_head``, ``vocab_size``, ``params``, ``overrides``, ``warmup``,
+``repeats``, ``load_avg_1m`` (the machine's 1-minute load average when the record
+was made: a busy shared machine slows multi-threaded kernels a lot, which the
+same-run ratios cancel but absolute tokens/s do not).
+
+Later mechanisms add themselves with ``register_bench`` (variants + FLOP
+model + their CLI options), and appear in the same command and records.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from blockmem_lite import metrics
+from blockmem_lite.config import ModelConfig
+from blockmem_lite.models import available_archs, build_model
+from blockmem_lite.runtime import pick_device, seed_everything
+
+PHASES = ("train", "decode")
+MEMORY_CHOICES = ("saved", "rss", "none")
+DTYPES = ("auto", "fp32", "bf16")
+TRAIN_TOKENS_PER_STEP = 4096     # default train batch = max(1, this // T)
+DEFAULT_SEQ_LENS = (256, 1024, 4096)
+RECORD_KEYS = ("arch", "variant", "phase", "seq_len", "batch", "tokens_per_s", "ms_per_step",
+               "ratio_vs_dense", "flop_ceiling", "frac_of_ceiling", "memory_bytes",
+               "memory_method", "state_bytes", "device", "dtype", "threads", "torch_version")
+
+
+# --------------------------------------------------------------------------------------
+# Registry: which architectures the bench knows, their variants, FLOP models and options
+# --------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class BenchOption:
+    """A command-line option an architecture adds, e.g. ``--block-len 64,128``."""
+
+    flag: str
+    default: str
+    help: str
+
+    @property
+    def dest(self) -> str:
+        return self.flag.lstrip("-").replace("-", "_")
+
+
+@dataclass(frozen=True)
+class BenchArch:
+    """How to bench one architecture.
+
+    ``variants(options) -> [(label, ModelConfig overrides)]``: ``options`` maps
+    every registered option's ``dest`` to its string value.
+    ``flops(cfg, seq_len, phase) -> forward FLOPs per token`` (a
+    ``metrics.model_flops_per_token`` call) or None where no model exists.
+    """
+
+    name: str
+    variants: Callable[[dict], list[tuple[str, dict]]]
+    flops: Callable[[ModelConfig, int, str], float | None]
+    options: tuple[BenchOption, ...] = ()
+
+
+BENCH_ARCHS: dict[str, BenchArch] = {}
+
+
+def register_bench(name: str, variants: Callable[[dict], list[tuple[str, dict]]],
+                   flops: Callable[[ModelConfig, int, str], float | None],
+                   options: tuple[BenchOption, ...] = ()) -> BenchArch:
+    """Make ``bench`` know architecture ``name`` (also a ``models`` registry name)."""
+    entry = BenchArch(name, variants, flops, tuple(options))
+    BENCH_ARCHS[name] = entry
+    return entry
+
+
+def _dense_flops(cfg: ModelConfig, seq_len: int, phase: str) -> float:
+    return metrics.model_flops_per_token("dense", d_model=cfg.d_model, n_layer=cfg.n_layer,
+                                         seq_len=seq_len, vocab_size=cfg.vocab_size,
+                                         decode=phase == "decode")
+
+
+register_bench("dense", variants=lambda options: [("", {})], flops=_dense_flops)
+
+
+def parse_int_list(name: str, text: str) -> list[int]:
+    """'256,1024' -> [256, 1024]; ValueError naming ``name`` otherwise."""
+    try:
+        values = [int(part) for part in str(text).split(",") if part.strip()]
+    except ValueError:
+        values = []
+    if not values or any(v < 1 for v in values):
+        raise ValueError(f"{name}={text!r} is not allowed: expected comma-separated "
+                         "integers >= 1, e.g. 256,1024")
+    return values
+
+
+def resolve_archs(names) -> list[str]:
+    """Validate architecture names against the models and the bench registry."""
+    names = [names] if isinstance(names, str) else list(names)
+    known = available_archs()
+    resolved = []
+    for name in names:
+        if name not in known:
+            raise ValueError(f"arch={name!r} is not allowed: known architectures are "
+                             f"{', '.join(known)}")
+        if name not in BENCH_ARCHS:
+            raise ValueError(f"arch={name!r} has no bench entry: benchable architectures are "
+                             f"{', '.join(sorted(BENCH_ARCHS))}")
+        if name not in resolved:
+            resolved.append(name)
+    if not resolved:
+        raise ValueError(f"arch={names!r} is not allowed: give at least one of "
+                         f"{', '.join(sorted(BENCH_ARCHS))}")
+    return resolved
+
+
+def default_options() -> dict:
+    """Every registered option's default value, by ``dest``."""
+    return {opt.dest: opt.default for entry in BENCH_ARCHS.values() for opt in entry.options}
+
+
+# --------------------------------------------------------------------------------------
+# Running
+# --------------------------------------------------------------------------------------
+
+@dataclass
+class Entry:
+    """One model under test at one length: dense or a variant."""
+
+    arch: str
+    variant: str
+    overrides: dict
+    cfg: ModelConfig
+
+
+def _entries(archs: list[str], base: dict, seq_len: int, options: dict) -> list[Entry]:
+    """Dense first (the baseline, always measured), then every variant of every arch."""
+    entries = [Entry("dense", "", {}, ModelConfig(arch="dense", seq_len=seq_len, **base))]
+    for arch in archs:
+        if arch == "dense":
+            continue
+        for label, overrides in BENCH_ARCHS[arch].variants(options):
+            cfg = ModelConfig(**{**base, "arch": arch, "seq_len": seq_len, **overrides})
+            entries.append(Entry(arch, label, dict(overrides), cfg))
+    return entries
+
+
+def _build(cfg: ModelConfig, device: torch.device):
+    seed_everything(0)
+    return build_model(cfg).to(device)
+
+
+def _machine(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPUs"
+
+
+def _load_average() -> float | None:
+    return os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+
+
+def _log(progress: bool, message: str) -> None:
+    if progress:
+        print(f"[bench] {message}", file=sys.stderr, flush=True)
+
+
+def _memory(entry: Entry, model, phase: str, batch: int, seq_len: int, *, device, precision,
+            memory: tuple[str, ...], threads: int, burst: int) -> dict:
+    """The memory figures of one entry: primary bytes + method, and the extra keys."""
+    out = {"memory_bytes": None, "memory_method": "none", "saved_bytes": None,
+           "rss_peak_bytes": None, "rss_base_bytes": None}
+    if "none" in memory:
+        return out
+    if "saved" in memory and phase == "train":
+        forward = metrics.make_train_forward(model, batch, seq_len, precision=precision)
+        out["saved_bytes"] = metrics.saved_tensor_bytes(forward, exclude=model.parameters())
+    if device.type == "cuda":
+        if phase == "train":
+            fn = metrics.make_train_step(model, batch, seq_len, precision=precision)
+        else:
+            def fn():
+                metrics.make_decode_step(model, batch, seq_len, n_calls=1, burst=burst,
+                                         precision=precision)()
+        out["memory_bytes"] = metrics.cuda_peak_bytes(fn, device)
+        out["memory_method"] = "cuda_max_allocated"
+        return out
+    if "rss" in memory:
+        spec = {"model": dataclasses.asdict(entry.cfg), "phase": phase, "batch": batch,
+                "seq_len": seq_len, "steps": 2, "burst": burst, "threads": threads}
+        reading = metrics.peak_rss_subprocess(spec)
+        out.update(memory_bytes=reading.peak_bytes, memory_method="rss_subprocess",
+                   rss_peak_bytes=reading.peak_bytes, rss_base_bytes=reading.base_bytes)
+    elif out["saved_bytes"] is not None:
+        out.update(memory_bytes=out["saved_bytes"], memory_method="saved_tensors")
+    return out
+
+
+def _state_bytes(model, batch: int, seq_len: int, precision: str) -> int:
+    """``state.nbytes()`` after a prefill of exactly ``seq_len`` tokens."""
+    return int(metrics.prefill_state(model, batch, seq_len, precision=precision).nbytes())
+
+
+def _bench_phase(entries: list[Entry], phase: str, seq_len: int, batch: int, *, device,
+                 precision: str, threads: int, warmup: int, repeats: int,
+                 burst: int, memory: tuple[str, ...], progress: bool) -> list[dict]:
+    """Time every entry interleaved at one (phase, length); then memory; then records."""
+    models = [_build(e.cfg, device) for e in entries]
+    if phase == "train":
+        steps = [metrics.make_train_step(m, batch, seq_len, precision=precision) for m in models]
+        tokens_per_call = batch * seq_len
+    else:
+        steps = [metrics.make_decode_step(m, batch, seq_len, n_calls=warmup + repeats,
+                                          burst=burst, precision=precision) for m in models]
+        tokens_per_call = batch * burst
+    _log(progress, f"T={seq_len} {phase} batch={batch}: timing {len(entries)} model(s) "
+                   f"interleaved, {warmup} warm-up + {repeats} timed round(s)")
+    times = metrics.time_interleaved(steps, warmup=warmup, repeats=repeats, device=device)
+    del steps
+    timings = [metrics.summarize_times(t, tokens_per_call) for t in times]
+    dense_timing = timings[0]
+    dense_flops = BENCH_ARCHS["dense"].flops(entries[0].cfg, seq_len, phase)
+    records = []
+    for entry, model, timing in zip(entries, models, timings, strict=True):
+        label = f"{entry.arch} {entry.variant}".strip()
+        _log(progress, f"T={seq_len} {phase} {label}: {timing.tokens_per_s:,.0f} tok/s; memory")
+        mem = _memory(entry, model, phase, batch, seq_len, device=device, precision=precision,
+                      memory=memory, threads=threads, burst=burst)
+        flops = BENCH_ARCHS[entry.arch].flops(entry.cfg, seq_len, phase)
+        is_dense = entry.arch == "dense"
+        ratio = None if is_dense else timing.tokens_per_s / dense_timing.tokens_per_s
+        ceiling = (metrics.flop_ceiling(dense_flops, flops)
+                   if flops is not None and dense_flops is not None else None)
+        if phase == "train" and flops is not None:
+            flops = metrics.training_flops_per_token(flops)
+        per_call = burst if phase == "decode" else 1
+        records.append({
+            "arch": entry.arch, "variant": entry.variant, "phase": phase, "seq_len": seq_len,
+            "batch": batch, "tokens_per_s": timing.tokens_per_s,
+            "ms_per_step": timing.ms_per_step / per_call,
+            "ratio_vs_dense": ratio, "flop_ceiling": ceiling,
+            "frac_of_ceiling": ratio / ceiling if ratio is not None and ceiling else None,
+            **mem,
+            "state_bytes": (_state_bytes(model, batch, seq_len, precision)
+                            if phase == "decode" else None),
+            "device": device.type, "dtype": precision, "threads": threads,
+            "torch_version": torch.__version__, "machine": _machine(device),
+            "flops_per_token": flops,
+            "step_times_ms": [1000.0 * t / per_call for t in timing.times_s],
+            "d_model": entry.cfg.d_model, "n_layer": entry.cfg.n_layer,
+            "n_head": entry.cfg.n_head, "vocab_size": entry.cfg.vocab_size,
+            "params": model.num_params(), "overrides": entry.overrides,
+            "warmup": warmup, "repeats": repeats, "load_avg_1m": _load_average(),
+        })
+    return records
+
+
+def default_batch(phase: str, seq_len: int) -> int:
+    """Train: ``max(1, 4096 // T)`` (the same tokens per step at every T); decode: 1."""
+    return max(1, TRAIN_TOKENS_PER_STEP // seq_len) if phase == "train" else 1
+
+
+def _resolve_dtype(dtype: str, device: torch.device) -> str:
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype={dtype!r} is not allowed: expected one of {', '.join(DTYPES)}")
+    if dtype == "auto":
+        return "bf16" if device.type == "cuda" else "fp32"
+    if dtype == "bf16" and device.type != "cuda":
+        raise ValueError(f"dtype='bf16' is not allowed on {device.type}: bf16 autocast is used "
+                         "only on CUDA; use 'auto' or 'fp32'")
+    return dtype
+
+
+def _check_choices(name: str, values, allowed) -> tuple[str, ...]:
+    values = tuple([values] if isinstance(values, str) else values)
+    bad = [v for v in values if v not in allowed]
+    if bad or not values:
+        raise ValueError(f"{name}={values!r} is not allowed: expected one or more of "
+                         f"{', '.join(allowed)}")
+    return values
+
+
+def run_bench(archs=("dense",), seq_lens=DEFAULT_SEQ_LENS, *, batch: int | None = None,
+              d_model: int = 256, n_layer: int = 4, n_head: int = 4, vocab_size: int = 256,
+              threads: int | None = None, device: str = "auto", dtype: str = "auto",
+              phases=PHASES, warmup: int = 3, repeats: int = 5, decode_burst: int = 8,
+              memory=("saved", "rss"), options: dict | None = None,
+              progress: bool = True) -> list[dict]:
+    """Benchmark dense and every variant of ``archs``; one record per (arch, variant, phase, T).
+
+    ``batch`` None: train ``max(1, 4096 // T)``, decode 1. ``memory``: any of
+    "saved", "rss", or "none" (see the module docstring for which figure is
+    primary). ``options``: architecture options by ``dest`` (defaults from
+    the registry). Progress goes to stderr.
+    """
+    archs = resolve_archs(archs)
+    seq_lens = list(seq_lens)
+    if not seq_lens or any(isinstance(t, bool) or not isinstance(t, int) or t < 1
+                           for t in seq_lens):
+        raise ValueError(f"seq_lens={seq_lens!r} is not allowed: expected integers >= 1")
+    if batch is not None and (isinstance(batch, bool) or not isinstance(batch, int) or batch < 1):
+        raise ValueError(f"batch={batch!r} is not allowed: expected an integer >= 1 or None")
+    phases = _check_choices("phases", phases, PHASES)
+    memory = _check_choices("memory", memory, MEMORY_CHOICES)
+    metrics.check_timing_counts(warmup, repeats)
+    if decode_burst < 1:
+        raise ValueError(f"decode_burst={decode_burst!r} is not allowed: expected an integer >= 1")
+    dev = pick_device(device)
+    precision = _resolve_dtype(dtype, dev)
+    opts = {**default_options(), **(options or {})}
+    base = dict(d_model=d_model, n_layer=n_layer, n_head=n_head, vocab_size=vocab_size)
+    records: list[dict] = []
+    with metrics.pinned_threads(threads) as n_threads:
+        for seq_len in seq_lens:
+            entries = _entries(archs, base, seq_len, opts)
+            for phase in phases:
+                b = batch or default_batch(phase, seq_len)
+                records += _bench_phase(entries, phase, seq_len, b, device=dev,
+                                        precision=precision, threads=n_threads,
+                                        warmup=warmup, repeats=repeats, burst=decode_burst,
+                                        memory=memory, progress=progress)
+    return records
+
+
+# --------------------------------------------------------------------------------------
+# Output
+# --------------------------------------------------------------------------------------
+
+def _fmt(value, spec: str, missing: str = "-") -> str:
+    return missing if value is None else format(value, spec)
+
+
+TABLE_COLUMNS = ("arch", "variant", "phase", "T", "batch", "tok/s", "ms/step", "x dense",
+                 "ceiling", "% ceil", "memory", "method", "saved", "rss delta", "state")
+
+
+def _row(r: dict) -> list[str]:
+    rss_delta = (r["rss_peak_bytes"] - r["rss_base_bytes"]
+                 if r.get("rss_peak_bytes") is not None else None)
+    frac = r.get("frac_of_ceiling")
+    return [r["arch"], r["variant"] or "-", r["phase"], str(r["seq_len"]), str(r["batch"]),
+            f"{r['tokens_per_s']:,.0f}", f"{r['ms_per_step']:.2f}",
+            _fmt(r["ratio_vs_dense"], ".2f"), _fmt(r["flop_ceiling"], ".2f"),
+            "-" if frac is None else f"{100 * frac:.0f}%",
+            metrics.human_bytes(r["memory_bytes"]), r["memory_method"],
+            metrics.human_bytes(r.get("saved_bytes")), metrics.human_bytes(rss_delta),
+            metrics.human_bytes(r["state_bytes"])]
+
+
+def format_table(records: list[dict]) -> str:
+    """A readable fixed-width table of bench records, with a header and a legend."""
+    if not records:
+        return "(no records)"
+    rows = [list(TABLE_COLUMNS)] + [_row(r) for r in records]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(TABLE_COLUMNS))]
+    lines = ["  ".join(cell.rjust(w) if i >= 3 else cell.ljust(w)
+                       for i, (cell, w) in enumerate(zip(row, widths, strict=True))).rstrip()
+             for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    first = records[0]
+    header = (f"device={first['device']} ({first.get('machine', '?')})  dtype={first['dtype']}  "
+              f"threads={first['threads']}  torch={first['torch_version']}  "
+              f"load={_fmt(first.get('load_avg_1m'), '.2f')}")
+    legend = ("x dense: tokens/s ratio to dense in the same run; ceiling: analytic FLOP ratio "
+              "dense/variant; % ceil = x dense / ceiling.\n"
+              "memory methods: rss_subprocess = peak RSS of a fresh process incl. the "
+              "interpreter+torch baseline (rss delta = growth after import + model build); "
+              "saved_tensors = activations saved for backward; cuda_max_allocated = CUDA peak.\n"
+              "train = forward+backward, no optimizer step; decode ms/step is per token step; "
+              "state = decoding state bytes at t = T.")
+    return "\n".join([header, *lines, legend])
+
+
+def write_json(records: list[dict], path: str | Path) -> Path:
+    """Write the records as a JSON list of dicts (no wrapper)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(records, indent=2))
+    return path
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m blockmem_lite bench",
+        description="Throughput, memory and decoding-state bytes of dense and the mechanisms, "
+                    "dense interleaved in the same run (PERFORMANCE.md protocol).")
+    parser.add_argument("--arch", default="dense",
+                        help="comma-separated architectures; dense is always measured "
+                             f"(benchable: {', '.join(sorted(BENCH_ARCHS))})")
+    parser.add_argument("--seq-len", default=",".join(map(str, DEFAULT_SEQ_LENS)),
+                        help="comma-separated lengths T (default %(default)s)")
+    parser.add_argument("--batch", type=int, default=None,
+                        help=f"sequences per step (default: train max(1, {TRAIN_TOKENS_PER_STEP}"
+                             " // T), decode 1)")
+    parser.add_argument("--d-model", type=int, default=256)
+    parser.add_argument("--n-layer", type=int, default=4)
+    parser.add_argument("--n-head", type=int, default=4)
+    parser.add_argument("--vocab-size", type=int, default=256, help="default: byte vocabulary")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads (default: torch's current setting)")
+    parser.add_argument("--device", default="auto", help="auto (cuda > mps > cpu), cpu, cuda")
+    parser.add_argument("--dtype", default="auto", choices=DTYPES,
+                        help="auto: bf16 autocast on CUDA, fp32 elsewhere")
+    parser.add_argument("--phases", default="train,decode", help="comma-separated: train,decode")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps per model (>= 3)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed steps per model (>= 5)")
+    parser.add_argument("--decode-burst", type=int, default=8,
+                        help="decoding steps per timed sample (default %(default)s)")
+    parser.add_argument("--memory", default="saved,rss",
+                        help="comma-separated: saved, rss, or none (default %(default)s)")
+    parser.add_argument("--json", default=None, metavar="PATH",
+                        help="write the records as a JSON list to PATH")
+    for entry in BENCH_ARCHS.values():
+        for opt in entry.options:
+            parser.add_argument(opt.flag, default=opt.default,
+                                help=f"[{entry.name}] {opt.help} (default %(default)s)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    options = {opt.dest: getattr(args, opt.dest)
+               for entry in BENCH_ARCHS.values() for opt in entry.options}
+    try:
+        records = run_bench(
+            archs=[a.strip() for a in args.arch.split(",") if a.strip()],
+            seq_lens=parse_int_list("seq_len", args.seq_len), batch=args.batch,
+            d_model=args.d_model, n_layer=args.n_layer, n_head=args.n_head,
+            vocab_size=args.vocab_size, threads=args.threads, device=args.device,
+            dtype=args.dtype, phases=[p.strip() for p in args.phases.split(",") if p.strip()],
+            warmup=args.warmup, repeats=args.repeats, decode_burst=args.decode_burst,
+            memory=[m.strip() for m in args.memory.split(",") if m.strip()], options=options)
+    except ValueError as err:
+        print(f"bench: error: {err}", file=sys.stderr)
+        return 2
+    print(format_table(records))
+    if args.json:
+        print(f"wrote {write_json(records, args.json)}")
+    return 0

@@ -1,0 +1,305 @@
+"""Check helpers for notebooks and exercises: one ``OK ...`` line, or a precise failure.
+
+Every helper prints exactly one line starting with ``OK `` when the check
+passes, and raises ``CheckFailed`` (an ``AssertionError``) otherwise, with
+what was expected, what was got and where they differ::
+
+    check_shape(y, (B, T, None))            # None / -1 match any size
+    check_close(mine, library, "attention output")
+    check_causal(model, tokens)             # no output may see a later token
+
+Failures are meant for a learner: they name the tensor, the index of the
+worst element and the values there, or the earliest position that leaked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+
+import torch
+
+# Config fields whose value is a block / segment / chunk length: their
+# boundaries are where causal mechanisms most often leak, so they are probed.
+BOUNDARY_FIELDS = ("block_size", "segment_size", "chunk_size", "chunk_sizes")
+
+
+class CheckFailed(AssertionError):
+    """A check did not hold; the message says expected vs got."""
+
+
+def _ok(text: str) -> None:
+    print(f"OK {text}")
+
+
+def _failure(name: str, problem: str, *details: str) -> CheckFailed:
+    """The exception to raise: ``name: problem`` then one indented line per detail."""
+    return CheckFailed("\n".join([f"{name}: {problem}"] + [f"  {d}" for d in details]))
+
+
+def _short(value, limit: int = 200) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _shape_text(shape: Iterable) -> str:
+    dims = ["*" if d is None or d == -1 else str(d) for d in shape]
+    return "(" + ", ".join(dims) + ("," if len(dims) == 1 else "") + ")"
+
+
+def _as_tensor(value, name: str, role: str) -> torch.Tensor:
+    """A detached CPU tensor from a tensor, array, number or nested list; clear error otherwise."""
+    if value is None:
+        raise _failure(name, f"{role} is None",
+                       "did the cell forget to return or assign the result?")
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    try:
+        return torch.as_tensor(value)
+    except (TypeError, ValueError, RuntimeError) as err:
+        raise _failure(name, f"{role} of type {type(value).__name__} cannot be read as numbers",
+                       str(err)) from None
+
+
+def _index_text(flat_index: int, shape: torch.Size) -> str:
+    if len(shape) == 0:
+        return "()"
+    index = []
+    for size in reversed(shape):
+        index.append(flat_index % size)
+        flat_index //= size
+    return str(tuple(reversed(index)))
+
+
+def check_shape(x, expected: Sequence[int | None], name: str = "tensor") -> None:
+    """``x.shape`` equals ``expected``; ``None`` or ``-1`` in ``expected`` match any size."""
+    if isinstance(expected, int):
+        expected = (expected,)
+    for d in expected:
+        if d is not None and (isinstance(d, bool) or not isinstance(d, int) or d < -1):
+            raise ValueError(f"expected={tuple(expected)!r} is not allowed: every entry must be "
+                             "an integer >= 0, or None / -1 for 'any size'")
+    if x is None:
+        raise _failure(name, "got None, expected a tensor of shape " + _shape_text(expected),
+              "did the cell forget to return or assign the result?")
+    if not hasattr(x, "shape"):
+        raise _failure(name, f"got an object of type {type(x).__name__}, which has no shape",
+              f"expected a tensor of shape {_shape_text(expected)}")
+    got = tuple(int(d) for d in x.shape)
+    if len(got) != len(expected):
+        raise _failure(name, "wrong number of dimensions",
+              f"expected {len(expected)} dims: {_shape_text(expected)}",
+              f"got      {len(got)} dims: {_shape_text(got)}")
+    wrong = [i for i, (g, e) in enumerate(zip(got, expected, strict=True))
+             if e not in (None, -1) and g != e]
+    if wrong:
+        raise _failure(name, "wrong shape",
+              f"expected {_shape_text(expected)}",
+              f"got      {_shape_text(got)}",
+              *(f"dim {i}: expected {expected[i]}, got {got[i]}" for i in wrong))
+    _ok(f"{name}: shape {_shape_text(got)}")
+
+
+def check_close(got, expected, name: str = "values", atol: float = 1e-5,
+                rtol: float = 1e-4) -> None:
+    """Elementwise ``|got - expected| <= atol + rtol * |expected|``; NaN only where expected is NaN.
+
+    On failure the message gives the number of bad elements, the max abs diff,
+    its index and both values there, plus the dtypes.
+    """
+    if atol < 0 or rtol < 0:
+        raise ValueError(f"atol={atol}, rtol={rtol} are not allowed: tolerances must be >= 0")
+    g = _as_tensor(got, name, "got")
+    e = _as_tensor(expected, name, "expected")
+    dtypes = f"dtypes: got {str(g.dtype).replace('torch.', '')}, " \
+             f"expected {str(e.dtype).replace('torch.', '')}"
+    if g.shape != e.shape:
+        raise _failure(name, "shapes differ, so the values cannot be compared",
+              f"expected shape {_shape_text(e.shape)}", f"got shape      {_shape_text(g.shape)}",
+              dtypes)
+    if g.numel() == 0:
+        _ok(f"{name}: close (empty, shape {_shape_text(g.shape)})")
+        return
+    g64, e64 = g.to(torch.float64), e.to(torch.float64)
+    close = torch.isclose(g64, e64, rtol=rtol, atol=atol, equal_nan=True)
+    diff = (g64 - e64).abs()
+    diff = torch.where(close & diff.isnan(), torch.zeros_like(diff), diff)  # NaN == NaN is fine
+    ranked = diff.nan_to_num(nan=float("inf")).flatten()
+    worst = int(ranked.argmax())
+    max_diff = diff.flatten()[worst].item()
+    if not bool(close.all()):
+        n_bad = int((~close).sum())
+        raise _failure(name, f"{n_bad} of {g.numel()} values differ by more than "
+                    f"atol={atol:g} + rtol={rtol:g} * |expected|",
+              f"max abs diff {max_diff:.3g} at index {_index_text(worst, g.shape)}: "
+              f"got {g64.flatten()[worst].item():.6g}, expected {e64.flatten()[worst].item():.6g}",
+              f"shape {_shape_text(g.shape)}; {dtypes}")
+    _ok(f"{name}: close, max abs diff {max_diff:.2g} (atol={atol:g}, rtol={rtol:g}), "
+        f"shape {_shape_text(g.shape)}")
+
+
+def check_equal(got, expected, name: str = "value") -> None:
+    """Exact equality: tensors (same shape, every element) or plain Python values."""
+    if isinstance(got, torch.Tensor) or isinstance(expected, torch.Tensor):
+        g = _as_tensor(got, name, "got")
+        e = _as_tensor(expected, name, "expected")
+        if g.shape != e.shape:
+            raise _failure(name, "shapes differ", f"expected shape {_shape_text(e.shape)}",
+                  f"got shape      {_shape_text(g.shape)}")
+        differ = (g != e).flatten()
+        if bool(differ.any()):
+            first = int(differ.nonzero()[0])
+            raise _failure(name, f"{int(differ.sum())} of {g.numel()} elements differ",
+                  f"first at index {_index_text(first, g.shape)}: got "
+                  f"{g.flatten()[first].item()!r}, expected {e.flatten()[first].item()!r}")
+        _ok(f"{name}: equal, shape {_shape_text(g.shape)}")
+        return
+    if not bool(got == expected):
+        raise _failure(name, "not equal", f"expected {_short(expected)}", f"got      {_short(got)}")
+    _ok(f"{name}: equal to {_short(expected, 60)}")
+
+
+def check_true(condition, message: str, detail: str = "") -> None:
+    """``condition`` holds; ``message`` says what it means (printed after ``OK``)."""
+    if isinstance(condition, torch.Tensor) and condition.numel() != 1:
+        raise ValueError(f"condition of shape {tuple(condition.shape)} is not allowed: expected "
+                         "a bool or a one-element tensor (use .all() or .any())")
+    if not bool(condition):
+        raise _failure("check", f"expected: {message}", *([detail] if detail else []))
+    _ok(message)
+
+
+# --- causality ------------------------------------------------------------------------------
+
+
+def _block_sizes(model, block_sizes) -> list[int]:
+    if block_sizes is None:
+        cfg = getattr(model, "cfg", None)
+        found = [getattr(cfg, f) for f in BOUNDARY_FIELDS if cfg is not None and hasattr(cfg, f)]
+        block_sizes = [s for v in found for s in (v if isinstance(v, (list, tuple)) else [v])]
+    elif isinstance(block_sizes, int):
+        block_sizes = [block_sizes]
+    return [int(s) for s in block_sizes if s]
+
+
+def default_probes(seq_len: int, block_sizes: Iterable[int] = ()) -> list[int]:
+    """Probe positions: 0, T/4, T/2, T-2, and L-1, L, 2L-1 for each block size L."""
+    probes = {0, seq_len // 4, seq_len // 2, seq_len - 2}
+    for size in block_sizes:
+        probes |= {size - 1, size, 2 * size - 1}
+    return sorted(p for p in probes if 0 <= p <= seq_len - 2)
+
+
+def _outputs(model_or_fn: Callable, tokens: torch.Tensor) -> torch.Tensor:
+    out = model_or_fn(tokens)
+    if hasattr(out, "logits"):
+        out = out.logits
+    elif isinstance(out, (tuple, list)):
+        out = out[0]
+    if not isinstance(out, torch.Tensor):
+        raise ValueError(f"model_or_fn returned {type(out).__name__}: expected a tensor "
+                         "(B, T, ...), a tuple starting with one, or an output with .logits")
+    return out
+
+
+def _perturb_after(tokens: torch.Tensor, p: int, vocab_size: int | None,
+                   generator: torch.Generator) -> torch.Tensor:
+    """A copy of ``tokens`` (B, T, ...) whose entries at time > p all differ from the original."""
+    changed = tokens.clone()
+    future = tokens[:, p + 1:]
+    if tokens.dtype.is_floating_point:
+        noise = torch.randn(future.shape, generator=generator, dtype=tokens.dtype)
+        changed[:, p + 1:] = future + 1.0 + noise.abs().to(tokens.device)
+    else:
+        shift = torch.randint(1, vocab_size, future.shape, generator=generator)
+        changed[:, p + 1:] = (future + shift.to(tokens.device)) % vocab_size
+    return changed
+
+
+def check_causal(model_or_fn: Callable, tokens: torch.Tensor,
+                 positions: Sequence[int] | None = None, atol: float = 1e-5,
+                 vocab_size: int | None = None, require_teeth: bool = True, seed: int = 0,
+                 block_sizes: int | Sequence[int] | None = None) -> None:
+    """No output may depend on a later input.
+
+    ``model_or_fn`` is a LanguageModel (its ``.logits`` are used) or any callable
+    mapping ``tokens`` (B, T) ids, or (B, T, D) floats, to outputs (B, T, ...).
+    For each probe position p every input after p is replaced; outputs at
+    positions <= p must move by less than ``atol``. With ``require_teeth`` some
+    output after p must move by more than ``10 * atol``, otherwise the check
+    could not catch anything (e.g. the model ignores its input).
+
+    Probes default to 0, T/4, T/2, T-2 and the block boundaries L-1, L, 2L-1 of
+    ``block_sizes`` (default: the model config's block/segment/chunk sizes).
+    Runs in eval mode under ``no_grad``; the training flag is restored.
+    """
+    if not isinstance(tokens, torch.Tensor) or tokens.dim() < 2:
+        raise ValueError("tokens must be a tensor (B, T) of ids or (B, T, D) of floats; got "
+                         f"{tuple(tokens.shape) if isinstance(tokens, torch.Tensor) else tokens!r}")
+    seq_len = tokens.shape[1]
+    if seq_len < 2:
+        raise ValueError(f"tokens with T={seq_len} are not allowed: check_causal needs T >= 2")
+    if not tokens.dtype.is_floating_point:
+        cfg_vocab = getattr(getattr(model_or_fn, "cfg", None), "vocab_size", None)
+        vocab_size = vocab_size or cfg_vocab or max(int(tokens.max()) + 1, 2)
+    probes = sorted(set(positions)) if positions is not None else \
+        default_probes(seq_len, _block_sizes(model_or_fn, block_sizes))
+    bad = [p for p in probes if not 0 <= p <= seq_len - 2]
+    if bad or not probes:
+        raise ValueError(f"positions={list(positions or [])} is not allowed: expected a non-empty "
+                         f"list of positions in [0, {seq_len - 2}]")
+    module = model_or_fn if isinstance(model_or_fn, torch.nn.Module) else None
+    if module is not None:
+        params = next(module.parameters(), None)
+        tokens = tokens.to(params.device) if params is not None else tokens
+    was_training = module.training if module is not None else False
+    generator = torch.Generator().manual_seed(seed)
+    try:
+        if module is not None:
+            module.eval()
+        with torch.no_grad():
+            base = _outputs(model_or_fn, tokens)
+            if base.dim() < 2 or base.shape[:2] != tokens.shape[:2]:
+                raise ValueError(f"outputs of shape {tuple(base.shape)} are not allowed: "
+                                 f"check_causal needs (B, T, ...) = ({tokens.shape[0]}, {seq_len}, "
+                                 "...) with time on dim 1; wrap the function to move it there")
+            moved = []
+            for p in probes:
+                changed = _outputs(model_or_fn, _perturb_after(tokens, p, vocab_size, generator))
+                delta = (changed.float() - base.float()).abs()
+                moved.append(delta.transpose(0, 1).reshape(seq_len, -1).amax(dim=1))  # (T,)
+    finally:
+        if module is not None:
+            module.train(was_training)
+    _judge_causality(probes, moved, atol, require_teeth)
+
+
+def _judge_causality(probes: list[int], moved: list[torch.Tensor], atol: float,
+                     require_teeth: bool) -> None:
+    """``moved[k]`` (T,): how far each output moved when the inputs after ``probes[k]`` changed."""
+    worst_past, least_future = 0.0, float("inf")
+    for p, delta in zip(probes, moved, strict=True):
+        past, future = delta[:p + 1], delta[p + 1:]
+        leaking = (past >= atol) | past.isnan()
+        if bool(leaking.any()):
+            i = int(leaking.nonzero()[0])
+            raise _failure(
+                "causality",
+                f"output at position {i} changed by {past[i].item():.3g} when only the inputs "
+                f"after position {p} were changed",
+                f"expected: outputs at positions 0..{p} unchanged (max change < atol={atol:g})",
+                f"got: {int(leaking.sum())} of these {p + 1} positions changed; the earliest is "
+                f"{i}, so position {i} sees an input from its future",
+                f"probe positions: {probes}")
+        if require_teeth and not future.max().item() > 10 * atol:
+            raise _failure(
+                "causality",
+                f"the check has no teeth: changing every input after position {p} moved no "
+                f"later output by more than 10*atol={10 * atol:g} "
+                f"(largest change {future.max().item():.3g})",
+                "the model or function seems to ignore its input, so a leak could not be seen",
+                "pass require_teeth=False only if that is intended")
+        worst_past = max(worst_past, past.max().item())
+        least_future = min(least_future, future.max().item())
+    _ok(f"causal: outputs at positions <= p unchanged when inputs after p change "
+        f"(probes {probes}; max change {worst_past:.2g} < atol={atol:g}; "
+        f"later outputs moved by >= {least_future:.2g})")

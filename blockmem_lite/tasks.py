@@ -1,0 +1,322 @@
+"""Synthetic probes of memory at a chosen distance: MQAR, passkey, copy.
+
+Each task builds full token sequences ``seq`` (N, T + 1) and returns a
+``TaskBatch``: inputs = seq[:, :-1], targets = seq[:, 1:] kept only at the
+answer positions (IGNORE_INDEX = -100 elsewhere). It is plain next-token
+prediction, so ``lm_loss`` trains a model on a task unchanged.
+
+Distance, the same for every task: how many tokens after its source an answer
+token is written, i.e. position of the answer token in the question part minus
+position of the same token in the context. ``meta["distances"]`` (N, K) holds
+it for each of the K answers of a row, in position order, next to
+``meta["answer_positions"]`` (N, K).
+
+Special tokens sit at the top of the vocabulary (``special_ids``): with the
+byte vocabulary (256) they are bytes 0xFC-0xFF, which never occur in UTF-8
+text, so task tokens and text never collide. Task content uses the ids below them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Callable
+
+import torch
+from torch.utils.data import TensorDataset
+
+from blockmem_lite.config import _check_int
+from blockmem_lite.models.base import IGNORE_INDEX
+
+SPECIAL_TOKENS = ("key", "query", "sep", "fill")   # ids vocab_size - 4 ... vocab_size - 1
+PASSKEY_FILLERS = ("random", "text")
+_DIGITS = (ord("0"), ord("9") + 1)
+
+
+def special_ids(vocab_size: int = 256) -> dict[str, int]:
+    """Reserved ids: key (needle start), query (question), sep (copy separator), fill (padding)."""
+    _check_int("vocab_size", vocab_size, len(SPECIAL_TOKENS) + 2)
+    first = vocab_size - len(SPECIAL_TOKENS)
+    return {name: first + i for i, name in enumerate(SPECIAL_TOKENS)}
+
+
+def content_vocab(vocab_size: int = 256) -> int:
+    """How many ids tasks may use for content: 0 ... content_vocab - 1."""
+    return min(special_ids(vocab_size).values())
+
+
+@dataclass
+class TaskBatch:
+    """A batch of task sequences; indexing or slicing gives a smaller TaskBatch."""
+
+    inputs: torch.Tensor       # (N, T) int64
+    targets: torch.Tensor      # (N, T) int64, IGNORE_INDEX except at answer positions
+    mask: torch.Tensor         # (N, T) bool, True at answer positions
+    meta: dict = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return self.inputs.shape[0]
+
+    def __getitem__(self, index) -> TaskBatch:
+        if isinstance(index, int):
+            index = slice(index, index + 1 if index != -1 else None)
+        n = len(self)
+        meta = {k: v[index] if isinstance(v, torch.Tensor) and v.dim() and v.shape[0] == n else v
+                for k, v in self.meta.items()}
+        return TaskBatch(self.inputs[index], self.targets[index], self.mask[index], meta)
+
+    @property
+    def seq_len(self) -> int:
+        return self.inputs.shape[1]
+
+    @property
+    def n_answers(self) -> int:
+        return int(self.mask.sum())
+
+    def answers(self) -> torch.Tensor:
+        """(N, K) the answer tokens of each row, in position order."""
+        return self.targets[self.mask].view(len(self), -1)
+
+    def dataset(self) -> TensorDataset:
+        """A Dataset of (x (T,), y (T,)) pairs, y = targets (loss only at answers)."""
+        return TensorDataset(self.inputs, self.targets)
+
+    def to(self, device) -> TaskBatch:
+        meta = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in self.meta.items()}
+        return TaskBatch(self.inputs.to(device), self.targets.to(device), self.mask.to(device),
+                         meta)
+
+
+def _task_batch(seq: torch.Tensor, answer_positions: torch.Tensor, distances: torch.Tensor,
+                meta: dict) -> TaskBatch:
+    """seq (N, T + 1), answer_positions and distances (N, K) -> TaskBatch."""
+    inputs = seq[:, :-1].contiguous()                                   # (N, T)
+    mask = torch.zeros_like(inputs, dtype=torch.bool)
+    mask.scatter_(1, answer_positions, True)
+    targets = torch.where(mask, seq[:, 1:], torch.full_like(inputs, IGNORE_INDEX))
+    meta = {**meta, "answer_positions": answer_positions, "distances": distances}
+    return TaskBatch(inputs, targets, mask, meta)
+
+
+def _distinct(n: int, high: int, k: int, generator: torch.Generator) -> torch.Tensor:
+    """(n, k) ids drawn from [0, high) without repetition within a row, in random order."""
+    return torch.rand(n, high, generator=generator).argsort(dim=1)[:, :k]
+
+
+def _check_common(n: int, seq_len: int, seed: int) -> None:
+    _check_int("n", n, 1)
+    _check_int("seq_len", seq_len, 2)
+    _check_int("seed", seed, 0)
+
+
+# --- multi-query associative recall --------------------------------------------------------
+def mqar(n: int, seq_len: int, n_pairs: int, *, n_queries: int | None = None,
+         distance: int | None = None, vocab_size: int = 256, seed: int = 0) -> TaskBatch:
+    """Multi-query associative recall: key-value pairs, then keys again; predict their values.
+
+    One row (T = seq_len)::
+
+        k1 v1 k2 v2 ... kP vP  fill ... k_a v_a  fill ... k_b v_b ...
+                                        ^ answer position: predict v_a after k_a
+
+    Keys come from the lower half of the content ids, values from the upper
+    half; keys are distinct within a row. ``n_queries`` pairs (default all) are asked.
+
+    distance=None: queries sit at random slots after the pairs, in random order
+    (distances vary; see meta["distances"]). distance=d: the query of pair i
+    sits exactly d tokens after pair i's key, so queries follow the pairs'
+    order. Use it to measure recall against distance, not to train: a model
+    could learn "copy the token d back" instead of recall.
+    """
+    _check_common(n, seq_len, seed)
+    _check_int("n_pairs", n_pairs, 1)
+    n_keys = content_vocab(vocab_size) // 2
+    if n_pairs > n_keys:
+        raise ValueError(f"n_pairs={n_pairs} is not allowed with vocab_size={vocab_size}: keys "
+                         f"must be distinct; expected n_pairs <= {n_keys}")
+    n_queries = n_pairs if n_queries is None else n_queries
+    _check_int("n_queries", n_queries, 1)
+    if n_queries > n_pairs:
+        raise ValueError(f"n_queries={n_queries} is not allowed: expected 1 <= n_queries <= "
+                         f"n_pairs={n_pairs}")
+    n_slots = (seq_len + 1 - 2 * n_pairs) // 2          # 2-token query slots after the pairs
+    if distance is None and n_queries > n_slots:
+        raise ValueError(f"seq_len={seq_len} is not allowed: {n_pairs} pairs and {n_queries} "
+                         f"queries need seq_len >= {2 * (n_pairs + n_queries) - 1}")
+    if distance is not None:
+        low, high = 2 * n_pairs, seq_len + 1 - 2 * n_pairs
+        if isinstance(distance, bool) or not isinstance(distance, int) \
+                or not low <= distance <= high:
+            allowed = (f"expected {low} <= distance <= {high}" if low <= high
+                       else f"no distance fits; expected seq_len >= {4 * n_pairs - 1}")
+            raise ValueError(f"distance={distance!r} is not allowed with seq_len={seq_len} and "
+                             f"n_pairs={n_pairs}: {allowed}")
+
+    generator = torch.Generator().manual_seed(seed)
+    fill = special_ids(vocab_size)["fill"]
+    keys = _distinct(n, n_keys, n_pairs, generator)                                  # (N, P)
+    values = torch.randint(n_keys, content_vocab(vocab_size), (n, n_pairs), generator=generator)
+    seq = torch.full((n, seq_len + 1), fill, dtype=torch.long)
+    seq[:, 0:2 * n_pairs:2] = keys
+    seq[:, 1:2 * n_pairs:2] = values
+    asked = _distinct(n, n_pairs, n_queries, generator)                              # (N, Q)
+    if distance is None:
+        slots = _distinct(n, n_slots, n_queries, generator).sort(dim=1).values
+        positions = 2 * n_pairs + 2 * slots                                          # (N, Q)
+    else:
+        asked = asked.sort(dim=1).values
+        positions = 2 * asked + distance
+    rows = torch.arange(n)[:, None]
+    seq[rows, positions] = keys.gather(1, asked)
+    seq[rows, positions + 1] = values.gather(1, asked)
+    meta = {"task": "mqar", "n_pairs": n_pairs, "n_queries": n_queries, "distance": distance,
+            "vocab_size": vocab_size, "seed": seed}
+    return _task_batch(seq, positions, positions - 2 * asked, meta)
+
+
+# --- passkey / needle in a haystack ---------------------------------------------------------
+@lru_cache(maxsize=1)
+def _filler_text_ids() -> torch.Tensor:
+    """(N,) uint8 bytes of the offline corpus, the haystack for filler='text'."""
+    from blockmem_lite.corpora import _token_ids, load_corpus
+
+    return _token_ids(load_corpus("offline"))
+
+
+def _text_filler(n: int, length: int, generator: torch.Generator) -> torch.Tensor:
+    """(n, length) int64 windows of offline-corpus bytes at random offsets."""
+    text = _filler_text_ids()
+    if length > text.numel():
+        raise ValueError(f"seq_len={length - 1} is not allowed with filler='text': the offline "
+                         f"corpus has {text.numel()} bytes; expected seq_len < {text.numel()}")
+    starts = torch.randint(0, text.numel() - length + 1, (n, 1), generator=generator)
+    return text[starts + torch.arange(length)].long()
+
+
+def passkey(n: int, seq_len: int, distance: int, *, key_len: int = 5, filler: str = "random",
+            vocab_size: int = 256, seed: int = 0) -> TaskBatch:
+    """Passkey retrieval: find a key hidden ``distance`` tokens before the question.
+
+    One row (T = seq_len; the question is the end of the sequence)::
+
+        filler ... KEY k1 .. kL  filler ...  QUERY k1 .. kL
+                                             ^ answer positions: QUERY and k1 .. k(L-1)
+
+    distance = position(QUERY) - position(KEY), between key_len + 1 and
+    seq_len - key_len. filler="random": uniform content ids, key of content
+    ids. filler="text": bytes of the offline corpus (needs vocab_size >= 256),
+    key of ASCII digits, so a text-trained byte model sees text it knows.
+    """
+    _check_common(n, seq_len, seed)
+    _check_int("key_len", key_len, 1)
+    if filler not in PASSKEY_FILLERS:
+        raise ValueError(f"filler={filler!r} is not allowed: expected one of "
+                         f"{', '.join(PASSKEY_FILLERS)}")
+    if filler == "text" and vocab_size < 256:
+        raise ValueError(f"vocab_size={vocab_size} is not allowed with filler='text': byte text "
+                         "needs vocab_size >= 256")
+    low, high = key_len + 1, seq_len - key_len
+    if isinstance(distance, bool) or not isinstance(distance, int) or not low <= distance <= high:
+        allowed = (f"expected {low} <= distance <= {high}" if low <= high
+                   else f"no distance fits; expected seq_len >= {2 * key_len + 1}")
+        raise ValueError(f"distance={distance!r} is not allowed with seq_len={seq_len} and "
+                         f"key_len={key_len}: {allowed}")
+
+    generator = torch.Generator().manual_seed(seed)
+    ids = special_ids(vocab_size)
+    if filler == "text":
+        seq = _text_filler(n, seq_len + 1, generator)
+        key = torch.randint(*_DIGITS, (n, key_len), generator=generator)
+    else:
+        seq = torch.randint(0, content_vocab(vocab_size), (n, seq_len + 1), generator=generator)
+        key = torch.randint(0, content_vocab(vocab_size), (n, key_len), generator=generator)
+    query_pos = seq_len - key_len
+    key_pos = query_pos - distance
+    seq[:, key_pos] = ids["key"]
+    seq[:, key_pos + 1:key_pos + 1 + key_len] = key
+    seq[:, query_pos] = ids["query"]
+    seq[:, query_pos + 1:] = key
+    positions = torch.arange(query_pos, seq_len).expand(n, key_len)                 # (N, L)
+    meta = {"task": "passkey", "key_len": key_len, "distance": distance, "filler": filler,
+            "vocab_size": vocab_size, "seed": seed}
+    return _task_batch(seq, positions, torch.full((n, key_len), distance), meta)
+
+
+# --- copy -----------------------------------------------------------------------------------
+def copy_task(n: int, seq_len: int, copy_len: int, *, gap: int = 0, vocab_size: int = 256,
+              seed: int = 0) -> TaskBatch:
+    """Copy a random segment after a separator.
+
+    One row (T = seq_len; the copy is the end of the sequence)::
+
+        fill ... s1 .. sL  fill * gap  SEP s1 .. sL
+                                       ^ answer positions: SEP and s1 .. s(L-1)
+
+    Every answer's distance is copy_len + 1 + gap.
+    """
+    _check_common(n, seq_len, seed)
+    _check_int("copy_len", copy_len, 1)
+    _check_int("gap", gap, 0)
+    if 2 * copy_len + gap > seq_len:
+        raise ValueError(f"copy_len={copy_len} is not allowed with seq_len={seq_len} and "
+                         f"gap={gap}: expected 2 * copy_len + gap <= seq_len")
+
+    generator = torch.Generator().manual_seed(seed)
+    ids = special_ids(vocab_size)
+    segment = torch.randint(0, content_vocab(vocab_size), (n, copy_len), generator=generator)
+    seq = torch.full((n, seq_len + 1), ids["fill"], dtype=torch.long)
+    sep_pos = seq_len - copy_len
+    start = sep_pos - gap - copy_len
+    seq[:, start:start + copy_len] = segment
+    seq[:, sep_pos] = ids["sep"]
+    seq[:, sep_pos + 1:] = segment
+    positions = torch.arange(sep_pos, seq_len).expand(n, copy_len)                  # (N, L)
+    distance = copy_len + 1 + gap
+    meta = {"task": "copy", "copy_len": copy_len, "gap": gap, "distance": distance,
+            "vocab_size": vocab_size, "seed": seed}
+    return _task_batch(seq, positions, torch.full((n, copy_len), distance), meta)
+
+
+# --- scoring --------------------------------------------------------------------------------
+def _model_device(model) -> torch.device:
+    parameters = getattr(model, "parameters", None)
+    first = next(iter(parameters()), None) if callable(parameters) else None
+    return first.device if first is not None else torch.device("cpu")
+
+
+@torch.no_grad()
+def task_accuracy(model, batch: TaskBatch, batch_size: int = 64) -> float:
+    """Fraction of answer tokens where argmax(logits) is right (eval mode, no grad).
+
+    ``model(inputs)`` may return a ModelOutput (``.logits``) or a logits tensor (B, T, V).
+    """
+    _check_int("batch_size", batch_size, 1)
+    if not isinstance(batch, TaskBatch) or batch.n_answers == 0:
+        raise ValueError("batch is not allowed: expected a TaskBatch with answer positions")
+    was_training = bool(getattr(model, "training", False))
+    if hasattr(model, "eval"):
+        model.eval()
+    device = _model_device(model)
+    correct = 0
+    try:
+        for start in range(0, len(batch), batch_size):
+            part = batch[start:start + batch_size]
+            output = model(part.inputs.to(device))
+            logits = getattr(output, "logits", output)                         # (b, T, V)
+            predicted = logits.argmax(dim=-1).to(part.mask.device)            # (b, T)
+            correct += int((predicted[part.mask] == part.targets[part.mask]).sum())
+    finally:
+        if was_training:
+            model.train()
+    return correct / batch.n_answers
+
+
+def accuracy_vs_distance(model, make_batch: Callable[[int], TaskBatch], distances,
+                         batch_size: int = 64) -> list[dict]:
+    """[{distance, accuracy, n_answers, task}] for ``make_batch(d)`` at each distance d."""
+    rows = []
+    for distance in distances:
+        batch = make_batch(distance)
+        rows.append({"distance": distance, "accuracy": task_accuracy(model, batch, batch_size),
+                     "n_answers": batch.n_answers, "task": batch.meta.get("task")})
+    return rows

@@ -1,0 +1,884 @@
+"""Training: the Trainer every notebook, benchmark and CLI run goes through.
+
+* AdamW (weight decay on matrices only, not on norms or biases), linear warmup
+  then cosine decay to ``lr * min_lr_ratio`` (``lr_at``), global-norm gradient
+  clipping, periodic evaluation, callbacks (``on_step`` / ``on_eval`` / ``on_end``).
+* The Trainer owns the batch order: one permutation per epoch from a generator
+  seeded with ``(seed, epoch)``. A checkpoint records ``(epoch, position)`` plus
+  every RNG state, so a resumed run continues the *same* loss curve.
+* Checkpoints hold only tensors, numbers, strings, lists and dicts, so they load
+  with ``torch.load(path, weights_only=True)``; they are written atomically
+  (temp file in the same folder, fsync, ``os.replace``).
+* The notebook "stop" button (SIGINT) finishes the current step and stops
+  cleanly: the model and the history are kept, a checkpoint is written when
+  ``checkpoint_dir`` is set, and ``fit`` returns the history. A second press
+  interrupts at once. A ``KeyboardInterrupt`` raised anywhere in the loop (for
+  instance by a callback) is handled the same way.
+* Device: ``runtime.pick_device`` (cuda > mps > cpu); bf16 autocast only on CUDA.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import random
+import signal
+import sys
+import threading
+import time
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch.utils.data import DataLoader, Dataset, IterableDataset, default_collate
+
+from blockmem_lite.config import PRESET_NAMES, ModelConfig, RunConfig, TrainConfig, preset
+from blockmem_lite.models.base import IGNORE_INDEX, build_model
+from blockmem_lite.runtime import (
+    autocast_context,
+    peak_memory,
+    pick_device,
+    reset_peak_memory,
+    seed_everything,
+    synchronize,
+)
+
+CHECKPOINT_NAME = "checkpoint.pt"
+CHECKPOINT_FORMAT = "blockmem_lite.checkpoint/1"
+PRINT_INTERVAL_S = 2.0           # the default progress printer writes at most one line per 2 s
+
+STEP_KEYS = ("step", "total_steps", "loss", "ce_loss", "aux_loss", "lr", "grad_norm",
+             "tokens_per_s", "memory_bytes", "memory_method", "elapsed_s", "eta_s")
+EVAL_KEYS = ("step", "total_steps", "val_loss", "elapsed_s")
+
+
+# --- history and callbacks -------------------------------------------------------------------
+@dataclass
+class History:
+    """Everything a run measured, one list entry per step (and per evaluation)."""
+
+    step: list = field(default_factory=list)
+    loss: list = field(default_factory=list)
+    ce_loss: list = field(default_factory=list)
+    aux_loss: list = field(default_factory=list)
+    lr: list = field(default_factory=list)
+    grad_norm: list = field(default_factory=list)      # global norm before clipping
+    tokens_per_s: list = field(default_factory=list)
+    memory_bytes: list = field(default_factory=list)
+    elapsed_s: list = field(default_factory=list)
+    val_step: list = field(default_factory=list)
+    val_loss: list = field(default_factory=list)
+    memory_method: str = ""
+    total_steps: int = 0
+    interrupted: bool = False
+
+    def append_step(self, rec: dict) -> None:
+        for name in ("step", "loss", "ce_loss", "aux_loss", "lr", "grad_norm", "tokens_per_s",
+                     "memory_bytes", "elapsed_s"):
+            getattr(self, name).append(rec[name])
+        self.memory_method = rec["memory_method"]
+
+    def append_eval(self, rec: dict) -> None:
+        self.val_step.append(rec["step"])
+        self.val_loss.append(rec["val_loss"])
+
+    def to_dict(self) -> dict:
+        out = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            out[f.name] = list(value) if isinstance(value, list) else value
+        return out
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> History:
+        """Inverse of ``to_dict``; missing keys take their defaults, unknown keys are ignored."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: (list(v) if isinstance(v, (list, tuple)) else v)
+                      for k, v in d.items() if k in names})
+
+    def save_json(self, path) -> Path:
+        path = Path(path)
+        _atomic_write_bytes(path, json.dumps(self.to_dict(), indent=1).encode("utf-8"))
+        return path
+
+
+class Callback:
+    """Base class for Trainer callbacks; override what you need.
+
+    Any object with some of these methods works too (duck typing).
+    """
+
+    def on_step(self, trainer: Trainer, rec: dict) -> None:
+        """After every optimizer step; ``rec`` has the keys in ``STEP_KEYS``."""
+
+    def on_eval(self, trainer: Trainer, rec: dict) -> None:
+        """After every evaluation; ``rec`` has the keys in ``EVAL_KEYS``."""
+
+    def on_end(self, trainer: Trainer, history: History) -> None:
+        """Once when ``fit`` ends (finished, or stopped by an interrupt)."""
+
+
+class _PrintProgress(Callback):
+    """Default callback: throttled text lines (the first step of each fit, every log_every
+    steps at most once per PRINT_INTERVAL_S, and the final step)."""
+
+    def __init__(self, log_every: int, min_interval_s: float = PRINT_INTERVAL_S):
+        self.log_every = log_every
+        self.min_interval_s = min_interval_s
+        self._last = None          # time of the last line; None: nothing printed in this fit
+
+    def _print(self, rec: dict, periodic: bool) -> None:
+        now = time.monotonic()
+        final = rec["step"] >= rec["total_steps"]
+        due = periodic and (self._last is None or now - self._last >= self.min_interval_s)
+        if final or self._last is None or due:
+            print(format_progress(rec), flush=True)
+            self._last = now
+
+    def on_step(self, trainer, rec):
+        self._print(rec, periodic=rec["step"] % self.log_every == 0)
+
+    def on_eval(self, trainer, rec):
+        self._print(rec, periodic=True)
+
+    def on_end(self, trainer, history):
+        self._last = None
+
+
+def _check_callbacks(callbacks) -> list:
+    if callbacks is None:
+        return []
+    if any(hasattr(callbacks, name) for name in ("on_step", "on_eval", "on_end")):
+        callbacks = [callbacks]
+    out = list(callbacks)
+    for cb in out:
+        if not any(callable(getattr(cb, name, None)) for name in ("on_step", "on_eval", "on_end")):
+            raise ValueError(f"callbacks entry {cb!r} is not allowed: a callback needs at least one "
+                             "of the methods on_step, on_eval, on_end")
+    return out
+
+
+# --- formatting --------------------------------------------------------------------------------
+def _human_count(x: float) -> str:
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(x) >= scale:
+            return f"{x / scale:.1f}{unit}"
+    return f"{x:.0f}"
+
+
+def _human_bytes(n: float) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n:.0f} B"
+
+
+def _human_duration(s: float) -> str:
+    if not math.isfinite(s):
+        return "?"
+    if s < 60:
+        return f"{s:.1f}s"
+    if s < 3600:
+        return f"{int(s // 60)}m{int(s % 60):02d}s"
+    return f"{int(s // 3600)}h{int(s % 3600 // 60):02d}m"
+
+
+_MEMORY_LABELS = {"process_rss": "RSS", "cuda_max_allocated": "CUDA peak"}
+
+
+def format_progress(rec: dict) -> str:
+    """One readable line for a step record or an eval record (missing keys are skipped)."""
+    total = rec.get("total_steps")
+    width = len(str(total)) if total else 1
+    parts = [f"step {rec.get('step', '?'):>{width}}/{total}" if total else f"step {rec.get('step')}"]
+    if "val_loss" in rec:
+        parts.append(f"val_loss {rec['val_loss']:.4f}")
+    if "loss" in rec:
+        parts.append(f"loss {rec['loss']:.4f}")
+    if rec.get("aux_loss"):
+        parts.append(f"aux {rec['aux_loss']:.4f}")
+    if "lr" in rec:
+        parts.append(f"lr {rec['lr']:.2e}")
+    if "tokens_per_s" in rec:
+        parts.append(f"{_human_count(rec['tokens_per_s'])} tok/s")
+    if "memory_bytes" in rec:
+        label = _MEMORY_LABELS.get(rec.get("memory_method", ""), rec.get("memory_method", ""))
+        parts.append(f"mem {_human_bytes(rec['memory_bytes'])} {label}".rstrip())
+    timing = []
+    if "elapsed_s" in rec:
+        timing.append(f"{_human_duration(rec['elapsed_s'])} elapsed")
+    if "eta_s" in rec:
+        timing.append(f"eta {_human_duration(rec['eta_s'])}")
+    if timing:
+        parts.append(", ".join(timing))
+    return " | ".join(parts)
+
+
+# --- schedule and optimizer ----------------------------------------------------------------
+def lr_at(step: int, cfg: TrainConfig, total_steps: int | None = None) -> float:
+    """Learning rate of (0-based) ``step``: linear warmup to ``cfg.lr`` over
+    ``warmup_steps``, then cosine decay reaching ``lr * min_lr_ratio`` at the last step
+    (``total_steps - 1``, default ``cfg.steps``); constant after that."""
+    total = cfg.steps if total_steps is None else total_steps
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    decay_steps = max(1, total - 1 - cfg.warmup_steps)
+    progress = min(1.0, (step - cfg.warmup_steps) / decay_steps)
+    floor = cfg.lr * cfg.min_lr_ratio
+    return floor + (cfg.lr - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
+    """AdamW; weight decay on >= 2-D parameters (matrices, embeddings) only."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    return torch.optim.AdamW([g for g in groups if g["params"]], lr=cfg.lr,
+                             betas=(cfg.beta1, cfg.beta2))
+
+
+# --- data ------------------------------------------------------------------------------------
+def _as_dataset(data, name: str):
+    """A map-style dataset of (x, y) from a Dataset, a DataLoader over one, or ``.dataset()``."""
+    if isinstance(data, DataLoader):
+        data = data.dataset
+    elif not isinstance(data, Dataset) and callable(getattr(data, "dataset", None)):
+        data = data.dataset()
+    allowed = ("a map-style Dataset yielding (x, y), a DataLoader over one, or an object with "
+               ".dataset() such as tasks.TaskBatch")
+    if isinstance(data, IterableDataset):
+        raise ValueError(f"{name} of type {type(data).__name__} is not allowed: iterable datasets "
+                         f"have no fixed order to resume from; expected {allowed}")
+    if (isinstance(data, (str, bytes, torch.Tensor, Mapping))
+            or not (hasattr(data, "__getitem__") and hasattr(data, "__len__"))):
+        hint = " (wrap tensors with torch.utils.data.TensorDataset(x, y))" \
+            if isinstance(data, torch.Tensor) else ""
+        raise ValueError(f"{name} of type {type(data).__name__} is not allowed: expected "
+                         f"{allowed}{hint}")
+    if len(data) == 0:
+        raise ValueError(f"{name} is empty: expected at least one (x, y) example")
+    _check_example(data[0], name)
+    return data
+
+
+def _check_example(item, name: str) -> None:
+    ok = (isinstance(item, (tuple, list)) and len(item) == 2
+          and all(isinstance(t, torch.Tensor) for t in item)
+          and item[0].shape == item[1].shape and item[0].dim() == 1
+          and not item[0].is_floating_point() and not item[1].is_floating_point())
+    if not ok:
+        got = (tuple(f"{type(t).__name__}{tuple(t.shape) if isinstance(t, torch.Tensor) else ''}"
+                     for t in item) if isinstance(item, (tuple, list)) else type(item).__name__)
+        raise ValueError(f"{name} items of the form {got} are not allowed: expected (x, y) pairs "
+                         "of integer tensors of the same shape (T,)")
+
+
+def _epoch_seed(seed: int, epoch: int) -> int:
+    return ((seed & 0xFFFFFFFF) << 32) | (epoch & 0xFFFFFFFF)
+
+
+class _BatchStream:
+    """Batches in a reproducible order: a permutation per epoch seeded with (seed, epoch).
+
+    ``position`` counts the batches already handed out in ``epoch``; a partial last
+    batch is dropped so every step sees ``batch_size`` examples.
+    """
+
+    def __init__(self, dataset, batch_size: int, seed: int, num_workers: int = 0,
+                 pin_memory: bool = False):
+        if len(dataset) < batch_size:
+            raise ValueError(f"batch_size={batch_size} is not allowed: train_data has only "
+                             f"{len(dataset)} examples; use batch_size <= {len(dataset)}")
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.seed = seed
+        self.num_workers = num_workers
+        self.pin_memory = pin_memory
+        self.epoch, self.position = 0, 0
+        self._order = None            # (epoch, permutation)
+        self._workers_iter = None
+
+    @property
+    def batches_per_epoch(self) -> int:
+        return len(self.dataset) // self.batch_size
+
+    def _indices(self, position: int) -> list[int]:
+        if self._order is None or self._order[0] != self.epoch:
+            g = torch.Generator().manual_seed(_epoch_seed(self.seed, self.epoch))
+            self._order = (self.epoch, torch.randperm(len(self.dataset), generator=g))
+        start = position * self.batch_size
+        return self._order[1][start:start + self.batch_size].tolist()
+
+    def next_batch(self):
+        """(x, y), each (B, T); advances the position (and the epoch when it is used up)."""
+        if self.position >= self.batches_per_epoch:
+            self.seek(self.epoch + 1, 0)
+        if self.num_workers == 0:
+            batch = default_collate([self.dataset[i] for i in self._indices(self.position)])
+        else:
+            if self._workers_iter is None:
+                self._workers_iter = iter(self._worker_loader())
+            batch = next(self._workers_iter)
+        self.position += 1
+        return batch[0], batch[1]
+
+    def _worker_loader(self) -> DataLoader:
+        rest = [self._indices(p) for p in range(self.position, self.batches_per_epoch)]
+        return DataLoader(self.dataset, batch_sampler=rest, num_workers=self.num_workers,
+                          collate_fn=default_collate, pin_memory=self.pin_memory)
+
+    def tell(self) -> tuple[int, int]:
+        return self.epoch, self.position
+
+    def seek(self, epoch: int, position: int) -> None:
+        self.epoch, self.position = epoch, position
+        self._workers_iter = None
+
+    def close(self) -> None:
+        self._workers_iter = None
+
+
+def _loss_for_eval(out) -> torch.Tensor:
+    ce = getattr(out, "ce_loss", None)
+    return ce if ce is not None else out.loss
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, data, max_batches: int | None = None,
+             device: torch.device | str | None = None, *, batch_size: int = 16,
+             precision: str = "auto") -> float:
+    """Mean cross-entropy (``ModelOutput.ce_loss``, else ``loss``) over ``data``.
+
+    ``data``: a DataLoader (iterated as is), a map-style Dataset of (x, y) or an object with
+    ``.dataset()`` (batched in order, ``batch_size`` examples). Averaged per target token
+    (positions with target -100 do not count). Runs in eval mode under no_grad and puts
+    the model back in the mode it was in.
+    """
+    if max_batches is not None and max_batches < 1:
+        raise ValueError(f"max_batches={max_batches} is not allowed: expected None or >= 1")
+    device = torch.device(device) if device is not None else next(model.parameters()).device
+    batches = data if isinstance(data, DataLoader) else _sequential_batches(
+        _as_dataset(data, "data"), batch_size)
+    was_training = model.training
+    model.eval()
+    total, count = 0.0, 0
+    try:
+        for i, (x, y) in enumerate(batches):
+            if max_batches is not None and i >= max_batches:
+                break
+            x, y = x.to(device), y.to(device)
+            n = int((y != IGNORE_INDEX).sum())
+            if n == 0:
+                continue
+            with autocast_context(device, precision):
+                loss = _loss_for_eval(model(x, y))
+            total += float(loss) * n
+            count += n
+    finally:
+        model.train(was_training)
+    if count == 0:
+        raise ValueError("data has no target tokens to evaluate (every target is -100 or the "
+                         "data is empty)")
+    return total / count
+
+
+def _sequential_batches(dataset, batch_size: int):
+    for start in range(0, len(dataset), batch_size):
+        yield default_collate([dataset[i] for i in range(start, min(start + batch_size,
+                                                                        len(dataset)))])
+
+
+# --- checkpoint files ------------------------------------------------------------------------
+def _atomic_write_bytes(path: Path, payload: bytes) -> None:
+    _atomic_write(path, lambda f: f.write(payload))
+
+
+def _atomic_write(path: Path, write) -> None:
+    """Write via a temp file in the same folder, fsync, then ``os.replace`` (never half a file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:  # Windows cannot open folders; os.replace is already durable enough there
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def load_checkpoint_file(path) -> dict:
+    """The checkpoint dict at ``path``, loaded on CPU with ``weights_only=True``."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no checkpoint at {path}")
+    ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(ckpt, dict) or ckpt.get("format") != CHECKPOINT_FORMAT:
+        raise ValueError(f"checkpoint {path} is not allowed: not a {CHECKPOINT_FORMAT} file")
+    return ckpt
+
+
+def _rng_state(device: torch.device) -> dict:
+    version, internal, gauss_next = random.getstate()
+    state = {"torch": torch.get_rng_state(),
+             "python": {"version": version, "state": list(internal), "gauss_next": gauss_next}}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    if device.type == "mps":
+        state["mps"] = torch.mps.get_rng_state()
+    return state
+
+
+def _set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    py = state["python"]
+    random.setstate((py["version"], tuple(py["state"]), py["gauss_next"]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    if "mps" in state and torch.backends.mps.is_available():
+        torch.mps.set_rng_state(state["mps"])
+
+
+# --- the stop button -------------------------------------------------------------------------
+class _StopButton:
+    """While active, the first SIGINT (Ctrl-C, the notebook stop button) only sets
+    ``requested`` so the loop stops between steps; a second one raises KeyboardInterrupt.
+
+    Installed only in the main thread and only over Python's default handler.
+    """
+
+    def __init__(self):
+        self.requested = False
+        self._previous = None
+
+    def _handle(self, signum, frame) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def __enter__(self) -> _StopButton:
+        if (threading.current_thread() is threading.main_thread()
+                and signal.getsignal(signal.SIGINT) is signal.default_int_handler):
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+            self._previous = None
+
+
+# --- the trainer -----------------------------------------------------------------------------
+class Trainer:
+    """Train ``model`` on ``train_data`` with ``cfg``; see the module docstring.
+
+    ``train_data``: a map-style Dataset of (x (T,), y (T,)), a DataLoader over one (its
+    dataset is used; batch size and order come from ``cfg``), or an object with
+    ``.dataset()`` (e.g. ``tasks.TaskBatch``). ``val_data`` likewise (optional).
+    ``callbacks``: ``Callback`` objects or anything with on_step / on_eval / on_end; with
+    none, the Trainer prints throttled progress lines itself.
+    """
+
+    def __init__(self, model: torch.nn.Module, cfg: TrainConfig, train_data, val_data=None,
+                 callbacks=(), run_cfg: RunConfig | None = None):
+        if isinstance(cfg, RunConfig):
+            run_cfg, cfg = run_cfg or cfg, cfg.train
+        if not isinstance(cfg, TrainConfig):
+            raise ValueError(f"cfg of type {type(cfg).__name__} is not allowed: expected a "
+                             "TrainConfig (or a RunConfig)")
+        if not isinstance(model, torch.nn.Module):
+            raise ValueError(f"model of type {type(model).__name__} is not allowed: expected a "
+                             "torch.nn.Module (e.g. build_model(cfg))")
+        self.cfg = cfg
+        self.run_cfg = run_cfg
+        self.device = pick_device(cfg.device)
+        autocast_context(self.device, cfg.precision)   # fails early for bf16 off CUDA
+        self.model = model.to(self.device)
+        self.train_dataset = _as_dataset(train_data, "train_data")
+        self.val_dataset = _as_dataset(val_data, "val_data") if val_data is not None else None
+        self.callbacks = _check_callbacks(callbacks) or [_PrintProgress(cfg.log_every)]
+        self.optimizer = make_optimizer(self.model, cfg)
+        self.history = History()
+        self.step = 0
+        self._stream = _BatchStream(self.train_dataset, cfg.batch_size, cfg.seed,
+                                    cfg.num_workers, pin_memory=self.device.type == "cuda")
+        self._params = [p for p in self.model.parameters() if p.requires_grad]
+        self._seeded = False
+        self._mid_update = False
+
+    # --- public API ---------------------------------------------------------------------------
+    def fit(self, steps: int | None = None) -> History:
+        """Train until ``steps`` optimizer steps are done in total (default ``cfg.steps``).
+
+        The LR schedule spans ``steps``. Returns the history, also after an interrupt.
+        """
+        total = self.cfg.steps if steps is None else steps
+        if isinstance(total, bool) or not isinstance(total, int) or total < 1:
+            raise ValueError(f"steps={steps!r} is not allowed: expected None or an integer >= 1")
+        if not self._seeded:
+            seed_everything(self.cfg.seed)
+            self._seeded = True
+        self.history.total_steps = total
+        self.history.interrupted = False
+        self.model.train()
+        reset_peak_memory(self.device)
+        clock = _Clock(self.history.elapsed_s[-1] if self.history.elapsed_s else 0.0, self.step)
+        with _StopButton() as stop:
+            try:
+                while self.step < total and not stop.requested:
+                    self._step_with_rollback(total, clock)
+                    self._after_step(total, clock)
+                interrupted = stop.requested
+            except KeyboardInterrupt:
+                interrupted = True
+            finally:
+                self._stream.close()
+            if interrupted:
+                self._end_interrupted(total)
+            else:
+                self._end_finished(total, clock)
+        return self.history
+
+    def evaluate(self, max_batches: int | None = None) -> float:
+        """Mean validation CE over ``max_batches`` (default ``cfg.eval_batches``) batches."""
+        if self.val_dataset is None:
+            raise ValueError("val_data is None: pass val_data to the Trainer to evaluate")
+        return evaluate(self.model, self.val_dataset, max_batches or self.cfg.eval_batches,
+                        self.device, batch_size=self.cfg.batch_size, precision=self.cfg.precision)
+
+    def checkpoint_path(self) -> Path | None:
+        """``<checkpoint_dir>/checkpoint.pt``, or None without a checkpoint_dir."""
+        return Path(self.cfg.checkpoint_dir) / CHECKPOINT_NAME if self.cfg.checkpoint_dir else None
+
+    def save_checkpoint(self, path=None) -> Path:
+        """Write everything needed to resume exactly (atomically); returns the path."""
+        path = Path(path) if path is not None else self.checkpoint_path()
+        if path is None:
+            raise ValueError("path=None is not allowed when cfg.checkpoint_dir is None: pass a "
+                             "path or set checkpoint_dir")
+        state = self._checkpoint_state()
+        _atomic_write(path, lambda f: torch.save(state, f))
+        return path
+
+    def load_checkpoint(self, path) -> None:
+        """Restore model, optimizer, step, data position, history and RNG states."""
+        self._restore(load_checkpoint_file(path))
+
+    @classmethod
+    def from_checkpoint(cls, path, train_data, val_data=None, callbacks=(), *,
+                        model: torch.nn.Module | None = None, device: str | None = None) -> Trainer:
+        """A Trainer restored from ``path``; the model is rebuilt from the stored run config
+        unless ``model`` is given. ``device`` overrides the stored one (e.g. "cpu")."""
+        ckpt = load_checkpoint_file(path)
+        run_dict = ckpt.get("run_config")
+        run_cfg = RunConfig.from_dict(run_dict) if run_dict is not None else None
+        if model is None and run_cfg is None:
+            raise ValueError(f"model=None is not allowed: checkpoint {path} stores no run config "
+                             "to rebuild the model from; pass model=")
+        train_cfg = run_cfg.train if run_cfg is not None else TrainConfig(**ckpt["train_config"])
+        if device is not None:
+            train_cfg = dataclasses.replace(train_cfg, device=device)
+            run_cfg = dataclasses.replace(run_cfg, train=train_cfg) if run_cfg else None
+        trainer = cls(model if model is not None else build_model(run_cfg), train_cfg,
+                      train_data, val_data, callbacks, run_cfg=run_cfg)
+        trainer._restore(ckpt)
+        return trainer
+
+    # --- one step -----------------------------------------------------------------------------
+    def _step_with_rollback(self, total: int, clock: _Clock) -> None:
+        """One step; an interrupt before the update puts the batch back (exact resume)."""
+        mark = self._stream.tell()
+        step_before = self.step
+        try:
+            self._train_step(total, clock)
+        except KeyboardInterrupt:
+            if self.step == step_before and not self._mid_update:
+                self._stream.seek(*mark)
+            raise
+
+    def _train_step(self, total: int, clock: _Clock) -> None:
+        start = time.perf_counter()
+        x, y = self._stream.next_batch()                                   # (B, T) each
+        x = x.to(self.device, non_blocking=True)
+        y = y.to(self.device, non_blocking=True)
+        lr = lr_at(self.step, self.cfg, total)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        with autocast_context(self.device, self.cfg.precision):
+            out = self.model(x, y)
+        if out.loss is None:
+            raise ValueError("the model returned loss=None: its forward(tokens, targets) must "
+                             "return a ModelOutput with a loss")
+        self.optimizer.zero_grad(set_to_none=True)
+        out.loss.backward()
+        grad_norm = self._clip_gradients()
+        ce = out.ce_loss if out.ce_loss is not None else out.loss
+        aux = out.aux_loss if out.aux_loss is not None else torch.zeros_like(out.loss)
+        loss_v, ce_v, aux_v, norm_v = torch.stack(
+            [out.loss.detach().float(), ce.detach().float(), aux.detach().float(),
+             grad_norm.float()]).tolist()                                  # one host sync
+        if not (math.isfinite(loss_v) and math.isfinite(norm_v)):
+            self._fail_non_finite(loss_v, norm_v, total)
+        self._mid_update = True
+        self.optimizer.step()
+        self.step += 1
+        self._mid_update = False
+        synchronize(self.device)
+        seconds = time.perf_counter() - start
+        memory, method = peak_memory(self.device)
+        rec = {"step": self.step, "total_steps": total, "loss": loss_v, "ce_loss": ce_v,
+               "aux_loss": aux_v, "lr": lr, "grad_norm": norm_v,
+               "tokens_per_s": x.numel() / seconds, "memory_bytes": memory,
+               "memory_method": method, "elapsed_s": clock.elapsed(),
+               "eta_s": clock.eta(self.step, total)}
+        self.history.append_step(rec)
+        self._emit("on_step", rec)
+
+    def _clip_gradients(self) -> torch.Tensor:
+        """Global grad norm before clipping; clips to ``cfg.grad_clip`` when it is > 0."""
+        if self.cfg.grad_clip > 0:
+            return torch.nn.utils.clip_grad_norm_(self._params, self.cfg.grad_clip)
+        norms = [torch.linalg.vector_norm(p.grad) for p in self._params if p.grad is not None]
+        return torch.linalg.vector_norm(torch.stack(norms))
+
+    def _fail_non_finite(self, loss: float, grad_norm: float, total: int) -> None:
+        saved = ""
+        if self.cfg.checkpoint_dir:
+            saved = f" The last good state was saved to {self.save_checkpoint()}."
+        raise FloatingPointError(
+            f"non-finite training signal at step {self.step + 1}/{total} (loss={loss}, "
+            f"grad_norm={grad_norm}); the weights were not updated.{saved} Try a lower lr "
+            f"(now {self.cfg.lr}), grad_clip > 0 (now {self.cfg.grad_clip}) or precision='fp32'.")
+
+    def _after_step(self, total: int, clock: _Clock) -> None:
+        if self.val_dataset is not None and self.step % self.cfg.eval_every == 0:
+            self._run_eval(total, clock)
+        if self.cfg.checkpoint_every and self.step % self.cfg.checkpoint_every == 0 \
+                and self.cfg.checkpoint_dir and self.step < total:
+            self.save_checkpoint()
+
+    def _run_eval(self, total: int, clock: _Clock) -> None:
+        rec = {"step": self.step, "total_steps": total, "val_loss": self.evaluate(),
+               "elapsed_s": clock.elapsed()}
+        self.history.append_eval(rec)
+        self._emit("on_eval", rec)
+
+    # --- endings ------------------------------------------------------------------------------
+    def _end_finished(self, total: int, clock: _Clock) -> None:
+        last_eval = self.history.val_step[-1] if self.history.val_step else None
+        if self.val_dataset is not None and last_eval != self.step:
+            self._run_eval(total, clock)
+        if self.cfg.checkpoint_dir:
+            self.save_checkpoint()
+        self._emit("on_end", self.history)
+
+    def _end_interrupted(self, total: int) -> None:
+        self.history.interrupted = True
+        where = self.save_checkpoint() if self.cfg.checkpoint_dir else "none (no checkpoint_dir)"
+        note = " (the interrupt hit an optimizer update: weights may mix two steps)" \
+            if self._mid_update else ""
+        self._mid_update = False
+        print(f"interrupted at step {self.step}/{total}; model and history kept; "
+              f"checkpoint: {where}{note}", flush=True)
+        self._emit("on_end", self.history)
+
+    def _emit(self, event: str, payload) -> None:
+        for cb in self.callbacks:
+            method = getattr(cb, event, None)
+            if callable(method):
+                method(self, payload)
+
+    # --- checkpoint state ---------------------------------------------------------------------
+    def _run_config_dict(self) -> dict | None:
+        if self.run_cfg is not None:
+            return {**self.run_cfg.to_dict(), "train": dataclasses.asdict(self.cfg)}
+        model_cfg = getattr(self.model, "cfg", None)
+        if isinstance(model_cfg, ModelConfig):
+            return {"preset": "custom", "model": dataclasses.asdict(model_cfg),
+                    "train": dataclasses.asdict(self.cfg)}
+        return None
+
+    def _checkpoint_state(self) -> dict:
+        epoch, position = self._stream.tell()
+        state = {"format": CHECKPOINT_FORMAT, "torch_version": str(torch.__version__),
+                 "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                 "step": self.step, "epoch": epoch, "position": position,
+                 "data_size": len(self.train_dataset), "history": self.history.to_dict(),
+                 "rng": _rng_state(self.device), "train_config": dataclasses.asdict(self.cfg)}
+        run_dict = self._run_config_dict()
+        if run_dict is not None:
+            state["run_config"] = run_dict
+        return state
+
+    def _restore(self, ckpt: dict) -> None:
+        self.model.load_state_dict(ckpt["model"])
+        self.optimizer.load_state_dict(ckpt["optimizer"])
+        self.step = int(ckpt["step"])
+        self._stream.seek(int(ckpt["epoch"]), int(ckpt["position"]))
+        self.history = History.from_dict(ckpt["history"])
+        if ckpt["data_size"] != len(self.train_dataset):
+            warnings.warn(f"the checkpoint was trained on {ckpt['data_size']} examples, "
+                          f"train_data has {len(self.train_dataset)}: the batch order will "
+                          "differ from the original run", stacklevel=3)
+        _set_rng_state(ckpt["rng"])
+        self._seeded = True
+
+
+class _Clock:
+    """Wall time of a run (continuing ``base_s`` from earlier fits) and the ETA."""
+
+    def __init__(self, base_s: float, start_step: int):
+        self.base_s = base_s
+        self.start_step = start_step
+        self.start = time.perf_counter()
+
+    def elapsed(self) -> float:
+        return self.base_s + time.perf_counter() - self.start
+
+    def eta(self, step: int, total: int) -> float:
+        done = step - self.start_step
+        mean_step = (time.perf_counter() - self.start) / max(1, done)
+        return mean_step * max(0, total - step)
+
+
+# --- command line ----------------------------------------------------------------------------
+def _cli_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m blockmem_lite train",
+        description="Train a model from a preset; writes checkpoint.pt and history.json to --out.")
+    p.add_argument("--preset", choices=PRESET_NAMES, default="class",
+                   help="model + training preset (default: class)")
+    p.add_argument("--arch", default=None, help="architecture (default: the preset's)")
+    p.add_argument("--steps", type=int, default=None, help="total optimizer steps")
+    p.add_argument("--corpus", default=None, help="corpus name (default: the preset's)")
+    p.add_argument("--out", default=None, help="output folder (default: runs/PRESET_ARCH)")
+    p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
+    p.add_argument("--device", default=None, help="auto, cpu, cuda, cuda:N or mps")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override any ModelConfig/TrainConfig field (repeatable)")
+    return p
+
+
+def _parse_value(text: str):
+    lowered = text.strip().lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    if lowered in ("none", "null"):
+        return None
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def _cli_overrides(args) -> dict:
+    overrides = {}
+    for item in args.overrides:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--set {item!r} is not allowed: expected KEY=VALUE, e.g. --set lr=1e-3")
+        overrides[key.strip()] = _parse_value(value)
+    explicit = {"arch": args.arch, "steps": args.steps, "corpus": args.corpus,
+                "device": args.device}
+    overrides.update({k: v for k, v in explicit.items() if v is not None})
+    return overrides
+
+
+def _sample_text(model, dataset, device: torch.device) -> str:
+    """Continue the first 16 tokens of ``dataset[0]`` by 80 sampled tokens."""
+    prompt = dataset[0][0][:16][None].to(device)                          # (1, 16)
+    gen = torch.Generator(device=device).manual_seed(0)
+    out = model.generate(prompt, 80, temperature=0.8, top_k=20, generator=gen)[0].cpu()
+    if getattr(model.cfg, "vocab_size", None) != 256:
+        return f"{out[:16].tolist()} -> {out[16:].tolist()}"
+    from blockmem_lite.tokenizer import ByteTokenizer
+
+    tok = ByteTokenizer()
+    return f"{tok.decode(out[:16])!r} -> {tok.decode(out[16:])!r}"
+
+
+def _model_mismatch(ckpt: dict, run_cfg: RunConfig) -> list[str]:
+    stored = (ckpt.get("run_config") or {}).get("model", {})
+    wanted = dataclasses.asdict(run_cfg.model)
+    return [f"{k}={stored.get(k)!r} (checkpoint) vs {v!r} (this command)"
+            for k, v in wanted.items() if k in stored and stored[k] != v]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m blockmem_lite train ...``; returns the exit status."""
+    try:
+        args = _cli_parser().parse_args(argv)
+    except SystemExit as exit_:            # --help (0) or a bad argument (2, message printed)
+        return exit_.code if isinstance(exit_.code, int) else 2
+    try:
+        run_cfg = preset(args.preset, **_cli_overrides(args))
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    out = Path(args.out or f"runs/{run_cfg.preset}_{run_cfg.model.arch}")
+    ckpt_path = out / CHECKPOINT_NAME
+    if args.resume and not ckpt_path.is_file():
+        print(f"error: --resume needs {ckpt_path}, which does not exist", file=sys.stderr)
+        return 2
+    if not args.resume and ckpt_path.exists():
+        print(f"error: {ckpt_path} exists; pass --resume to continue it or choose another --out",
+              file=sys.stderr)
+        return 2
+    run_cfg = run_cfg.replace(checkpoint_dir=str(out))
+
+    from blockmem_lite.corpora import CorpusUnavailable, make_loaders
+
+    try:
+        train_loader, val_loader = make_loaders(run_cfg)
+        trainer = Trainer(build_model(run_cfg), run_cfg.train, train_loader, val_loader,
+                          run_cfg=run_cfg)
+        if args.resume:
+            ckpt = load_checkpoint_file(ckpt_path)
+            mismatch = _model_mismatch(ckpt, run_cfg)
+            if mismatch:
+                raise ValueError("--resume with a different model is not allowed: "
+                                 + "; ".join(mismatch))
+            trainer._restore(ckpt)
+    except (ValueError, CorpusUnavailable) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    n_params = sum(p.numel() for p in trainer.model.parameters())
+    verb = f"resuming at step {trainer.step}" if args.resume else "training"
+    print(f"{verb}: {run_cfg.model.arch} ({n_params / 1e6:.2f}M params), preset {run_cfg.preset}, "
+          f"{run_cfg.train.steps} steps of {run_cfg.train.batch_size}x{run_cfg.model.seq_len} "
+          f"tokens on {trainer.device}; output in {out}", flush=True)
+    try:
+        history = trainer.fit()
+    except FloatingPointError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    history.save_json(out / "history.json")
+    if trainer.val_dataset is not None:
+        val = (history.val_loss[-1] if history.val_step and history.val_step[-1] == trainer.step
+               else trainer.evaluate())
+        print(f"final val loss {val:.4f} at step {trainer.step}")
+    print(f"wrote {ckpt_path} and {out / 'history.json'}")
+    print(f"sample: {_sample_text(trainer.model, trainer.train_dataset, trainer.device)}")
+    return 130 if history.interrupted else 0

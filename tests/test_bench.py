@@ -1,0 +1,201 @@
+"""bench: records, same-run ratios, ceilings, state bytes, registry, table, JSON and CLI."""
+
+import json
+
+import pytest
+import torch
+
+from blockmem_lite import bench, metrics
+from blockmem_lite.models import base as models_base
+from blockmem_lite.models.dense import DenseLM
+
+TINY = dict(d_model=32, n_layer=2, n_head=2, batch=2, threads=1, warmup=1, repeats=1,
+            decode_burst=2, progress=False)
+TINY_ARGS = ["--d-model", "32", "--n-layer", "2", "--n-head", "2", "--batch", "2",
+             "--threads", "1", "--warmup", "1", "--repeats", "1", "--decode-burst", "2"]
+
+KEY_TYPES = {
+    "arch": str, "variant": str, "phase": str, "seq_len": int, "batch": int,
+    "tokens_per_s": float, "ms_per_step": float, "ratio_vs_dense": (float, type(None)),
+    "flop_ceiling": (float, type(None)), "frac_of_ceiling": (float, type(None)),
+    "memory_bytes": (int, type(None)), "memory_method": str, "state_bytes": (int, type(None)),
+    "device": str, "dtype": str, "threads": int, "torch_version": str,
+    "saved_bytes": (int, type(None)), "rss_peak_bytes": (int, type(None)),
+    "rss_base_bytes": (int, type(None)), "flops_per_token": (float, type(None)),
+}
+
+
+@pytest.fixture(scope="module")
+def dense_records():
+    return bench.run_bench(["dense"], [16, 32], memory=("saved",), **TINY)
+
+
+@pytest.fixture
+def twin_arch(monkeypatch):
+    """A second benchable arch (dense weights, block-local FLOP model) with an option."""
+    monkeypatch.setitem(models_base._REGISTRY, "twin", DenseLM)
+
+    def variants(options):
+        return [(f"L={n}", {}) for n in bench.parse_int_list("twin_len", options["twin_len"])]
+
+    def flops(cfg, seq_len, phase):
+        if phase == "decode":
+            return None
+        return metrics.model_flops_per_token("block_local", d_model=cfg.d_model,
+                                             n_layer=cfg.n_layer, seq_len=seq_len,
+                                             vocab_size=cfg.vocab_size, block_len=8)
+
+    entry = bench.BenchArch("twin", variants, flops,
+                            (bench.BenchOption("--twin-len", "8,16", "twin block lengths"),))
+    monkeypatch.setitem(bench.BENCH_ARCHS, "twin", entry)
+    return entry
+
+
+def test_records_have_every_key_with_the_right_type(dense_records):
+    assert len(dense_records) == 4          # 2 lengths x 2 phases
+    for record in dense_records:
+        assert set(bench.RECORD_KEYS) <= set(record)
+        for key, kind in KEY_TYPES.items():
+            assert isinstance(record[key], kind), (key, record[key])
+        assert record["device"] == "cpu" and record["dtype"] == "fp32"
+        assert record["threads"] == 1 and record["batch"] == 2
+        assert record["torch_version"] == torch.__version__
+        assert record["tokens_per_s"] > 0
+    assert {(r["phase"], r["seq_len"]) for r in dense_records} == {
+        ("train", 16), ("train", 32), ("decode", 16), ("decode", 32)}
+
+
+def test_dense_is_the_baseline(dense_records):
+    for record in dense_records:
+        assert record["arch"] == "dense" and record["variant"] == ""
+        assert record["ratio_vs_dense"] is None and record["frac_of_ceiling"] is None
+        assert record["flop_ceiling"] == 1.0
+
+
+def test_train_memory_is_saved_tensors_and_decode_has_none(dense_records):
+    for record in dense_records:
+        if record["phase"] == "train":
+            assert record["memory_method"] == "saved_tensors"
+            assert record["memory_bytes"] == record["saved_bytes"] > 0
+            assert record["state_bytes"] is None
+        else:
+            assert record["memory_method"] == "none" and record["memory_bytes"] is None
+
+
+def test_default_batch_keeps_train_tokens_per_step_fixed():
+    for t in (16, 256, 4096):
+        assert bench.default_batch("train", t) * t == bench.TRAIN_TOKENS_PER_STEP
+    assert bench.default_batch("train", 8192) == 1
+    assert bench.default_batch("decode", 256) == 1
+
+
+def test_train_saved_bytes_grow_with_t(dense_records):
+    train = {r["seq_len"]: r for r in dense_records if r["phase"] == "train"}
+    assert train[32]["saved_bytes"] == pytest.approx(2 * train[16]["saved_bytes"], rel=1e-3)
+
+
+def test_decode_state_bytes_match_the_kv_cache(dense_records):
+    decode = {r["seq_len"]: r for r in dense_records if r["phase"] == "decode"}
+    for t, record in decode.items():
+        # 2 (k and v) * t * d * n_layer * 4 bytes (fp32) * batch; KVCache capacity = t exactly
+        assert record["state_bytes"] == 2 * t * 32 * 2 * 4 * record["batch"]
+    assert decode[32]["state_bytes"] == 2 * decode[16]["state_bytes"]
+
+
+def test_train_flops_are_three_forwards(dense_records):
+    record = next(r for r in dense_records if r["phase"] == "train" and r["seq_len"] == 32)
+    forward = metrics.model_flops_per_token("dense", d_model=32, n_layer=2, seq_len=32)
+    assert record["flops_per_token"] == pytest.approx(3 * forward)
+
+
+def test_variants_are_interleaved_with_dense_and_get_ratios(twin_arch, monkeypatch):
+    counts = []
+    real = metrics.time_interleaved
+
+    def spy(step_fns, **kw):
+        counts.append(len(step_fns))
+        return real(step_fns, **kw)
+
+    monkeypatch.setattr(metrics, "time_interleaved", spy)
+    records = bench.run_bench(["twin"], [32], memory=("none",), **TINY)
+    assert counts == [3, 3]                  # dense + L=8 + L=16, per phase, one timing run
+    assert [(r["arch"], r["variant"]) for r in records if r["phase"] == "train"] == [
+        ("dense", ""), ("twin", "L=8"), ("twin", "L=16")]
+    dense = {r["phase"]: r for r in records if r["arch"] == "dense"}
+    for r in (r for r in records if r["arch"] == "twin"):
+        expected = r["tokens_per_s"] / dense[r["phase"]]["tokens_per_s"]
+        assert r["ratio_vs_dense"] == pytest.approx(expected)
+        assert r["memory_method"] == "none" and r["memory_bytes"] is None
+        if r["phase"] == "train":
+            ceiling = metrics.flop_ceiling(
+                metrics.model_flops_per_token("dense", d_model=32, n_layer=2, seq_len=32),
+                metrics.model_flops_per_token("block_local", d_model=32, n_layer=2, seq_len=32,
+                                              block_len=8))
+            assert r["flop_ceiling"] == pytest.approx(ceiling) and ceiling > 1
+            assert r["frac_of_ceiling"] == pytest.approx(r["ratio_vs_dense"] / ceiling)
+        else:
+            assert r["flop_ceiling"] is None and r["frac_of_ceiling"] is None
+
+
+def test_arch_options_reach_the_variants_from_the_cli(twin_arch, tmp_path, capsys):
+    path = tmp_path / "twin.json"
+    code = bench.main(["--arch", "twin", "--twin-len", "4", "--seq-len", "16", "--phases",
+                       "train", "--memory", "none", "--json", str(path), *TINY_ARGS])
+    assert code == 0
+    records = json.loads(path.read_text())
+    assert [(r["arch"], r["variant"]) for r in records] == [("dense", ""), ("twin", "L=4")]
+    assert "[twin] twin block lengths" in bench.build_parser().format_help()
+
+
+def test_unknown_arch_is_a_clear_error(capsys):
+    with pytest.raises(ValueError, match=r"arch='nope' is not allowed: known architectures.*dense"):
+        bench.run_bench(["nope"], [16], **TINY)
+    assert bench.main(["--arch", "dense,nope", "--seq-len", "16"]) == 2
+    assert "known architectures are" in capsys.readouterr().err
+
+
+def test_arch_without_bench_entry_is_a_clear_error(monkeypatch):
+    monkeypatch.setitem(models_base._REGISTRY, "unbenched", DenseLM)
+    with pytest.raises(ValueError, match="arch='unbenched' has no bench entry"):
+        bench.resolve_archs(["unbenched"])
+
+
+def test_bad_arguments_are_clear_errors():
+    with pytest.raises(ValueError, match="phases"):
+        bench.run_bench(["dense"], [16], phases=("infer",), **TINY)
+    with pytest.raises(ValueError, match="memory"):
+        bench.run_bench(["dense"], [16], memory=("gpu",), **TINY)
+    with pytest.raises(ValueError, match="dtype='bf16' is not allowed on cpu"):
+        bench.run_bench(["dense"], [16], dtype="bf16", device="cpu", **TINY)
+    with pytest.raises(ValueError, match="seq_len='16,x'"):
+        bench.parse_int_list("seq_len", "16,x")
+
+
+def test_table_has_the_columns_and_one_row_per_record(dense_records):
+    table = bench.format_table(dense_records)
+    for column in ("tok/s", "ms/step", "x dense", "ceiling", "% ceil", "memory", "method",
+                   "state"):
+        assert column in table
+    assert table.count("saved_tensors") >= 2
+    assert "dtype=fp32" in table and "threads=" in table
+    rows = [line for line in table.splitlines() if line.startswith("dense ")]
+    assert len(rows) == len(dense_records)
+
+
+def test_cli_writes_a_json_list_of_records(tmp_path, capsys):
+    path = tmp_path / "out" / "bench.json"
+    code = bench.main(["--seq-len", "16", "--memory", "saved", "--json", str(path), *TINY_ARGS])
+    assert code == 0
+    records = json.loads(path.read_text())
+    assert isinstance(records, list) and len(records) == 2
+    assert all(set(bench.RECORD_KEYS) <= set(r) for r in records)
+    out = capsys.readouterr().out
+    assert "tok/s" in out and str(path) in out
+
+
+def test_rss_subprocess_is_the_primary_cpu_memory_figure():
+    (record,) = bench.run_bench(["dense"], [16], phases=("train",), memory=("saved", "rss"),
+                                **TINY)
+    assert record["memory_method"] == "rss_subprocess"
+    assert record["memory_bytes"] == record["rss_peak_bytes"] >= record["rss_base_bytes"] > 0
+    assert record["saved_bytes"] > 0

@@ -1,0 +1,259 @@
+"""metrics: the FLOP model reproduces PERFORMANCE.md's ceilings; timing and memory helpers."""
+
+import pytest
+import torch
+
+from blockmem_lite import ModelConfig, build_model
+from blockmem_lite import metrics as M
+
+D = 256  # PERFORMANCE.md quotes its ceilings at d = 256, backbone only
+
+
+def ceilings(variant_layer_flops):
+    """dense / variant per-layer FLOPs at T = 1k, 4k, 16k."""
+    return [M.flop_ceiling(M.dense_layer_flops(D, t), variant_layer_flops(t))
+            for t in (1024, 4096, 16384)]
+
+
+def quoted(values, digits):
+    return [round(v, d) for v, d in zip(values, digits, strict=True)]
+
+
+# --- FLOP model: PERFORMANCE.md's quoted ceilings ----------------------------------------
+
+def test_block_local_ceilings_match_performance_md():
+    got = ceilings(lambda t: M.block_local_layer_flops(D, 128))
+    assert quoted(got, (2, 2, 1)) == [1.28, 2.24, 6.1]
+
+
+def test_cat_same_width_ceilings_match_performance_md():
+    # C = 64, decoder width = d, compressor depth = decoder depth / 4; the W_f
+    # projection is per model, not per layer, so the backbone-only figure leaves it out.
+    got = ceilings(lambda t: M.cat_layer_flops(D, 64, t, d_decoder=D, depth_ratio=0.25))
+    assert quoted(got, (1, 2, 1)) == [1.0, 1.77, 4.6]
+
+
+@pytest.mark.parametrize("n_mem_tokens,d_mem", [(16, 32), (8, 64)])
+def test_armt_ceilings_match_performance_md(n_mem_tokens, d_mem):
+    # PERFORMANCE.md does not state m and d_mem; both of these settings reproduce it.
+    got = ceilings(lambda t: M.armt_layer_flops(D, 128, n_mem_tokens, d_mem))
+    assert quoted(got, (2, 2, 1)) == [1.04, 1.83, 5.0]
+
+
+def test_armt_ceiling_depends_on_memory_size():
+    big = ceilings(lambda t: M.armt_layer_flops(D, 128, 16, 64))
+    assert quoted(big, (2, 2, 1)) != [1.04, 1.83, 5.0]
+
+
+# --- FLOP model: the formulas term by term ------------------------------------------------
+
+def test_dense_and_block_local_formulas():
+    assert M.dense_layer_flops(256, 1024) == 24 * 256**2 + 2 * 1024 * 256
+    assert M.dense_decode_layer_flops(256, 1024) == 24 * 256**2 + 4 * 1024 * 256
+    assert M.block_local_layer_flops(256, 128) == 24 * 256**2 + 2 * 128 * 256
+    # a block as long as the sequence is dense attention
+    assert M.block_local_layer_flops(64, 512) == M.dense_layer_flops(64, 512)
+
+
+def test_cat_armt_moc_head_formulas():
+    d, c, t = 64, 8, 256
+    decoder = (1 + 1 / c) * (24 * 128**2 + 2 * 128 * (c + t / c))
+    assert M.cat_decoder_layer_flops(128, c, t) == pytest.approx(decoder)
+    assert M.cat_compressor_flops(d, c, 0.5) == pytest.approx(0.5 * (24 * d**2 + 4 * d * (c + 1)))
+    assert M.cat_projection_flops(d, 128) == 2 * 128 * d
+    s, m, dm = 32, 4, 16
+    armt = ((1 + m / s) * (24 * d**2 + 2 * d * (s + m)) + 14 * d * dm
+            + (m / s) * (2 * d**2 + 26 * d * dm))
+    assert M.armt_layer_flops(d, s, m, dm) == pytest.approx(armt)
+    assert M.moc_extra_flops(d, 17, 2, 8) == 2 * d * 17 + 4 * d**2 + 4 * d * 3 * 8
+    assert M.lm_head_flops(d, 256) == 2 * d * 256
+
+
+def test_model_flops_sum_layers_and_head():
+    kw = dict(d_model=64, n_layer=3, seq_len=512, vocab_size=256)
+    head = M.lm_head_flops(64, 256)
+    assert M.model_flops_per_token("dense", **kw) == 3 * M.dense_layer_flops(64, 512) + head
+    assert M.model_flops_per_token("dense", include_head=False, **kw) == pytest.approx(
+        3 * M.dense_layer_flops(64, 512))
+    assert M.model_flops_per_token("dense", decode=True, **kw) == (
+        3 * M.dense_decode_layer_flops(64, 512) + head)
+    assert M.model_flops_per_token("block_local", block_len=32, **kw) == (
+        3 * M.block_local_layer_flops(64, 32) + head)
+    assert M.model_flops_per_token("armt", segment_len=128, n_mem_tokens=4, d_mem=16, **kw) == (
+        pytest.approx(3 * M.armt_layer_flops(64, 128, 4, 16) + head))
+    assert M.model_flops_per_token("moc", n_chapters=17, top_k=2, chapter_len=8,
+                                   n_memory_layers=1, **kw) == pytest.approx(
+        3 * M.dense_layer_flops(64, 512) + M.moc_extra_flops(64, 17, 2, 8) + head)
+
+
+def test_model_flops_cat_counts_compressor_depth_projection_and_wide_head():
+    got = M.model_flops_per_token("cat", d_model=64, n_layer=8, seq_len=256, vocab_size=256,
+                                  chunk_size=16, d_decoder=128)
+    expected = (8 * M.cat_decoder_layer_flops(128, 16, 256)
+                + 2 * (24 * 64**2 + 4 * 64 * 17)          # compressor depth max(1, 8 // 4) = 2
+                + M.cat_projection_flops(64, 128) + M.lm_head_flops(128, 256))
+    assert got == pytest.approx(expected)
+
+
+def test_window_longer_than_sequence_is_capped():
+    kw = dict(d_model=64, n_layer=2, seq_len=100)
+    assert M.model_flops_per_token("block_local", block_len=128, **kw) == (
+        M.model_flops_per_token("dense", **kw))
+
+
+def test_training_flops_and_ceiling():
+    assert M.training_flops_per_token(10.0) == 30.0
+    assert M.flop_ceiling(5.0, 5.0) == 1.0
+    assert M.flop_ceiling(6.0, 2.0) == 3.0
+
+
+def test_flop_model_errors_name_the_parameter():
+    kw = dict(d_model=64, n_layer=2, seq_len=100)
+    with pytest.raises(ValueError, match="arch='bcmt'.*dense, block_local"):
+        M.model_flops_per_token("bcmt", **kw)
+    with pytest.raises(ValueError, match="block_len=None"):
+        M.model_flops_per_token("block_local", **kw)
+    with pytest.raises(ValueError, match="decode=True"):
+        M.model_flops_per_token("cat", decode=True, chunk_size=8, **kw)
+    with pytest.raises(ValueError, match="seq_len=0"):
+        M.dense_layer_flops(64, 0)
+    with pytest.raises(ValueError, match="variant_flops=0"):
+        M.flop_ceiling(1.0, 0)
+
+
+# --- timing ----------------------------------------------------------------------------
+
+def test_time_interleaved_alternates_and_counts():
+    calls = []
+    fns = [lambda: calls.append("A"), lambda: calls.append("B")]
+    times = M.time_interleaved(fns, warmup=2, repeats=3)
+    assert calls == ["A", "B"] * 5
+    assert [len(t) for t in times] == [3, 3]
+    assert all(t >= 0 for row in times for t in row)
+
+
+def test_summarize_times_uses_the_median():
+    timing = M.summarize_times([1.0, 2.0, 100.0], tokens_per_step=10)
+    assert timing.tokens_per_s == 5.0
+    assert timing.ms_per_step == 2000.0
+
+
+def test_measure_tokens_per_s_pins_and_restores_threads():
+    before = torch.get_num_threads()
+    seen = []
+    timing = M.measure_tokens_per_s(lambda: seen.append(torch.get_num_threads()), 100,
+                                    warmup=1, repeats=5, threads=1)
+    assert seen == [1] * 6
+    assert torch.get_num_threads() == before
+    assert timing.tokens_per_s > 0 and len(timing.times_s) == 5
+
+
+def test_timing_rejects_bad_counts():
+    with pytest.raises(ValueError, match="repeats=0"):
+        M.time_interleaved([lambda: None], warmup=1, repeats=0)
+    with pytest.raises(ValueError, match="warmup=-1"):
+        M.time_interleaved([lambda: None], warmup=-1, repeats=1)
+    with pytest.raises(ValueError, match="threads=0"):
+        with M.pinned_threads(0):
+            pass
+
+
+# --- workloads ---------------------------------------------------------------------------
+
+def tiny_model(seq_len=32):
+    return build_model(ModelConfig(d_model=32, n_layer=2, n_head=2, seq_len=seq_len))
+
+
+def test_train_step_makes_and_clears_gradients():
+    model = tiny_model()
+    grads = []
+    model.head.weight.register_hook(lambda g: grads.append(g.abs().sum().item()))
+    M.make_train_step(model, batch=2, seq_len=16)()
+    assert grads and grads[0] > 0
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_decode_step_state_is_sized_for_the_timed_calls():
+    model = tiny_model()
+    step = M.make_decode_step(model, batch=1, context_len=16, n_calls=3, burst=2)
+    for _ in range(3):
+        step()
+    with pytest.raises(ValueError, match="KV cache is full"):
+        step()
+
+
+# --- memory ------------------------------------------------------------------------------
+
+def test_saved_tensor_bytes_dedups_storages_and_excludes():
+    a = torch.randn(1000, requires_grad=True)
+    view = a.view(10, 100)
+    fn = lambda: (view * a.view(10, 100)).sum()  # noqa: E731  (saves both views of a)
+    assert M.saved_tensor_bytes(fn) == 1000 * 4
+    assert M.saved_tensor_bytes(fn, exclude=[a]) == 0
+    assert M.saved_tensor_bytes(lambda: a.detach() * 2) == 0   # no graph, nothing saved
+
+
+def test_saved_tensor_bytes_is_deterministic_and_linear_in_t_for_dense():
+    model = tiny_model(seq_len=128)
+    sizes = {}
+    for t in (32, 64, 128):
+        forward = M.make_train_forward(model, batch=2, seq_len=t)
+        first = M.saved_tensor_bytes(forward, exclude=model.parameters())
+        assert M.saved_tensor_bytes(forward, exclude=model.parameters()) == first
+        sizes[t] = first
+    # flash SDPA saves O(T) activations: doubling T doubles the bytes (to 0.1%)
+    assert sizes[64] == pytest.approx(2 * sizes[32], rel=1e-3)
+    assert sizes[128] == pytest.approx(2 * sizes[64], rel=1e-3)
+
+
+def test_saved_tensor_bytes_sees_the_quadratic_reference_attention():
+    model = tiny_model(seq_len=128)
+    params = list(model.parameters())
+
+    def saved(t):
+        x = torch.randint(0, 256, (2, t))
+        return M.saved_tensor_bytes(lambda: model(x, x, reference=True).loss, exclude=params)
+
+    s32, s64, s128 = saved(32), saved(64), saved(128)
+    excess_small, excess_big = s64 - 2 * s32, s128 - 2 * s64    # the T^2 part only
+    assert excess_small > 0
+    assert excess_big == pytest.approx(4 * excess_small, rel=0.01)
+
+
+def test_max_rss_bytes_is_a_peak_of_the_current_rss():
+    from blockmem_lite.runtime import process_rss_bytes
+
+    current = process_rss_bytes()
+    assert M.max_rss_bytes() >= current > 10 * 2**20
+
+
+def test_peak_rss_subprocess_reads_a_fresh_process():
+    spec = {"model": {"d_model": 32, "n_layer": 2, "n_head": 2, "seq_len": 64},
+            "phase": "train", "batch": 2, "seq_len": 64, "threads": 1}
+    reading = M.peak_rss_subprocess(spec, timeout=300)
+    assert isinstance(reading.peak_bytes, int) and isinstance(reading.base_bytes, int)
+    assert reading.peak_bytes >= reading.base_bytes > 50 * 2**20   # torch alone is > 50 MiB
+    assert reading.delta_bytes == reading.peak_bytes - reading.base_bytes
+
+
+def test_peak_rss_subprocess_errors_are_clear():
+    with pytest.raises(ValueError, match="phase"):
+        M.peak_rss_subprocess({"model": {}, "phase": "infer", "batch": 1, "seq_len": 8})
+    with pytest.raises(ValueError, match="batch"):
+        M.peak_rss_subprocess({"model": {}, "phase": "train", "batch": 0, "seq_len": 8})
+    bad_model = {"model": {"d_model": 30, "n_head": 4}, "phase": "train", "batch": 1,
+                 "seq_len": 8}
+    with pytest.raises(RuntimeError, match="n_head=4"):
+        M.peak_rss_subprocess(bad_model, timeout=300)
+
+
+def test_cuda_peak_bytes_refuses_cpu():
+    with pytest.raises(ValueError, match="needs CUDA"):
+        M.cuda_peak_bytes(lambda: None, "cpu")
+
+
+def test_human_bytes():
+    assert M.human_bytes(None) == "-"
+    assert M.human_bytes(1000) == "1000 B"
+    assert M.human_bytes(1536) == "1.5 KiB"
+    assert M.human_bytes(3 * 2**30) == "3.0 GiB"

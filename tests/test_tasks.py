@@ -1,0 +1,227 @@
+"""Synthetic tasks: layout, answers derived from the inputs, the distance asked for,
+determinism, scoring with an oracle and a chance-level model, and clear errors."""
+
+import pytest
+import torch
+
+from blockmem_lite import build_model, preset
+from blockmem_lite.corpora import load_corpus
+from blockmem_lite.models.base import IGNORE_INDEX
+from blockmem_lite.tasks import (
+    TaskBatch,
+    accuracy_vs_distance,
+    content_vocab,
+    copy_task,
+    mqar,
+    passkey,
+    special_ids,
+    task_accuracy,
+)
+
+SPECIAL = special_ids(256)
+
+
+def _check_layout(batch: TaskBatch, n: int, seq_len: int, answers_per_row: int):
+    assert batch.inputs.shape == batch.targets.shape == batch.mask.shape == (n, seq_len)
+    assert batch.inputs.dtype == batch.targets.dtype == torch.long
+    assert batch.mask.dtype == torch.bool
+    assert torch.equal(batch.mask.sum(1), torch.full((n,), answers_per_row))
+    assert torch.all(batch.targets[~batch.mask] == IGNORE_INDEX)
+    assert torch.all(batch.targets[batch.mask] >= 0)
+    positions = batch.meta["answer_positions"]
+    assert torch.equal(batch.mask.nonzero()[:, 1].view(n, -1), positions)
+    assert batch.meta["distances"].shape == (n, answers_per_row)
+    # the target at an answer position is the next input token (next-token prediction)
+    inside = positions < seq_len - 1
+    following = batch.inputs.gather(1, (positions + 1).clamp(max=seq_len - 1))
+    assert torch.equal(following[inside], batch.answers()[inside])
+
+
+def _measured_distance(inputs_row: torch.Tensor, answer_position: int, answer: int) -> int:
+    """How far back the answer token sits after the same context token as the question's."""
+    question_token = inputs_row[answer_position]
+    earlier = [s for s in range(answer_position)
+               if inputs_row[s] == question_token and inputs_row[s + 1] == answer]
+    assert earlier, "the answer cannot be found in the context"
+    return answer_position - earlier[0]
+
+
+# --- MQAR ----------------------------------------------------------------------------------
+def test_mqar_answers_come_from_the_pairs_in_the_context():
+    batch = mqar(8, 64, 6, n_queries=4, seed=1)
+    _check_layout(batch, 8, 64, 4)
+    n_keys = content_vocab(256) // 2
+    for row in range(8):
+        x = batch.inputs[row]
+        pairs = {x[2 * i].item(): x[2 * i + 1].item() for i in range(6)}
+        assert len(pairs) == 6                                     # keys distinct
+        assert all(k < n_keys <= v < SPECIAL["key"] for k, v in pairs.items())
+        for pos in batch.meta["answer_positions"][row].tolist():
+            assert pos >= 12                                       # queries after the pairs
+            assert batch.targets[row, pos].item() == pairs[x[pos].item()]
+    assert not torch.equal(batch.meta["distances"][0], batch.meta["distances"][1])
+
+
+def test_mqar_fixed_distance_is_exact():
+    for distance in (12, 30, 53):
+        batch = mqar(4, 64, 6, distance=distance, seed=2)
+        assert torch.all(batch.meta["distances"] == distance)
+        for row in range(4):
+            for pos, answer in zip(batch.meta["answer_positions"][row].tolist(),
+                                   batch.answers()[row].tolist(), strict=True):
+                assert _measured_distance(batch.inputs[row], pos, answer) == distance
+
+
+def test_mqar_random_distances_are_recorded_truthfully():
+    batch = mqar(4, 96, 5, seed=3)
+    for row in range(4):
+        for pos, answer, d in zip(batch.meta["answer_positions"][row].tolist(),
+                                  batch.answers()[row].tolist(),
+                                  batch.meta["distances"][row].tolist(), strict=True):
+            assert _measured_distance(batch.inputs[row], pos, answer) == d
+
+
+# --- passkey -------------------------------------------------------------------------------
+@pytest.mark.parametrize("filler", ["random", "text"])
+def test_passkey_key_sits_at_the_distance_asked(filler):
+    for distance in (6, 40, 59):
+        batch = passkey(5, 64, distance, key_len=5, filler=filler, seed=4)
+        _check_layout(batch, 5, 64, 5)
+        for row in range(5):
+            x = batch.inputs[row]
+            query = (x == SPECIAL["query"]).nonzero().flatten().tolist()
+            key = (x == SPECIAL["key"]).nonzero().flatten().tolist()
+            assert query == [59] and len(key) == 1
+            assert query[0] - key[0] == distance                   # measured, not trusted
+            needle = x[key[0] + 1:key[0] + 6]
+            assert torch.equal(batch.answers()[row], needle)
+        assert torch.all(batch.meta["distances"] == distance)
+
+
+def test_passkey_text_filler_is_offline_prose_with_a_digit_key():
+    batch = passkey(3, 200, 100, filler="text", seed=0)
+    assert torch.all((batch.answers() >= ord("0")) & (batch.answers() <= ord("9")))
+    prose = load_corpus("offline").text.encode("utf-8")
+    for row in range(3):
+        haystack = bytes(batch.inputs[row, :95].tolist())          # before KEY at 200 - 5 - 100
+        assert haystack in prose
+
+
+# --- copy ----------------------------------------------------------------------------------
+def test_copy_task_copies_the_segment_after_the_separator():
+    batch = copy_task(6, 40, 8, gap=5, seed=5)
+    _check_layout(batch, 6, 40, 8)
+    for row in range(6):
+        x = batch.inputs[row]
+        sep = (x == SPECIAL["sep"]).nonzero().flatten().tolist()
+        assert sep == [32]
+        start = 32 - 5 - 8                                         # SEP - gap - copy_len
+        assert torch.equal(batch.answers()[row], x[start:start + 8])
+        assert torch.all(x[:start] == SPECIAL["fill"])
+        assert torch.all(x[start + 8:32] == SPECIAL["fill"])
+        for pos, answer in zip(batch.meta["answer_positions"][row].tolist(),
+                               batch.answers()[row].tolist(), strict=True):
+            if pos > 32:                                           # after SEP the token repeats
+                assert _measured_distance(x, pos, answer) == 8 + 1 + 5
+    assert torch.all(batch.meta["distances"] == 14)
+
+
+# --- determinism, slicing, datasets ----------------------------------------------------------
+@pytest.mark.parametrize("make", [lambda s: mqar(4, 48, 4, seed=s),
+                                  lambda s: passkey(4, 48, 20, seed=s),
+                                  lambda s: copy_task(4, 48, 10, seed=s)])
+def test_tasks_are_deterministic_in_the_seed(make):
+    a, b, c = make(7), make(7), make(8)
+    assert torch.equal(a.inputs, b.inputs) and torch.equal(a.targets, b.targets)
+    assert not torch.equal(a.inputs, c.inputs)
+
+
+def test_slicing_and_dataset():
+    batch = mqar(10, 48, 4, seed=0)
+    assert len(batch) == 10
+    part = batch[2:5]
+    assert len(part) == 3 and torch.equal(part.inputs, batch.inputs[2:5])
+    assert torch.equal(part.meta["distances"], batch.meta["distances"][2:5])
+    assert part.meta["n_pairs"] == 4
+    assert len(batch[-1]) == 1 and torch.equal(batch[-1].inputs, batch.inputs[-1:])
+    x, y = batch.dataset()[3]
+    assert torch.equal(x, batch.inputs[3]) and torch.equal(y, batch.targets[3])
+    assert len(batch.dataset()) == 10
+
+
+# --- scoring ---------------------------------------------------------------------------------
+class Oracle:
+    """Cheats: looks each row up in the batch it was built from and returns one-hot answers."""
+
+    def __init__(self, batch: TaskBatch, vocab_size: int = 256):
+        rows = zip(batch.inputs, batch.targets, strict=True)
+        self.answers = {tuple(x.tolist()): y for x, y in rows}
+        self.vocab_size = vocab_size
+
+    def __call__(self, inputs):
+        targets = torch.stack([self.answers[tuple(x.tolist())] for x in inputs])
+        return torch.nn.functional.one_hot(targets.clamp(min=0), self.vocab_size).float()
+
+
+class Guesser(torch.nn.Module):
+    """Uniformly random logits: accuracy near 1 / vocab_size."""
+
+    def __init__(self, vocab_size: int):
+        super().__init__()
+        self.vocab_size = vocab_size
+        self.generator = torch.Generator().manual_seed(0)
+
+    def forward(self, inputs):
+        return torch.randn(*inputs.shape, self.vocab_size, generator=self.generator)
+
+
+def test_oracle_scores_one_and_guessing_scores_chance():
+    batch = mqar(96, 48, 6, vocab_size=16, seed=0)           # 576 answers, chance 1/16
+    assert task_accuracy(Oracle(batch, 16), batch, batch_size=10) == 1.0
+    guess = task_accuracy(Guesser(16), batch, batch_size=10)
+    assert abs(guess - 1 / 16) < 0.04
+    copy = copy_task(20, 32, 8, seed=1)
+    assert task_accuracy(Oracle(copy), copy) == 1.0
+    wrong = Oracle(copy)
+    wrong.answers = {k: (v + 1) % 256 for k, v in wrong.answers.items()}
+    assert task_accuracy(wrong, copy) == 0.0
+
+
+def test_task_accuracy_on_a_real_model_restores_training_mode():
+    model = build_model(preset("tiny"))
+    model.train()
+    batch = passkey(6, 32, 10, seed=0)
+    accuracy = task_accuracy(model, batch, batch_size=4)
+    assert 0.0 <= accuracy <= 1.0
+    assert model.training
+    rows = accuracy_vs_distance(model, lambda d: passkey(4, 32, d, seed=0), [6, 12, 20])
+    assert [r["distance"] for r in rows] == [6, 12, 20]
+    assert all(r["task"] == "passkey" and r["n_answers"] == 20 for r in rows)
+
+
+# --- errors ----------------------------------------------------------------------------------
+def test_bad_arguments_name_the_parameter():
+    with pytest.raises(ValueError, match=r"distance=5 .*expected 12 <= distance <= 53"):
+        mqar(2, 64, 6, distance=5)
+    with pytest.raises(ValueError, match=r"n_pairs=200 .*expected n_pairs <= 126"):
+        mqar(2, 1024, 200)
+    with pytest.raises(ValueError, match="n_queries=7"):
+        mqar(2, 64, 6, n_queries=7)
+    with pytest.raises(ValueError, match="seq_len=16 .*seq_len >= 23"):
+        mqar(2, 16, 6)
+    with pytest.raises(ValueError, match=r"distance=60 .*expected 6 <= distance <= 59"):
+        passkey(2, 64, 60)
+    with pytest.raises(ValueError, match=r"distance=3 .*expected 6 <= distance"):
+        passkey(2, 64, 3)
+    with pytest.raises(ValueError, match="filler='noise'"):
+        passkey(2, 64, 10, filler="noise")
+    with pytest.raises(ValueError, match="vocab_size=64 .*filler='text'"):
+        passkey(2, 64, 10, filler="text", vocab_size=64)
+    with pytest.raises(ValueError, match="copy_len=20 .*2 \\* copy_len \\+ gap <= seq_len"):
+        copy_task(2, 32, 20)
+    with pytest.raises(ValueError, match="vocab_size=3"):
+        special_ids(3)
+    with pytest.raises(ValueError, match="n=0"):
+        copy_task(0, 32, 4)
+    with pytest.raises(ValueError, match="batch_size=0"):
+        task_accuracy(Guesser(256), copy_task(2, 32, 4), batch_size=0)
