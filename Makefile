@@ -13,6 +13,8 @@ TORCH_PIP_ARGS ?=
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.blockmem_installed
 PORT ?= 8888
+# Jupyter refuses to run as root unless told; containers often run as root.
+LAB_ROOT_FLAG := $(if $(filter 0,$(shell id -u 2>/dev/null)),--allow-root,)
 
 # Environment for headless, offline, fast runs (CI and `make test`).
 TEST_ENV := BLOCKMEM_FAST=1 BLOCKMEM_HEADLESS=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 \
@@ -37,7 +39,7 @@ setup: $(STAMP)
 
 lab: setup
 	$(BIN)/python -m blockmem_lite envcheck
-	$(BIN)/jupyter lab --notebook-dir=notebooks --port=$(PORT)
+	$(BIN)/jupyter lab --notebook-dir=notebooks --port=$(PORT) $(LAB_ROOT_FLAG)
 
 lint: setup
 	$(BIN)/python -m ruff check blockmem_lite tests notebooks

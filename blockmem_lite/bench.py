@@ -60,6 +60,7 @@ from blockmem_lite import metrics
 from blockmem_lite.config import ModelConfig
 from blockmem_lite.models import available_archs, build_model
 from blockmem_lite.runtime import pick_device, seed_everything
+from blockmem_lite.units import human_bytes
 
 PHASES = ("train", "decode")
 MEMORY_CHOICES = ("saved", "rss", "none")
@@ -385,9 +386,9 @@ def _row(r: dict) -> list[str]:
             f"{r['tokens_per_s']:,.0f}", f"{r['ms_per_step']:.2f}",
             _fmt(r["ratio_vs_dense"], ".2f"), _fmt(r["flop_ceiling"], ".2f"),
             "-" if frac is None else f"{100 * frac:.0f}%",
-            metrics.human_bytes(r["memory_bytes"]), r["memory_method"],
-            metrics.human_bytes(r.get("saved_bytes")), metrics.human_bytes(rss_delta),
-            metrics.human_bytes(r["state_bytes"])]
+            human_bytes(r["memory_bytes"]), r["memory_method"],
+            human_bytes(r.get("saved_bytes")), human_bytes(rss_delta),
+            human_bytes(r["state_bytes"])]
 
 
 def format_table(records: list[dict]) -> str:

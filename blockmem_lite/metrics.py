@@ -562,14 +562,3 @@ def _rss_child_main() -> None:
         step()
     print(json.dumps({"peak_bytes": max_rss_bytes(), "base_bytes": base}))
 
-
-def human_bytes(n: int | float | None) -> str:
-    """1536 -> '1.5 KiB'; None -> '-'."""
-    if n is None:
-        return "-"
-    value, unit = float(n), "B"
-    for bigger in ("KiB", "MiB", "GiB"):
-        if abs(value) < 1024:
-            break
-        value, unit = value / 1024, bigger
-    return f"{value:.0f} B" if unit == "B" else f"{value:.1f} {unit}"

@@ -47,6 +47,7 @@ from blockmem_lite.runtime import (
     seed_everything,
     synchronize,
 )
+from blockmem_lite.units import human_duration, human_memory, human_rate
 
 CHECKPOINT_NAME = "checkpoint.pt"
 CHECKPOINT_FORMAT = "blockmem_lite.checkpoint/1"
@@ -164,33 +165,6 @@ def _check_callbacks(callbacks) -> list:
 
 
 # --- formatting --------------------------------------------------------------------------------
-def _human_count(x: float) -> str:
-    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(x) >= scale:
-            return f"{x / scale:.1f}{unit}"
-    return f"{x:.0f}"
-
-
-def _human_bytes(n: float) -> str:
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n:.0f} B"
-
-
-def _human_duration(s: float) -> str:
-    if not math.isfinite(s):
-        return "?"
-    if s < 60:
-        return f"{s:.1f}s"
-    if s < 3600:
-        return f"{int(s // 60)}m{int(s % 60):02d}s"
-    return f"{int(s // 3600)}h{int(s % 3600 // 60):02d}m"
-
-
-_MEMORY_LABELS = {"process_rss": "RSS", "cuda_max_allocated": "CUDA peak"}
-
-
 def format_progress(rec: dict) -> str:
     """One readable line for a step record or an eval record (missing keys are skipped)."""
     total = rec.get("total_steps")
@@ -205,15 +179,14 @@ def format_progress(rec: dict) -> str:
     if "lr" in rec:
         parts.append(f"lr {rec['lr']:.2e}")
     if "tokens_per_s" in rec:
-        parts.append(f"{_human_count(rec['tokens_per_s'])} tok/s")
+        parts.append(human_rate(rec["tokens_per_s"]))
     if "memory_bytes" in rec:
-        label = _MEMORY_LABELS.get(rec.get("memory_method", ""), rec.get("memory_method", ""))
-        parts.append(f"mem {_human_bytes(rec['memory_bytes'])} {label}".rstrip())
+        parts.append("mem " + human_memory(rec["memory_bytes"], rec.get("memory_method")))
     timing = []
     if "elapsed_s" in rec:
-        timing.append(f"{_human_duration(rec['elapsed_s'])} elapsed")
+        timing.append(f"{human_duration(rec['elapsed_s'])} elapsed")
     if "eta_s" in rec:
-        timing.append(f"eta {_human_duration(rec['eta_s'])}")
+        timing.append(f"eta {human_duration(rec['eta_s'])}")
     if timing:
         parts.append(", ".join(timing))
     return " | ".join(parts)

@@ -8,6 +8,7 @@ import torch
 from blockmem_lite import bench, metrics
 from blockmem_lite.models import base as models_base
 from blockmem_lite.models.dense import DenseLM
+from blockmem_lite.units import human_bytes
 
 TINY = dict(d_model=32, n_layer=2, n_head=2, batch=2, threads=1, warmup=1, repeats=1,
             decode_burst=2, progress=False)
@@ -177,6 +178,7 @@ def test_table_has_the_columns_and_one_row_per_record(dense_records):
                    "state"):
         assert column in table
     assert table.count("saved_tensors") >= 2
+    assert human_bytes(dense_records[0]["memory_bytes"]) in table
     assert "dtype=fp32" in table and "threads=" in table
     rows = [line for line in table.splitlines() if line.startswith("dense ")]
     assert len(rows) == len(dense_records)

@@ -251,9 +251,3 @@ def test_cuda_peak_bytes_refuses_cpu():
     with pytest.raises(ValueError, match="needs CUDA"):
         M.cuda_peak_bytes(lambda: None, "cpu")
 
-
-def test_human_bytes():
-    assert M.human_bytes(None) == "-"
-    assert M.human_bytes(1000) == "1000 B"
-    assert M.human_bytes(1536) == "1.5 KiB"
-    assert M.human_bytes(3 * 2**30) == "3.0 GiB"

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from blockmem_lite.masks import block_causal_mask, causal_mask
+from blockmem_lite.train import format_progress
 
 go = pytest.importorskip("plotly.graph_objects")
 
@@ -35,7 +36,7 @@ def step_rec(step, total=2000, elapsed=None):
 def history_dict(n=10, interrupted=False):
     steps = list(range(1, n + 1))
     return {"step": steps, "loss": [3.0 - 0.1 * s for s in steps],
-            "tokens_per_s": [1000.0] * n, "memory_bytes": [2e8] * n,
+            "tokens_per_s": [1000.0] * n, "memory_bytes": [200 * 2**20] * n,
             "elapsed_s": [0.5 * s for s in steps], "val_step": [5, 10], "val_loss": [2.7, 2.2],
             "memory_method": "process_rss", "total_steps": 20, "interrupted": interrupted}
 
@@ -157,8 +158,8 @@ def test_loss_curves_read_history_objects_by_attribute():
 def test_training_summary_has_loss_throughput_and_memory_panels():
     fig = figures.training_summary(history_dict(interrupted=True), title="run A")
     assert len(fig.data) == 4                                # train, val, tokens/s, memory
-    assert tuple(fig.data[3].y) == (200.0,) * 10             # MB
-    assert "process RSS" in fig.layout.yaxis3.title.text
+    assert tuple(fig.data[3].y) == (200.0,) * 10             # MiB
+    assert fig.layout.yaxis3.title.text == "MiB (RSS)"
     assert "interrupted" in fig.layout.title.text and "run A" in fig.layout.title.text
     assert fig.data[3].yaxis == "y3" and fig.data[0].yaxis == "y"
 
@@ -173,8 +174,8 @@ def bench_records():
             for seq_len in (512, 128, 256):
                 recs.append({"arch": arch, "variant": variant, "phase": phase,
                              "seq_len": seq_len, "tokens_per_s": 1e6 / seq_len,
-                             "memory_bytes": seq_len * 1e6, "memory_method": "cuda_max_allocated",
-                             "state_bytes": seq_len * 2e3})
+                             "memory_bytes": seq_len * 2**20, "memory_method": "cuda_max_allocated",
+                             "state_bytes": seq_len * 2**11})
     return recs
 
 
@@ -189,17 +190,25 @@ def test_throughput_vs_length_one_line_per_arch_variant_and_phase():
     assert [d.name for d in one_phase.data] == ["dense", "bcmt / L=64"]
 
 
-def test_memory_vs_length_names_the_method_and_converts_to_mb():
+def test_memory_vs_length_names_the_method_and_converts_to_mib():
     fig = figures.memory_vs_length(bench_records(), phase="train")
     assert len(fig.data) == 2
     assert tuple(fig.data[0].y) == (128.0, 256.0, 512.0)
-    assert "CUDA peak allocated" in fig.layout.yaxis.title.text
+    assert fig.layout.yaxis.title.text == "peak memory (MiB, CUDA peak)"
     state = figures.memory_vs_length(bench_records(), key="state_bytes", phase="decode")
-    assert tuple(state.data[1].y) == pytest.approx((0.256, 0.512, 1.024))
+    assert tuple(state.data[1].y) == pytest.approx((0.25, 0.5, 1.0))
     with pytest.raises(ValueError, match="phase='prefill'"):
         figures.memory_vs_length(bench_records(), phase="prefill")
     with pytest.raises(ValueError, match="key="):
         figures.memory_vs_length(bench_records(), key="flops")
+
+
+def test_memory_axis_titles_use_the_shared_method_labels():
+    assert figures.memory_method_label("saved_tensors") == "saved for backward"
+    assert figures.memory_method_label(None) == "unknown method"
+    records = [{**r, "memory_method": None} for r in bench_records()]
+    fig = figures.memory_vs_length(records, phase="train")
+    assert fig.layout.yaxis.title.text == "peak memory (MiB, unknown method)"
 
 
 def test_bar_compare_with_reference_line():
@@ -220,14 +229,16 @@ def test_bad_mode_and_rates_are_rejected():
         LiveDashboard(total_steps=0, mode="text")
 
 
-def test_progress_line_formats_units():
-    line = live.progress_line(step_rec(100, total=600, elapsed=83.0))
-    assert "step 100/600" in line and "loss 0.0500" in line
-    assert "1.2k tok/s" in line and "400 MB RSS" in line and "1:23" in line
-    assert live.format_memory(1.2e9, "cuda_max_allocated") == "1.2 GB CUDA"
-    eval_line = live.progress_line({"step": 5, "total_steps": 10, "val_loss": 1.5,
-                                    "elapsed_s": 2.0})
-    assert eval_line == "step 5/10 | val loss 1.5000 | 0:02 elapsed"
+def test_text_lines_are_the_trainers_progress_lines(headless, capsys):
+    dash = LiveDashboard(total_steps=600, clock=FakeClock())
+    rec = step_rec(100, total=600, elapsed=83.0)
+    dash.on_step(None, rec)
+    dash.on_eval(None, {"step": 100, "val_loss": 1.5, "elapsed_s": 83.0})
+    step_line, eval_line = capsys.readouterr().out.strip().splitlines()
+    assert step_line == format_progress(rec)
+    assert "1.2k tok/s" in step_line and "mem 381 MiB RSS" in step_line
+    assert "1:23 elapsed" in step_line
+    assert eval_line == "eval step 100/600 | val_loss 1.5000 | 1:23 elapsed"
 
 
 def run_steps(dash, clock, n, dt=1e-3, eval_every=500, total=2000):
@@ -251,7 +262,7 @@ def test_text_mode_throttles_prints_and_reports_eval_and_end(headless, capsys):
     step_lines = len(lines) - len(eval_lines) - 1
     assert 1 <= step_lines <= 3                              # every 2 s, not 2000 lines
     assert lines[-1].startswith("[dense] done: step 2000/2000")
-    assert "val loss 0.0005" in lines[-1] and "peak 400 MB RSS" in lines[-1]
+    assert "val loss 0.0005" in lines[-1] and "peak 381 MiB RSS" in lines[-1]
     assert all(ln.startswith("[dense] ") for ln in lines)
 
 
@@ -313,7 +324,7 @@ def test_widget_mode_shows_every_point_with_bounded_updates(capsys):
     # throttle: 1 + 2 s * 4/s time-driven redraws, plus one per eval and one at the end
     assert dash.n_updates <= 1 + math.ceil(2.0 * 4) + 4 + 1
     assert "done" in dash._status.value and "dense" in dash._status.value
-    assert "400 MB RSS" in dash._status.value
+    assert "381 MiB RSS" in dash._status.value
     assert tuple(dash._figure_widget.layout.xaxis.range) == (0, 2000)
     assert capsys.readouterr().out == ""                     # nothing printed outside a kernel
 

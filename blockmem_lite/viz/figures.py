@@ -17,6 +17,8 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from blockmem_lite.units import memory_label
+
 try:
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
@@ -36,11 +38,6 @@ MAX_CELL_GAPS = 64          # draw grid lines between cells up to this many rows
 X_AXES = ("step", "tokens", "time")
 PHASE_DASHES = ("solid", "dash", "dot", "dashdot", "longdash")
 
-_MEMORY_METHOD_LABELS = {
-    "process_rss": "process RSS",
-    "cuda_max_allocated": "CUDA peak allocated",
-}
-
 
 def color(i: int) -> str:
     """The i-th colour of the kit's palette (cycles)."""
@@ -48,10 +45,9 @@ def color(i: int) -> str:
 
 
 def memory_method_label(method: str | None) -> str:
-    """Readable name of a memory reading method (``process_rss`` -> ``process RSS``)."""
-    if not method:
-        return "unknown method"
-    return _MEMORY_METHOD_LABELS.get(method, method.replace("_", " "))
+    """Axis-title name of a memory reading method: ``units.memory_label`` (``process_rss``
+    -> ``RSS``), or ``unknown method`` when the records name none."""
+    return memory_label(method) or "unknown method"
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -287,11 +283,11 @@ def training_summary(history, title: str = "Training run") -> go.Figure:
     """The static picture of one run: loss, throughput and memory against step.
 
     Three stacked panels sharing the step axis: train + validation loss,
-    tokens/s, and memory in MB (the reading method, e.g. process RSS or CUDA
-    peak allocated, is named on the axis). Interrupted runs say so in the title.
+    tokens/s, and memory in MiB (the reading method, e.g. RSS or CUDA peak, is
+    named on the axis). Interrupted runs say so in the title.
     """
     steps = _series(history, "step")
-    memory = [None if b is None else b / 1e6 for b in _series(history, "memory_bytes")]
+    memory = [None if b is None else b / 2**20 for b in _series(history, "memory_bytes")]
     method = memory_method_label(_scalar(history, "memory_method"))
     fig = make_subplots(rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.06,
                         row_heights=[0.5, 0.25, 0.25])
@@ -302,7 +298,7 @@ def training_summary(history, title: str = "Training run") -> go.Figure:
                              line=dict(color=color(3))), row=3, col=1)
     fig.update_yaxes(title="loss", row=1, col=1)
     fig.update_yaxes(title="tokens/s", rangemode="tozero", row=2, col=1)
-    fig.update_yaxes(title=f"MB ({method})", rangemode="tozero", row=3, col=1)
+    fig.update_yaxes(title=f"MiB ({method})", rangemode="tozero", row=3, col=1)
     fig.update_xaxes(title="step", row=3, col=1)
     subtitle = _run_subtitle(history, steps)
     return _finish(fig, f"{title}<br><sup>{subtitle}</sup>", height=620,
@@ -386,10 +382,10 @@ def throughput_vs_length(records: Sequence[Mapping], phase: str | None = None,
 def memory_vs_length(records: Sequence[Mapping], key: str = "memory_bytes",
                      phase: str | None = None, title: str = "Memory vs sequence length",
                      log_x: bool = True, log_y: bool = True) -> go.Figure:
-    """Memory in MB against sequence length, one line per arch+variant.
+    """Memory in MiB against sequence length, one line per arch+variant.
 
-    ``key``: "memory_bytes" (peak reading; the method — CUDA peak allocated or
-    process RSS — is named on the axis) or "state_bytes" (decoding state).
+    ``key``: "memory_bytes" (peak reading; the method — CUDA peak or
+    RSS — is named on the axis) or "state_bytes" (decoding state).
     """
     keys = ("memory_bytes", "state_bytes")
     if key not in keys:
@@ -399,10 +395,10 @@ def memory_vs_length(records: Sequence[Mapping], key: str = "memory_bytes",
     if key == "memory_bytes":
         methods = sorted({memory_method_label(r.get("memory_method")) for r in chosen
                           if r.get(key) is not None})
-        y_title = f"peak memory (MB, {', '.join(methods) or 'unknown method'})"
+        y_title = f"peak memory (MiB, {', '.join(methods) or 'unknown method'})"
     else:
-        y_title = "decoding state (MB)"
-    return _length_figure(groups, phases, y_title, title, log_x, log_y, scale=1e6)
+        y_title = "decoding state (MiB)"
+    return _length_figure(groups, phases, y_title, title, log_x, log_y, scale=2**20)
 
 
 def bar_compare(values: Mapping, title: str = "", y_title: str = "",

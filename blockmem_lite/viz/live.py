@@ -26,16 +26,17 @@ If it is fed a step not after its last one, it starts over as a new run.
 from __future__ import annotations
 
 import html
-import math
 import os
 import sys
 import time
 from typing import Callable
 
+from blockmem_lite.train import format_progress
+from blockmem_lite.units import human_duration, human_memory, human_rate
+
 MODES = ("auto", "widget", "text")
 HEADLESS_ENV = "BLOCKMEM_HEADLESS"
 _TRUTHY = ("1", "true", "yes", "on")
-_METHOD_SHORT = {"process_rss": "RSS", "cuda_max_allocated": "CUDA"}
 
 
 def headless() -> bool:
@@ -53,43 +54,6 @@ def _in_notebook_kernel() -> bool:
 # ----------------------------------------------------------------------------- formatting
 
 
-def format_bytes(n: float | None) -> str:
-    """Decimal units: ``412 MB``, ``1.2 GB``."""
-    if n is None:
-        return "?"
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= scale:
-            value = n / scale
-            return f"{value:.1f} {unit}" if value < 10 else f"{value:.0f} {unit}"
-    return f"{int(n)} B"
-
-
-def format_duration(seconds: float | None) -> str:
-    """``m:ss`` or ``h:mm:ss``."""
-    if seconds is None or math.isnan(seconds) or seconds < 0:
-        return "?"
-    hours, rest = divmod(int(round(seconds)), 3600)
-    minutes, secs = divmod(rest, 60)
-    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
-
-
-def format_rate(tokens_per_s: float | None) -> str:
-    """``12.3k tok/s``."""
-    if tokens_per_s is None:
-        return "? tok/s"
-    if tokens_per_s >= 1e6:
-        return f"{tokens_per_s / 1e6:.2f}M tok/s"
-    if tokens_per_s >= 1e3:
-        return f"{tokens_per_s / 1e3:.1f}k tok/s"
-    return f"{tokens_per_s:.0f} tok/s"
-
-
-def format_memory(n: float | None, method: str | None) -> str:
-    """``412 MB RSS`` or ``1.2 GB CUDA``: the reading and how it was taken."""
-    short = _METHOD_SHORT.get(method or "", (method or "").replace("_", " "))
-    return f"{format_bytes(n)} {short}".rstrip()
-
-
 def _step_text(step, total) -> str:
     return f"step {step}/{total}" if total else f"step {step}"
 
@@ -102,33 +66,6 @@ def _eta_s(rec: dict, total) -> float | None:
     if not total or not step or elapsed is None:
         return None
     return elapsed / step * max(total - step, 0)
-
-
-def progress_line(rec: dict) -> str:
-    """One compact line for a step or eval record (when ``train.format_progress`` is absent)."""
-    total = rec.get("total_steps")
-    parts = [_step_text(rec.get("step"), total)]
-    if rec.get("val_loss") is not None:
-        parts.append(f"val loss {rec['val_loss']:.4f}")
-    if rec.get("loss") is not None:
-        parts.append(f"loss {rec['loss']:.4f}")
-    if rec.get("tokens_per_s") is not None:
-        parts.append(format_rate(rec["tokens_per_s"]))
-    if rec.get("memory_bytes") is not None:
-        parts.append(format_memory(rec["memory_bytes"], rec.get("memory_method")))
-    parts.append(f"{format_duration(rec.get('elapsed_s'))} elapsed")
-    if total and "loss" in rec:
-        parts.append(f"ETA {format_duration(_eta_s(rec, total))}")
-    return " | ".join(parts)
-
-
-def _progress_formatter() -> Callable[[dict], str]:
-    """``train.format_progress`` when the trainer provides it, else ``progress_line``."""
-    try:
-        from blockmem_lite.train import format_progress
-    except ImportError:
-        return progress_line
-    return format_progress
 
 
 def _value(obj, key: str, default=None):
@@ -167,7 +104,6 @@ class LiveDashboard:
         self._status = None
         self._displayed = False
         self._x_range = None
-        self._format = None
         self.n_updates = 0            # widget redraws
         self.n_printed = 0            # text lines printed
         self._reset_run()
@@ -254,7 +190,7 @@ class LiveDashboard:
             if self._refresh_due():
                 self._refresh()
         elif self._print_due():
-            self._print(self._formatter()(rec))
+            self._print(format_progress(rec))
 
     def on_eval(self, trainer, rec: dict) -> None:
         if rec.get("val_loss") is None:
@@ -267,7 +203,7 @@ class LiveDashboard:
             self._show_once()
             self._refresh()
         else:
-            self._print("eval " + self._formatter()({"total_steps": self._total(), **rec}))
+            self._print("eval " + format_progress({"total_steps": self._total(), **rec}))
 
     def on_end(self, trainer, history) -> None:
         self.history = history
@@ -320,11 +256,6 @@ class LiveDashboard:
 
     # ------------------------------------------------------------------ text mode
 
-    def _formatter(self) -> Callable[[dict], str]:
-        if self._format is None:
-            self._format = _progress_formatter()
-        return self._format
-
     def _print_due(self) -> bool:
         now = self._clock()
         if self._last_print is not None and now - self._last_print < self.print_every_s:
@@ -342,7 +273,7 @@ class LiveDashboard:
         done = self.steps[-1] if self.steps else _last(_value(self.history, "step", []))
         elapsed = self.last_step.get("elapsed_s")
         head = "interrupted at" if self._interrupted() else "done:"
-        parts = [f"{head} {_step_text(done, total)} in {format_duration(elapsed)}"]
+        parts = [f"{head} {_step_text(done, total)} in {human_duration(elapsed)}"]
         parts += self._summary_parts()
         return " | ".join(parts)
 
@@ -353,9 +284,9 @@ class LiveDashboard:
         if self.val_losses:
             parts.append(f"val loss {self.val_losses[-1]:.4f}")
         if self.last_step.get("tokens_per_s") is not None:
-            parts.append(format_rate(self.last_step["tokens_per_s"]))
+            parts.append(human_rate(self.last_step["tokens_per_s"]))
         if self.peak_memory_bytes is not None:
-            parts.append("peak " + format_memory(self.peak_memory_bytes, self.memory_method))
+            parts.append("peak " + human_memory(self.peak_memory_bytes, self.memory_method))
         return parts
 
     # ------------------------------------------------------------------ widget mode
@@ -394,11 +325,11 @@ class LiveDashboard:
         else:
             parts.append(_step_text(rec.get("step"), total))
             parts += [html.escape(p) for p in self._summary_parts()]
-            parts.append(f"{format_duration(rec.get('elapsed_s'))} elapsed")
+            parts.append(f"{human_duration(rec.get('elapsed_s'))} elapsed")
             if self.finished:
                 parts.append("<b>interrupted</b>" if self._interrupted() else "<b>done</b>")
             elif total:
-                parts.append(f"ETA {format_duration(_eta_s(rec, total))}")
+                parts.append(f"ETA {human_duration(_eta_s(rec, total))}")
         return ('<div style="font-family: monospace; font-size: 13px">'
                 + " · ".join(parts) + "</div>")
 
