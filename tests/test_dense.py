@@ -115,3 +115,12 @@ def test_trace_records_attention_weights_only_when_asked():
     assert torch.all(w.triu(1) == 0)
     with pytest.raises(KeyError, match="recorded"):
         t["layer9.nothing"]
+
+
+def test_interface_is_abstract():
+    from blockmem_lite.models.base import LanguageModel, State
+
+    with pytest.raises(TypeError, match="abstract"):
+        LanguageModel(preset("tiny").model)
+    with pytest.raises(TypeError, match="abstract"):
+        State()

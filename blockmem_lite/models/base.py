@@ -16,6 +16,7 @@ the architecture:
 
 from __future__ import annotations
 
+import abc
 from dataclasses import dataclass
 from typing import Callable
 
@@ -63,12 +64,12 @@ class ModelOutput:
     ce_loss: torch.Tensor | None = None  # scalar: the language-model cross-entropy alone
 
 
-class State:
+class State(abc.ABC):
     """Decoding state of one model (KV caches, memories...). Subclasses hold tensors."""
 
+    @abc.abstractmethod
     def tensors(self) -> list[torch.Tensor]:
         """Every tensor the state holds; ``nbytes`` sums them."""
-        raise NotImplementedError(f"{type(self).__name__} must list its tensors")
 
     def nbytes(self) -> int:
         """Bytes held by the state (what decoding keeps in memory besides the weights)."""
@@ -102,7 +103,7 @@ def check_tokens(tokens: torch.Tensor, vocab_size: int, max_len: int | None = No
                          f"maximum is {max_len}")
 
 
-class LanguageModel(nn.Module):
+class LanguageModel(nn.Module, metaclass=abc.ABCMeta):
     """Base class: subclasses implement ``forward``, ``prefill`` and ``step``."""
 
     def __init__(self, cfg):
@@ -110,19 +111,20 @@ class LanguageModel(nn.Module):
         self.cfg = cfg
 
     # --- interface -----------------------------------------------------------------
+    @abc.abstractmethod
     def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None) -> ModelOutput:
-        raise NotImplementedError
+        """tokens, targets: (B, T) -> ModelOutput (targets == IGNORE_INDEX do not count)."""
 
+    @abc.abstractmethod
     def prefill(self, tokens: torch.Tensor, max_len: int | None = None):
         """Run the prompt (B, T); return (logits (B, T, V), state) ready for ``step``.
 
         ``max_len`` is the total length the state must hold (prompt + new tokens).
         """
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def step(self, token: torch.Tensor, state: State):
         """Feed one token per sequence, (B,) or (B, 1); return (logits (B, V), state)."""
-        raise NotImplementedError
 
     # --- shared helpers ------------------------------------------------------------
     def output(self, logits: torch.Tensor, targets: torch.Tensor | None,
