@@ -26,7 +26,6 @@ import dataclasses
 import os
 from dataclasses import dataclass, field, fields
 
-PRESET_NAMES = ("tiny", "fast", "class", "gpu")
 BLOCK_ARCHS = ("bcmt", "honly")      # architectures that use block_size / alpha
 
 
@@ -34,12 +33,12 @@ def _fail(field_name: str, value, allowed: str) -> None:
     raise ValueError(f"{field_name}={value!r} is not allowed: {allowed}")
 
 
-def _check_int(name: str, value, minimum: int) -> None:
+def check_int(name: str, value, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         _fail(name, value, f"expected an integer >= {minimum}")
 
 
-def _check_float(name: str, value, low: float, high: float | None = None,
+def check_float(name: str, value, low: float, high: float | None = None,
                  low_inclusive: bool = True) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         _fail(name, value, "expected a number")
@@ -88,10 +87,10 @@ class ModelConfig:
         archs = available_archs()
         if self.arch not in archs:
             _fail("arch", self.arch, f"known architectures are {', '.join(archs)}")
-        _check_int("vocab_size", self.vocab_size, 2)
-        _check_int("d_model", self.d_model, 2)
-        _check_int("n_layer", self.n_layer, 1)
-        _check_int("n_head", self.n_head, 1)
+        check_int("vocab_size", self.vocab_size, 2)
+        check_int("d_model", self.d_model, 2)
+        check_int("n_layer", self.n_layer, 1)
+        check_int("n_head", self.n_head, 1)
         if self.d_model % self.n_head:
             _fail("n_head", self.n_head,
                   f"must divide d_model={self.d_model} (divisors: "
@@ -99,18 +98,18 @@ class ModelConfig:
         if self.head_dim % 2:
             _fail("n_head", self.n_head,
                   f"d_model/n_head={self.head_dim} must be even for RoPE")
-        _check_int("seq_len", self.seq_len, 1)
-        _check_float("mlp_ratio", self.mlp_ratio, 0.0, low_inclusive=False)
-        _check_float("rope_base", self.rope_base, 1.0, low_inclusive=False)
-        _check_float("norm_eps", self.norm_eps, 0.0, low_inclusive=False)
-        _check_float("dropout", self.dropout, 0.0, 1.0)
-        _check_float("init_std", self.init_std, 0.0, low_inclusive=False)
+        check_int("seq_len", self.seq_len, 1)
+        check_float("mlp_ratio", self.mlp_ratio, 0.0, low_inclusive=False)
+        check_float("rope_base", self.rope_base, 1.0, low_inclusive=False)
+        check_float("norm_eps", self.norm_eps, 0.0, low_inclusive=False)
+        check_float("dropout", self.dropout, 0.0, 1.0)
+        check_float("init_std", self.init_std, 0.0, low_inclusive=False)
         if self.arch in BLOCK_ARCHS:
-            _check_int("block_size", self.block_size, 1)
+            check_int("block_size", self.block_size, 1)
             if self.block_size > self.seq_len:
                 _fail("block_size", self.block_size,
                       f"must be between 1 and seq_len={self.seq_len} (the context)")
-            _check_float("alpha", self.alpha, 0.0, 1.0)
+            check_float("alpha", self.alpha, 0.0, 1.0)
 
 
 @dataclass
@@ -142,26 +141,26 @@ class TrainConfig:
         self.validate()
 
     def validate(self) -> None:
-        _check_int("steps", self.steps, 1)
-        _check_int("batch_size", self.batch_size, 1)
-        _check_float("lr", self.lr, 0.0, low_inclusive=False)
-        _check_float("min_lr_ratio", self.min_lr_ratio, 0.0, 1.0)
-        _check_int("warmup_steps", self.warmup_steps, 0)
-        _check_float("weight_decay", self.weight_decay, 0.0)
-        _check_float("beta1", self.beta1, 0.0, 1.0)
-        _check_float("beta2", self.beta2, 0.0, 1.0)
-        _check_float("grad_clip", self.grad_clip, 0.0)
-        _check_int("eval_every", self.eval_every, 1)
-        _check_int("eval_batches", self.eval_batches, 1)
-        _check_int("log_every", self.log_every, 1)
-        _check_int("checkpoint_every", self.checkpoint_every, 0)
-        _check_int("seed", self.seed, 0)
+        check_int("steps", self.steps, 1)
+        check_int("batch_size", self.batch_size, 1)
+        check_float("lr", self.lr, 0.0, low_inclusive=False)
+        check_float("min_lr_ratio", self.min_lr_ratio, 0.0, 1.0)
+        check_int("warmup_steps", self.warmup_steps, 0)
+        check_float("weight_decay", self.weight_decay, 0.0)
+        check_float("beta1", self.beta1, 0.0, 1.0)
+        check_float("beta2", self.beta2, 0.0, 1.0)
+        check_float("grad_clip", self.grad_clip, 0.0)
+        check_int("eval_every", self.eval_every, 1)
+        check_int("eval_batches", self.eval_batches, 1)
+        check_int("log_every", self.log_every, 1)
+        check_int("checkpoint_every", self.checkpoint_every, 0)
+        check_int("seed", self.seed, 0)
         if self.device not in ("auto", "cpu", "cuda", "mps") and not self.device.startswith("cuda:"):
             _fail("device", self.device, "expected 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'")
         if self.precision not in ("auto", "fp32", "bf16"):
             _fail("precision", self.precision, "expected 'auto', 'fp32' or 'bf16'")
-        _check_int("num_workers", self.num_workers, 0)
-        _check_float("val_fraction", self.val_fraction, 0.0, 0.5, low_inclusive=False)
+        check_int("num_workers", self.num_workers, 0)
+        check_float("val_fraction", self.val_fraction, 0.0, 0.5, low_inclusive=False)
 
 
 @dataclass
@@ -206,30 +205,29 @@ class RunConfig:
                    preset=d.get("preset", "custom"))
 
 
-def _preset_fields(name: str) -> tuple[dict, dict]:
-    if name == "tiny":
-        return (dict(d_model=32, n_layer=2, n_head=2, seq_len=32, block_size=8),
-                dict(steps=20, batch_size=4, lr=3e-3, warmup_steps=2, eval_every=10,
-                     eval_batches=2, log_every=5))
-    if name == "fast":
-        return (dict(d_model=32, n_layer=2, n_head=2, seq_len=64, block_size=16),
-                dict(steps=60, batch_size=8, lr=5e-3, warmup_steps=5, eval_every=20,
-                     eval_batches=2, log_every=10))
-    if name == "class":
-        return (dict(d_model=128, n_layer=4, n_head=4, seq_len=256, block_size=64),
-                dict(steps=600, batch_size=16, lr=3e-3, warmup_steps=30, eval_every=100,
-                     eval_batches=8, log_every=10))
-    if name == "gpu":
-        return (dict(d_model=384, n_layer=8, n_head=6, seq_len=1024, block_size=128),
-                dict(steps=5000, batch_size=32, lr=1e-3, warmup_steps=200, eval_every=250,
-                     eval_batches=20, log_every=25, corpus="wikitext-103"))
-    _fail("preset", name, f"expected one of {', '.join(PRESET_NAMES)}")
-    raise AssertionError  # unreachable: _fail raises
+# preset name -> (ModelConfig fields, TrainConfig fields)
+_PRESETS = {
+    "tiny": (dict(d_model=32, n_layer=2, n_head=2, seq_len=32, block_size=8),
+             dict(steps=20, batch_size=4, lr=3e-3, warmup_steps=2, eval_every=10,
+                  eval_batches=2, log_every=5)),
+    "fast": (dict(d_model=32, n_layer=2, n_head=2, seq_len=64, block_size=16),
+             dict(steps=60, batch_size=8, lr=5e-3, warmup_steps=5, eval_every=20,
+                  eval_batches=2, log_every=10)),
+    "class": (dict(d_model=128, n_layer=4, n_head=4, seq_len=256, block_size=64),
+              dict(steps=600, batch_size=16, lr=3e-3, warmup_steps=30, eval_every=100,
+                   eval_batches=8, log_every=10)),
+    "gpu": (dict(d_model=384, n_layer=8, n_head=6, seq_len=1024, block_size=128),
+            dict(steps=5000, batch_size=32, lr=1e-3, warmup_steps=200, eval_every=250,
+                 eval_batches=20, log_every=25, corpus="wikitext-103")),
+}
+PRESET_NAMES = tuple(_PRESETS)
 
 
 def preset(name: str, **overrides) -> RunConfig:
     """The named preset (tiny, fast, class, gpu), with optional field overrides."""
-    model_kw, train_kw = _preset_fields(name)
+    if name not in _PRESETS:
+        _fail("preset", name, f"expected one of {', '.join(PRESET_NAMES)}")
+    model_kw, train_kw = _PRESETS[name]
     cfg = RunConfig(model=ModelConfig(**model_kw), train=TrainConfig(**train_kw), preset=name)
     return cfg.replace(**overrides) if overrides else cfg
 

@@ -40,7 +40,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from blockmem_lite.config import _check_int
+from blockmem_lite.config import check_int
 from blockmem_lite.tokenizer import ByteTokenizer
 
 CORPUS_NAMES = ("offline", "pydoc", "longrange", "wikitext-2", "wikitext-103", "files")
@@ -114,7 +114,7 @@ def load_corpus(name: str = "offline", *, paths=None, local_path=None,
     if name not in CORPUS_NAMES:
         raise ValueError(f"name={name!r} is not allowed: expected one of {', '.join(CORPUS_NAMES)}")
     if max_chars is not None:
-        _check_int("max_chars", max_chars, 1)
+        check_int("max_chars", max_chars, 1)
     if paths is not None and name != "files":
         raise ValueError(f"paths={paths!r} is not allowed with name={name!r}: "
                          "paths is used only with name='files'")
@@ -333,8 +333,8 @@ def longrange_text(n_chars: int = 300_000, seed: int = 0) -> str:
     15-40 sentences of unrelated events, then questions that repeat the facts,
     so every answer lies about 1-4 KB after the fact it needs.
     """
-    _check_int("n_chars", n_chars, 1)
-    _check_int("seed", seed, 0)
+    check_int("n_chars", n_chars, 1)
+    check_int("seed", seed, 0)
     rng = random.Random(seed)
     documents, total = [], 0
     while total < n_chars:
@@ -401,7 +401,7 @@ def pack_windows(ids: torch.Tensor, seq_len: int) -> torch.Tensor:
     if not isinstance(ids, torch.Tensor) or ids.dim() != 1:
         shape = tuple(ids.shape) if isinstance(ids, torch.Tensor) else type(ids).__name__
         raise ValueError(f"ids of shape {shape} are not allowed: expected a 1-D tensor")
-    _check_int("seq_len", seq_len, 1)
+    check_int("seq_len", seq_len, 1)
     width = seq_len + 1
     n_windows = ids.numel() // width
     if n_windows == 0:
@@ -432,7 +432,7 @@ def split_windows(windows: torch.Tensor, val_fraction: float,
     if seed is None:
         start = n_windows - n_val
     else:
-        _check_int("seed", seed, 0)
+        check_int("seed", seed, 0)
         start = random.Random(seed).randrange(n_windows - n_val + 1)
     val = windows[start:start + n_val]
     train = torch.cat([windows[:start], windows[start + n_val:]])

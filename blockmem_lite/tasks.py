@@ -25,7 +25,7 @@ from typing import Callable
 import torch
 from torch.utils.data import TensorDataset
 
-from blockmem_lite.config import _check_int
+from blockmem_lite.config import check_int
 from blockmem_lite.models.base import IGNORE_INDEX
 
 SPECIAL_TOKENS = ("key", "query", "sep", "fill")   # ids vocab_size - 4 ... vocab_size - 1
@@ -35,7 +35,7 @@ _DIGITS = (ord("0"), ord("9") + 1)
 
 def special_ids(vocab_size: int = 256) -> dict[str, int]:
     """Reserved ids: key (needle start), query (question), sep (copy separator), fill (padding)."""
-    _check_int("vocab_size", vocab_size, len(SPECIAL_TOKENS) + 2)
+    check_int("vocab_size", vocab_size, len(SPECIAL_TOKENS) + 2)
     first = vocab_size - len(SPECIAL_TOKENS)
     return {name: first + i for i, name in enumerate(SPECIAL_TOKENS)}
 
@@ -104,9 +104,9 @@ def _distinct(n: int, high: int, k: int, generator: torch.Generator) -> torch.Te
 
 
 def _check_common(n: int, seq_len: int, seed: int) -> None:
-    _check_int("n", n, 1)
-    _check_int("seq_len", seq_len, 2)
-    _check_int("seed", seed, 0)
+    check_int("n", n, 1)
+    check_int("seq_len", seq_len, 2)
+    check_int("seed", seed, 0)
 
 
 # --- multi-query associative recall --------------------------------------------------------
@@ -129,13 +129,13 @@ def mqar(n: int, seq_len: int, n_pairs: int, *, n_queries: int | None = None,
     could learn "copy the token d back" instead of recall.
     """
     _check_common(n, seq_len, seed)
-    _check_int("n_pairs", n_pairs, 1)
+    check_int("n_pairs", n_pairs, 1)
     n_keys = content_vocab(vocab_size) // 2
     if n_pairs > n_keys:
         raise ValueError(f"n_pairs={n_pairs} is not allowed with vocab_size={vocab_size}: keys "
                          f"must be distinct; expected n_pairs <= {n_keys}")
     n_queries = n_pairs if n_queries is None else n_queries
-    _check_int("n_queries", n_queries, 1)
+    check_int("n_queries", n_queries, 1)
     if n_queries > n_pairs:
         raise ValueError(f"n_queries={n_queries} is not allowed: expected 1 <= n_queries <= "
                          f"n_pairs={n_pairs}")
@@ -208,7 +208,7 @@ def passkey(n: int, seq_len: int, distance: int, *, key_len: int = 5, filler: st
     key of ASCII digits, so a text-trained byte model sees text it knows.
     """
     _check_common(n, seq_len, seed)
-    _check_int("key_len", key_len, 1)
+    check_int("key_len", key_len, 1)
     if filler not in PASSKEY_FILLERS:
         raise ValueError(f"filler={filler!r} is not allowed: expected one of "
                          f"{', '.join(PASSKEY_FILLERS)}")
@@ -255,8 +255,8 @@ def copy_task(n: int, seq_len: int, copy_len: int, *, gap: int = 0, vocab_size: 
     Every answer's distance is copy_len + 1 + gap.
     """
     _check_common(n, seq_len, seed)
-    _check_int("copy_len", copy_len, 1)
-    _check_int("gap", gap, 0)
+    check_int("copy_len", copy_len, 1)
+    check_int("gap", gap, 0)
     if 2 * copy_len + gap > seq_len:
         raise ValueError(f"copy_len={copy_len} is not allowed with seq_len={seq_len} and "
                          f"gap={gap}: expected 2 * copy_len + gap <= seq_len")
@@ -290,7 +290,7 @@ def task_accuracy(model, batch: TaskBatch, batch_size: int = 64) -> float:
 
     ``model(inputs)`` may return a ModelOutput (``.logits``) or a logits tensor (B, T, V).
     """
-    _check_int("batch_size", batch_size, 1)
+    check_int("batch_size", batch_size, 1)
     if not isinstance(batch, TaskBatch) or batch.n_answers == 0:
         raise ValueError("batch is not allowed: expected a TaskBatch with answer positions")
     was_training = bool(getattr(model, "training", False))
