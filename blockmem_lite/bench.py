@@ -125,6 +125,29 @@ def _dense_flops(cfg: ModelConfig, seq_len: int, phase: str) -> float:
 
 register_bench("dense", variants=lambda options: [("", {})], flops=_dense_flops)
 
+BLOCK_LEN_OPTION = BenchOption("--block-len", "64,128",
+                               "block sizes L for bcmt / honly (comma-separated)")
+
+
+def _block_variants(options: dict) -> list[tuple[str, dict]]:
+    return [(f"L={n}", {"block_size": n})
+            for n in parse_int_list("--block-len", options["block_len"])]
+
+
+def _block_flops(family: str):
+    def flops(cfg: ModelConfig, seq_len: int, phase: str) -> float:
+        return metrics.model_flops_per_token(family, d_model=cfg.d_model, n_layer=cfg.n_layer,
+                                             seq_len=seq_len, vocab_size=cfg.vocab_size,
+                                             block_len=cfg.block_size,
+                                             decode=phase == "decode")
+    return flops
+
+
+register_bench("bcmt", variants=_block_variants, flops=_block_flops("bcmt"),
+               options=(BLOCK_LEN_OPTION,))
+register_bench("honly", variants=_block_variants, flops=_block_flops("block_local"),
+               options=(BLOCK_LEN_OPTION,))
+
 
 def parse_int_list(name: str, text: str) -> list[int]:
     """'256,1024' -> [256, 1024]; ValueError naming ``name`` otherwise."""
@@ -454,17 +477,24 @@ def build_parser() -> argparse.ArgumentParser:
                         help="comma-separated: saved, rss, or none (default %(default)s)")
     parser.add_argument("--json", default=None, metavar="PATH",
                         help="write the records as a JSON list to PATH")
+    for opt, users in _shared_options().values():
+        parser.add_argument(opt.flag, default=opt.default,
+                            help=f"[{', '.join(users)}] {opt.help} (default %(default)s)")
+    return parser
+
+
+def _shared_options() -> dict[str, tuple[BenchOption, list[str]]]:
+    """Each option once (architectures may share one, e.g. --block-len), with its users."""
+    out: dict[str, tuple[BenchOption, list[str]]] = {}
     for entry in BENCH_ARCHS.values():
         for opt in entry.options:
-            parser.add_argument(opt.flag, default=opt.default,
-                                help=f"[{entry.name}] {opt.help} (default %(default)s)")
-    return parser
+            out.setdefault(opt.flag, (opt, []))[1].append(entry.name)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    options = {opt.dest: getattr(args, opt.dest)
-               for entry in BENCH_ARCHS.values() for opt in entry.options}
+    options = {opt.dest: getattr(args, opt.dest) for opt, _ in _shared_options().values()}
     try:
         records = run_bench(
             archs=[a.strip() for a in args.arch.split(",") if a.strip()],

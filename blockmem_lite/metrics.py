@@ -38,7 +38,7 @@ from blockmem_lite.runtime import autocast_context, synchronize
 # FLOP model (PERFORMANCE.md, "FLOP model"): forward FLOPs per token per layer.
 # --------------------------------------------------------------------------------------
 
-FLOP_ARCHS = ("dense", "block_local", "cat", "armt", "moc")
+FLOP_ARCHS = ("dense", "block_local", "bcmt", "cat", "armt", "moc")
 TRAIN_FLOP_FACTOR = 3  # forward + backward = 3 x forward (backward = 2 x forward)
 
 
@@ -86,6 +86,23 @@ def block_local_layer_flops(d_model: int, block_len: int) -> float:
     """
     _positive("block_len", block_len)
     return layer_matmul_flops(d_model) + 2.0 * block_len * d_model
+
+
+def bcmt_layer_flops(d_model: int, block_len: int, seq_len: int) -> float:
+    """BCMT layer: block-local attention plus the memory path, per token.
+
+    ``24·d² + 2·L·d`` (block-local) ``+ 2·d²`` (gate on U; the gate's P half, the
+    memory projection W_p and the summary pooling cost ``4·d²/L + 4·d`` per token)
+    ``+ 2·N·d/L`` (the N x N decay mix over N = T/L summaries). The gate is not
+    negligible: it is the kit's design choice (MECHANISMS.md 1.2 step 6) and
+    costs about 8% of the layer, which lowers BCMT's ceiling below block-local's.
+    """
+    _positive("block_len", block_len)
+    _positive("seq_len", seq_len)
+    n_blocks = -(-seq_len // block_len)
+    memory_path = (2.0 * d_model ** 2 + 4.0 * d_model ** 2 / block_len + 4.0 * d_model
+                   + 2.0 * n_blocks * d_model / block_len)
+    return block_local_layer_flops(d_model, block_len) + memory_path
 
 
 def cat_decoder_layer_flops(d_decoder: int, chunk_size: int, seq_len: int) -> float:
@@ -207,9 +224,9 @@ def model_flops_per_token(arch: str, *, d_model: int, n_layer: int, seq_len: int
                          f"{', '.join(FLOP_ARCHS)}")
     _positive("n_layer", n_layer)
     _positive("seq_len", seq_len)
-    if decode and arch not in ("dense", "block_local"):
+    if decode and arch not in ("dense", "block_local", "bcmt"):
         raise ValueError(f"decode=True is not allowed for arch={arch!r}: a decoding FLOP "
-                         "model exists for dense and block_local only")
+                         "model exists for dense, block_local and bcmt only")
     head_width = d_model
     if arch == "dense":
         layer = (dense_decode_layer_flops(d_model, seq_len) if decode
@@ -218,6 +235,9 @@ def model_flops_per_token(arch: str, *, d_model: int, n_layer: int, seq_len: int
     elif arch == "block_local":
         _require(arch, block_len=block_len)
         total = n_layer * block_local_layer_flops(d_model, min(block_len, seq_len))
+    elif arch == "bcmt":
+        _require(arch, block_len=block_len)
+        total = n_layer * bcmt_layer_flops(d_model, min(block_len, seq_len), seq_len)
     elif arch == "cat":
         _require(arch, chunk_size=chunk_size)
         head_width = d_model if d_decoder is None else d_decoder

@@ -201,3 +201,17 @@ def test_rss_subprocess_is_the_primary_cpu_memory_figure():
     assert record["memory_method"] == "rss_subprocess"
     assert record["memory_bytes"] == record["rss_peak_bytes"] >= record["rss_base_bytes"] > 0
     assert record["saved_bytes"] > 0
+
+
+def test_bcmt_and_honly_share_the_block_len_option():
+    parser = bench.build_parser()
+    args = parser.parse_args(["--arch", "bcmt,honly", "--block-len", "8,16"])
+    assert args.block_len == "8,16"
+    assert bench._block_variants({"block_len": "8,16"}) == [("L=8", {"block_size": 8}),
+                                                            ("L=16", {"block_size": 16})]
+    records = bench.run_bench(["bcmt", "honly"], [32], d_model=32, n_layer=1, n_head=2,
+                              warmup=1, repeats=1, memory=("saved",), phases=("decode",),
+                              options={"block_len": "8"}, progress=False)
+    state = {r["arch"]: r["state_bytes"] for r in records}
+    assert state["dense"] > state["honly"] > 0
+    assert {r["variant"] for r in records if r["arch"] != "dense"} == {"L=8"}

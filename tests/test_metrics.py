@@ -109,8 +109,8 @@ def test_training_flops_and_ceiling():
 
 def test_flop_model_errors_name_the_parameter():
     kw = dict(d_model=64, n_layer=2, seq_len=100)
-    with pytest.raises(ValueError, match="arch='bcmt'.*dense, block_local"):
-        M.model_flops_per_token("bcmt", **kw)
+    with pytest.raises(ValueError, match="arch='transformerxl'.*dense, block_local, bcmt"):
+        M.model_flops_per_token("transformerxl", **kw)
     with pytest.raises(ValueError, match="block_len=None"):
         M.model_flops_per_token("block_local", **kw)
     with pytest.raises(ValueError, match="decode=True"):
@@ -251,3 +251,14 @@ def test_cuda_peak_bytes_refuses_cpu():
     with pytest.raises(ValueError, match="needs CUDA"):
         M.cuda_peak_bytes(lambda: None, "cpu")
 
+
+
+def test_bcmt_flops_add_the_gate_to_block_local():
+    d, L, T = 256, 128, 1024
+    extra = M.bcmt_layer_flops(d, L, T) - M.block_local_layer_flops(d, L)
+    # the gate on U (2·d²) dominates; per-block terms and the N x N mix are small
+    assert 2 * d * d < extra < 2.1 * d * d
+    dense = M.model_flops_per_token("dense", d_model=d, n_layer=4, seq_len=T, include_head=False)
+    bcmt = M.model_flops_per_token("bcmt", d_model=d, n_layer=4, seq_len=T, block_len=L,
+                                   include_head=False)
+    assert M.flop_ceiling(dense, bcmt) == pytest.approx(1.185, abs=0.005)

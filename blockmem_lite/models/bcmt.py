@@ -113,7 +113,7 @@ class BCMTLayerState:
         zeros = dict(device=device, dtype=dtype)
         self.num = torch.zeros(batch, dim, **zeros)          # sum_j alpha^(i-j) S_j
         self.den = torch.zeros(batch, 1, **zeros)            # sum_j alpha^(i-j)
-        self.memory_out = torch.zeros(batch, 1, dim, **zeros)  # P for the current block
+        self.memory_out = torch.zeros(batch, 1, dim, **zeros)  # P of the current block (B, 1, D)
         self.run_max = torch.full((batch, 1), float("-inf"), **zeros)
         self.run_norm = torch.zeros(batch, 1, **zeros)
         self.run_sum = torch.zeros(batch, dim, **zeros)
@@ -170,7 +170,7 @@ class BCMTLayer(nn.Module):
 
     def block_memory(self, u: torch.Tensor, n_valid: int,
                      summaries_out: list | None = None) -> torch.Tensor:
-        """Steps 2-5: memory projection per token. u: (B, N*L, D) -> (B, N*L, D).
+        """Steps 2-5: one memory projection per block. u: (B, N*L, D) -> P (B, N, D).
 
         ``summaries_out`` (prefill) receives this layer's block summaries S: (B, N, D).
         """
@@ -182,25 +182,32 @@ class BCMTLayer(nn.Module):
             summaries_out.append(summaries)
         memories = memory_matrix_form(summaries, self.alpha)
         shifted = shift_one_block(memories)
-        projected = self.memory_proj(shifted)                                # (B, N, D)
         if is_tracing():
             record("decay_weights", decay_weights(summaries.shape[1], self.alpha, u.dtype))
             record("summary_weights", weights)
             record("memory", shifted)
-        return projected.repeat_interleave(self.block_size, dim=1)          # (B, N*L, D)
+        return self.memory_proj(shifted)                                     # (B, N, D)
 
     def fuse(self, u: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
-        """Step 6: V = U + sigmoid([U ; P] W_g + b_g) * P."""
-        g = torch.sigmoid(self.gate(torch.cat([u, p], dim=-1)))
-        record("gate", g)
-        return u + g * p
+        """Step 6: V = U + sigmoid([U ; P] W_g + b_g) * P.
 
+        u: (B, N, L, D) tokens grouped by block, p: (B, N, D) one memory per block.
+        [U ; P] W_g is split as U W_u + P W_p: the P half is computed once per
+        block instead of once per token (same result, a third of the gate cost).
+        """
+        w_u, w_p = self.gate.weight.split(u.shape[-1], dim=1)             # (D, D) each
+        gate_from_p = F.linear(p, w_p, self.gate.bias)[:, :, None]          # (B, N, 1, D)
+        g = torch.sigmoid(F.linear(u, w_u) + gate_from_p)                   # (B, N, L, D)
+        record("gate", g.flatten(1, 2))
+        return u + g * p[:, :, None]
     def forward(self, x: torch.Tensor, positions: torch.Tensor, n_valid: int,
                 reference: bool = False, summaries_out: list | None = None) -> torch.Tensor:
         """x: (B, N*L, D), the last N*L - n_valid positions are padding."""
         u = x + self.drop(self.local_attention(self.norm1(x), positions, reference))
         if self.has_memory:
-            u = self.fuse(u, self.block_memory(u, n_valid, summaries_out))
+            b, t, d = u.shape
+            p = self.block_memory(u, n_valid, summaries_out)                 # (B, N, D)
+            u = self.fuse(u.view(b, -1, self.block_size, d), p).view(b, t, d)
         return u + self.drop(self.mlp(self.norm2(u)))
 
     # recurrent (generation) form ---------------------------------------------------
@@ -210,7 +217,7 @@ class BCMTLayer(nn.Module):
         u = x + self.attn(self.norm1(x), pos, cache=st.cache)               # (B, 1, D)
         if self.has_memory:
             self._stream_summary(u, st)
-            u = self.fuse(u, st.memory_out)
+            u = self.fuse(u[:, None], st.memory_out)[:, 0]                   # one block of one
         out = u + self.mlp(self.norm2(u))
         if (position + 1) % self.block_size == 0:
             self.close_block(st)
