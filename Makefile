@@ -16,6 +16,11 @@ PORT ?= 8888
 # Jupyter refuses to run as root unless told; containers often run as root.
 LAB_ROOT_FLAG := $(if $(filter 0,$(shell id -u 2>/dev/null)),--allow-root,)
 
+# OpenMP threads that wait passively: with several torch processes on few cores
+# (two kernels, or a kernel and a benchmark) spinning threads slow every process
+# down by orders of magnitude; a lone process loses nothing measurable.
+export OMP_WAIT_POLICY ?= PASSIVE
+
 # Environment for headless, offline, fast runs (CI and `make test`).
 TEST_ENV := BLOCKMEM_FAST=1 BLOCKMEM_HEADLESS=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 \
 	PLOTLY_RENDERER=json PYTHONHASHSEED=0
