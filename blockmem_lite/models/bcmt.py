@@ -86,11 +86,14 @@ def shift_one_block(memories: torch.Tensor) -> torch.Tensor:
 
 
 def block_summaries(states: torch.Tensor, scores: torch.Tensor, block_size: int,
-                    n_valid: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                    n_valid: int | None = None, state_scale: torch.Tensor | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
     """Softmax-weighted summary per block.
 
     states: (B, N*L, D), scores: (B, N*L); tokens at index >= n_valid are padding
-    and get weight 0. Returns (summaries (B, N, D), weights pi (B, N, L)).
+    and get weight 0. ``state_scale`` (B, N*L), if given, multiplies each state
+    inside the sum (a per-token normalisation folded into the weights).
+    Returns (summaries (B, N, D), weights pi (B, N, L)).
     """
     b, t, d = states.shape
     n = t // block_size
@@ -99,7 +102,8 @@ def block_summaries(states: torch.Tensor, scores: torch.Tensor, block_size: int,
         pad = torch.arange(t, device=states.device).view(n, block_size) >= n_valid
         scores = scores.masked_fill(pad, float("-inf"))
     weights = scores.softmax(dim=-1)                                       # (B, N, L)
-    summaries = torch.einsum("bnl,bnld->bnd", weights, states.view(b, n, block_size, d))
+    mix = weights if state_scale is None else weights * state_scale.view(b, n, block_size)
+    summaries = torch.einsum("bnl,bnld->bnd", mix, states.view(b, n, block_size, d))
     return summaries, weights
 
 
@@ -174,10 +178,15 @@ class BCMTLayer(nn.Module):
 
         ``summaries_out`` (prefill) receives this layer's block summaries S: (B, N, D).
         """
-        b, t, d = u.shape
-        u_bar = self.summary_norm(u)
-        summaries, weights = block_summaries(u_bar, self.score(u_bar).squeeze(-1),
-                                             self.block_size, n_valid)       # (B, N, D)
+        # RMSNorm_s(U)_t = g * U_t / rms(U_t): fold 1/rms into the scores and the
+        # summary weights rather than materialise the normalised (B, T, D) tensor.
+        wide = u.float() if u.dtype in (torch.float16, torch.bfloat16) else u
+        inv_rms = torch.rsqrt(wide.pow(2).mean(-1) + self.summary_norm.eps).to(u.dtype)  # (B, T)
+        gain = self.summary_norm.weight                                      # (D,)
+        scores = F.linear(u, self.score.weight * gain)[..., 0] * inv_rms + self.score.bias
+        summaries, weights = block_summaries(u, scores, self.block_size, n_valid,
+                                             state_scale=inv_rms)            # (B, N, D)
+        summaries = summaries * gain
         if summaries_out is not None:
             summaries_out.append(summaries)
         memories = memory_matrix_form(summaries, self.alpha)
@@ -199,7 +208,7 @@ class BCMTLayer(nn.Module):
         gate_from_p = F.linear(p, w_p, self.gate.bias)[:, :, None]          # (B, N, 1, D)
         g = torch.sigmoid(F.linear(u, w_u) + gate_from_p)                   # (B, N, L, D)
         record("gate", g.flatten(1, 2))
-        return u + g * p[:, :, None]
+        return torch.addcmul(u, g, p[:, :, None])                            # u + g * p
     def forward(self, x: torch.Tensor, positions: torch.Tensor, n_valid: int,
                 reference: bool = False, summaries_out: list | None = None) -> torch.Tensor:
         """x: (B, N*L, D), the last N*L - n_valid positions are padding."""
