@@ -448,11 +448,15 @@ def saved_tensor_bytes(fn: Callable[[], object], exclude: Iterable[torch.Tensor]
     keep_alive: list[torch.Tensor] = []   # so freed buffers cannot reuse a counted address
 
     def pack(tensor: torch.Tensor) -> torch.Tensor:
-        storage = tensor.untyped_storage()
+        # A detached alias: returning ``tensor`` itself would tie each saved output to
+        # its own graph node, a reference cycle that keeps every activation alive
+        # after fn() returns (no backward runs here to break it).
+        alias = tensor.detach()
+        storage = alias.untyped_storage()
         if storage.data_ptr() not in skipped:
-            storages.setdefault((storage.data_ptr(), str(tensor.device)), storage.nbytes())
-            keep_alive.append(tensor)
-        return tensor
+            storages.setdefault((storage.data_ptr(), str(alias.device)), storage.nbytes())
+            keep_alive.append(alias)
+        return alias
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
         fn()

@@ -262,3 +262,21 @@ def test_bcmt_flops_add_the_gate_to_block_local():
     bcmt = M.model_flops_per_token("bcmt", d_model=d, n_layer=4, seq_len=T, block_len=L,
                                    include_head=False)
     assert M.flop_ceiling(dense, bcmt) == pytest.approx(1.185, abs=0.005)
+
+
+def test_saved_tensor_bytes_frees_the_activations():
+    import gc
+    import weakref
+
+    layer = torch.nn.Linear(64, 64)
+    x = torch.randn(32, 64, requires_grad=True)
+    outputs = []
+
+    def fn():
+        y = torch.sigmoid(layer(x))       # sigmoid saves its own output
+        outputs.append(weakref.ref(y))
+        return y
+
+    assert M.saved_tensor_bytes(fn) > 0
+    gc.collect()
+    assert outputs[0]() is None, "the saved activation outlived saved_tensor_bytes"
