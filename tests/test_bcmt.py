@@ -187,3 +187,13 @@ def test_learnable_alpha_gets_a_gradient():
     x = torch.randint(0, 256, (2, 32))
     model(x, x).loss.backward()
     assert model.blocks[0].alpha.grad is not None and model.blocks[0].alpha.grad.abs() > 0
+
+
+def test_fresh_bcmt_equals_honly_and_learns_its_memory():
+    bcmt = build_model(preset("tiny", arch="bcmt")).double()
+    honly = build_model(preset("tiny", arch="honly")).double()
+    honly.load_state_dict(bcmt.state_dict(), strict=False)
+    x = torch.randint(0, 256, (2, 32))
+    assert torch.equal(bcmt(x).logits, honly(x).logits)   # W_p = 0: no memory yet
+    bcmt(x, x).loss.backward()
+    assert bcmt.blocks[0].memory_proj.weight.grad.abs().max() > 0   # but W_p learns

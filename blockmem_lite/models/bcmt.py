@@ -27,7 +27,11 @@ summarising; zero memory for the first block; the additive gated residual
 ``V = U + G * P`` (so one block, L = T, is exactly a dense Transformer); RoPE
 with absolute positions (relative, so equal to within-block positions);
 SwiGLU MLP; padding the tail to a multiple of L with the padded tokens masked
-out of the summary softmax.
+out of the summary softmax; W_p initialised to zero, so a fresh BCMT computes
+exactly what HOnly computes and the memory is learned in (with the usual
+N(0, 0.02) init the injected G * P is larger than the token states at step 0
+and the model trained worse than HOnly at kit scale). Tests and notebooks that
+must exercise the memory path re-randomise W_p first.
 
 Generation keeps, per layer, a KV cache of at most one block, the (num, den)
 memory state and a streaming summary (running max, normaliser, weighted sum),
@@ -275,6 +279,12 @@ class BCMTState(State):
 @register("bcmt", "honly")
 class BCMTLM(DenseLM):
     """The dense stack with BCMT layers; ``arch="honly"`` or ``memory=False`` = HOnly."""
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        for layer in self.blocks:
+            if layer.has_memory:
+                nn.init.zeros_(layer.memory_proj.weight)   # a fresh BCMT == HOnly
 
     def build_block(self, index: int) -> nn.Module:
         return BCMTLayer(self.cfg, memory=self.cfg.memory and self.cfg.arch != "honly")
