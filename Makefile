@@ -25,13 +25,14 @@ export OMP_WAIT_POLICY ?= PASSIVE
 TEST_ENV := BLOCKMEM_FAST=1 BLOCKMEM_HEADLESS=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 \
 	PLOTLY_RENDERER=json PYTHONHASHSEED=0
 
-.PHONY: setup lab test lint pytest notebooks exercises bench clean-notebooks help
+.PHONY: setup lab test lint exercises bench clean-notebooks help
 
 help:
 	@echo "make lab    - set up (if needed) and open JupyterLab on notebooks/ (stop: Ctrl-C twice)"
 	@echo "make test   - set up (if needed) and run every test (library + notebooks, fast mode)"
 	@echo "make bench  - run the dense benchmark and print the table"
 	@echo "make exercises - regenerate notebooks/exercises/ from notebooks/solutions/"
+	@echo "make clean-notebooks - clear outputs of every notebook before committing"
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
