@@ -51,3 +51,25 @@ def block_causal_mask(seq_len: int, block_size: int, device=None) -> torch.Tenso
 def mask_density(mask: torch.Tensor) -> float:
     """Fraction of allowed (query, key) pairs: the share of attention work done."""
     return mask.float().mean().item()
+
+
+def cat_mask(n_chunks: int, chunk_size: int, separator: bool = False,
+             device=None) -> torch.Tensor:
+    """CAT's decoder mask over the interleaved sequence (MECHANISMS.md 3.4, 3.5).
+
+    Group k holds ``[g_k, (SEP,) x_kC .. x_kC+C-1]`` with g_0 the dummy (or the
+    chunk-size indicator) and g_k = f_{k-1}, the compressed chunk k-1; a final
+    ``[f_{K-1} (, SEP)]`` closes the sequence. With group width W = C + 1
+    (C + 2 with ``separator``), slot q may see slot n iff
+    ``n <= q and (q // W == n // W or n % W == 0)``: causal inside its own group,
+    every earlier compressed slot, never an earlier chunk's raw tokens.
+    Shape (S, S), S = K * W + 1 (+ 1 with ``separator``).
+    """
+    _check_positive("n_chunks", n_chunks)
+    _check_positive("chunk_size", chunk_size)
+    width = chunk_size + (2 if separator else 1)
+    slots = n_chunks * width + (2 if separator else 1)
+    pos = torch.arange(slots, device=device)
+    same_group = (pos[:, None] // width) == (pos[None, :] // width)
+    compressed = (pos[None, :] % width) == 0
+    return (pos[None, :] <= pos[:, None]) & (same_group | compressed)
