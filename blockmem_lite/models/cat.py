@@ -1,0 +1,77 @@
+"""CAT: Compress & Attend Transformer (Prakash, Puli, Ranganath) — the interleaved layout.
+
+The decoder reads one interleaved sequence (MECHANISMS.md 3.4, 3.5). With K
+chunks of C tokens, group k is ``[g_k, (SEP,) x_kC .. x_kC+C-1]``: g_0 is a
+learned dummy (the chunk-size indicator in the multi-chunk model), g_k = f_{k-1}
+is chunk k-1 compressed to one vector, SEP a learned separator (multi-chunk
+model only). A final ``[f_{K-1} (, SEP)]`` closes the sequence. Group width
+W = C + 1 (C + 2 with SEP); the decoder's RoPE position of slot n is n mod W.
+
+Readout (the #1 off-by-one): the prediction of token i+1 is read where token i
+is the newest thing visible. For token i = kC + j that is its own slot when
+j < C-1, and for the chunk's last token (j = C-1) the compressed slot f_k that
+opens group k+1 (its SEP slot in the multi-chunk model): the first token of a
+chunk is predicted from compressed history only.
+
+This module holds the layout as pure functions (shared by the model, tests and
+notebooks); the mask itself is ``masks.cat_mask``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def group_width(chunk_size: int, separator: bool = False) -> int:
+    """W: slots per group, the compressed slot (+ SEP) and the chunk's C tokens."""
+    return chunk_size + (2 if separator else 1)
+
+
+def n_slots(n_chunks: int, chunk_size: int, separator: bool = False) -> int:
+    """Length of the interleaved sequence: K groups plus the closing [f_{K-1} (, SEP)]."""
+    return n_chunks * group_width(chunk_size, separator) + (2 if separator else 1)
+
+
+def slot_positions(n_chunks: int, chunk_size: int, separator: bool = False,
+                   device=None) -> torch.Tensor:
+    """Decoder RoPE positions, n mod W: every compressed slot sits at position 0. (S,)"""
+    width = group_width(chunk_size, separator)
+    return torch.arange(n_slots(n_chunks, chunk_size, separator), device=device) % width
+
+
+def token_slots(n_chunks: int, chunk_size: int, separator: bool = False,
+                device=None) -> torch.Tensor:
+    """Slot of token i = kC + j in the interleaved sequence. (K*C,)"""
+    width, offset = group_width(chunk_size, separator), 2 if separator else 1
+    i = torch.arange(n_chunks * chunk_size, device=device)
+    return (i // chunk_size) * width + offset + i % chunk_size
+
+
+def readout_slots(n_chunks: int, chunk_size: int, separator: bool = False,
+                  device=None) -> torch.Tensor:
+    """Slot whose output predicts token i+1, for every token i. (K*C,)"""
+    width = group_width(chunk_size, separator)
+    i = torch.arange(n_chunks * chunk_size, device=device)
+    k, j = i // chunk_size, i % chunk_size
+    last = (k + 1) * width + (1 if separator else 0)        # f_k (or its SEP) opens group k+1
+    return torch.where(j == chunk_size - 1, last, token_slots(n_chunks, chunk_size,
+                                                             separator, device))
+
+
+def interleave(tokens: torch.Tensor, compressed: torch.Tensor, head: torch.Tensor,
+               separator: torch.Tensor | None = None) -> torch.Tensor:
+    """Build the decoder input.
+
+    tokens: (B, K, C, D) token embeddings by chunk; compressed: (B, K, D), f_0..f_{K-1};
+    head: (D,) or (B, D), the dummy / chunk-size indicator g_0; separator: (D,) or None.
+    Returns (B, S, D) with S = n_slots(K, C, separator is not None).
+    """
+    b, k, c, d = tokens.shape
+    head = head.expand(b, d)
+    openers = torch.cat([head[:, None], compressed], dim=1)                # (B, K+1, D)
+    parts = [openers[:, :, None]]                                          # (B, K+1, 1, D)
+    if separator is not None:
+        parts.append(separator.expand(b, k + 1, 1, d))
+    groups = torch.cat(parts, dim=2)                                       # (B, K+1, 1|2, D)
+    body = torch.cat([groups[:, :k], tokens], dim=2).reshape(b, -1, d)     # (B, K*W, D)
+    return torch.cat([body, groups[:, k]], dim=1)                          # (B, S, D)

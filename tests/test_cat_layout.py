@@ -1,0 +1,68 @@
+"""CAT's interleaved layout: pack / readout round trip (MECHANISMS.md 3.8 C2) and the readout rule."""
+
+import pytest
+import torch
+
+from blockmem_lite.masks import cat_mask
+from blockmem_lite.models.cat import (
+    interleave,
+    n_slots,
+    readout_slots,
+    slot_positions,
+    token_slots,
+)
+
+CASES = [(k, c) for k in (1, 2, 3, 5) for c in (1, 2, 4, 8)]
+
+
+def _features(n_chunks, chunk_size, separator):
+    """Interleave with 'newest token visible' as the feature: a token slot carries its own
+    id, the slot of f_k carries the last id of chunk k, the dummy and SEP carry -1."""
+    ids = torch.arange(n_chunks * chunk_size, dtype=torch.float64)
+    tokens = ids.view(1, n_chunks, chunk_size, 1)
+    compressed = ids.view(1, n_chunks, chunk_size)[..., -1:]                # (1, K, 1)
+    sep = torch.tensor([-1.0], dtype=torch.float64) if separator else None
+    return interleave(tokens, compressed, torch.tensor([-1.0], dtype=torch.float64), sep)[0, :, 0]
+
+
+@pytest.mark.parametrize("separator", [False, True])
+@pytest.mark.parametrize("n_chunks, chunk_size", CASES)
+def test_c2_pack_then_read_out_gives_every_token_once(n_chunks, chunk_size, separator):
+    seq = _features(n_chunks, chunk_size, separator)
+    assert seq.shape == (n_slots(n_chunks, chunk_size, separator),)
+    tokens = seq[token_slots(n_chunks, chunk_size, separator)]
+    assert torch.equal(tokens, torch.arange(n_chunks * chunk_size, dtype=torch.float64))
+    if not separator:   # with SEP the readout slot is a SEP, which carries no feature itself
+        read = seq[readout_slots(n_chunks, chunk_size, separator)]
+        assert torch.equal(read, torch.arange(n_chunks * chunk_size, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("separator", [False, True])
+@pytest.mark.parametrize("n_chunks, chunk_size", CASES)
+def test_readout_sees_token_i_and_nothing_later(n_chunks, chunk_size, separator):
+    """Dependency closure through the mask: from the readout slot of token i the newest
+    visible token (directly, or inside a compressed slot) is exactly i."""
+    seq = _features(n_chunks, chunk_size, separator)
+    mask = cat_mask(n_chunks, chunk_size, separator)
+    for i, slot in enumerate(readout_slots(n_chunks, chunk_size, separator).tolist()):
+        assert seq[mask[slot]].max().item() == i
+
+
+def test_compressed_slots_sit_at_rope_position_zero():
+    pos = slot_positions(3, 4)                      # W = 5
+    assert pos.tolist() == [0, 1, 2, 3, 4] * 3 + [0]
+    assert slot_positions(2, 4, separator=True).tolist()[:8] == [0, 1, 2, 3, 4, 5, 0, 1]
+
+
+@pytest.mark.parametrize("separator", [False, True])
+def test_last_token_of_a_chunk_is_read_from_the_next_compressed_slot(separator):
+    """Generation never feeds a chunk's last token to the decoder (it is compressed
+    instead), so training must predict the next chunk's first token from f_k."""
+    k, c = 3, 4
+    width = c + (2 if separator else 1)
+    slots = readout_slots(k, c, separator)
+    expected_last = [(g + 1) * width + (1 if separator else 0) for g in range(k)]
+    assert slots[c - 1::c].tolist() == expected_last
+    raw = set(token_slots(k, c, separator).tolist())
+    assert not raw & set(expected_last)
+    assert torch.equal(slots.view(k, c)[:, :-1], token_slots(k, c, separator).view(k, c)[:, :-1])
