@@ -188,11 +188,14 @@ class SelfAttention(nn.Module):
         return y.transpose(1, 2).reshape(b, t, h * hd)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None,
-                cache: KVCache | None = None, reference: bool = False) -> torch.Tensor:
-        """Causal self-attention. x: (B, T, D) -> (B, T, D).
+                cache: KVCache | None = None, reference: bool = False,
+                mask: torch.Tensor | None = None, causal: bool = True) -> torch.Tensor:
+        """Self-attention. x: (B, T, D) -> (B, T, D).
 
-        With ``cache`` the new keys/values are appended and the queries attend
-        to everything cached so far (bottom-right causal alignment).
+        ``causal`` (default) is bottom-right aligned, so with ``cache`` the new
+        keys/values are appended and the queries attend to everything cached so
+        far. ``mask`` (Tq, Tk) bool, True = may attend, restricts further (e.g.
+        CAT's interleaved mask); ``causal=False`` without a mask is bidirectional.
         """
         if positions is None:
             start = cache.length if cache is not None else 0
@@ -201,11 +204,11 @@ class SelfAttention(nn.Module):
         if cache is not None:
             k, v = cache.append(k, v)
         if reference or is_tracing("attn_weights"):
-            y, weights = reference_attention(q, k, v, causal=True)
+            y, weights = reference_attention(q, k, v, mask=mask, causal=causal)
             record("attn_weights", weights)
         else:
             p = self.dropout if self.training else 0.0
-            y = attention(q, k, v, causal=True, dropout_p=p)
+            y = attention(q, k, v, mask=mask, causal=causal, dropout_p=p)
         return self.out(self.merge_heads(y))
 
 
@@ -222,8 +225,10 @@ class Block(nn.Module):
         self.drop = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None,
-                cache: KVCache | None = None, reference: bool = False) -> torch.Tensor:
-        x = x + self.drop(self.attn(self.norm1(x), positions, cache, reference))  # (B, T, D)
+                cache: KVCache | None = None, reference: bool = False,
+                mask: torch.Tensor | None = None, causal: bool = True) -> torch.Tensor:
+        h = self.attn(self.norm1(x), positions, cache, reference, mask, causal)
+        x = x + self.drop(h)                                                    # (B, T, D)
         return x + self.drop(self.mlp(self.norm2(x)))
 
 

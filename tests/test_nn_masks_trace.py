@@ -116,3 +116,18 @@ def test_import_is_light():
             "'nbformat', 'pandas') if m in sys.modules]; print(','.join(heavy))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
+
+
+def test_self_attention_masks_bidirectional_and_custom():
+    attn = SelfAttention(16, 2).double()
+    x = torch.randn(2, 7, 16, dtype=torch.float64)
+    bidirectional = attn(x, causal=False)
+    assert torch.allclose(bidirectional, attn(x, causal=False, reference=True), atol=1e-12)
+    # the first position sees the future without the causal mask
+    assert not torch.allclose(bidirectional[:, 0], attn(x)[:, 0], atol=1e-6)
+    custom = masks.block_causal_mask(7, 3)
+    assert torch.allclose(attn(x, mask=custom, causal=False),
+                          attn(x, mask=custom, causal=False, reference=True), atol=1e-12)
+    # a block-causal mask equals attending within each block alone
+    assert torch.allclose(attn(x, mask=custom, causal=False)[:, 3:6],
+                          attn(x[:, 3:6], positions=torch.arange(3, 6)), atol=1e-12)
