@@ -158,6 +158,8 @@ def test_loss_curves_read_history_objects_by_attribute():
 def test_training_summary_has_loss_throughput_and_memory_panels():
     fig = figures.training_summary(history_dict(interrupted=True), title="run A")
     assert len(fig.data) == 4                                # train, val, tokens/s, memory
+    assert (fig.data[0].name, fig.data[1].name) == ("train", "val")
+    assert fig.data[0].line.color != fig.data[1].marker.color  # val stands out on the line
     assert tuple(fig.data[3].y) == (200.0,) * 10             # MiB
     assert fig.layout.yaxis3.title.text == "MiB (RSS)"
     assert "interrupted" in fig.layout.title.text and "run A" in fig.layout.title.text

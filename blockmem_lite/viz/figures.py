@@ -263,19 +263,22 @@ def loss_curves(histories: Mapping, x: str = "step", title: str = "Loss",
 
 
 def _add_loss_traces(fig: go.Figure, name: str, history, line_color: str, x: str,
-                     tokens_per_step, row: int | None = None, col: int | None = None) -> None:
+                     tokens_per_step, row: int | None = None, col: int | None = None,
+                     val_color: str | None = None) -> None:
+    """Train loss (thin line) and val loss (diamonds); ``val_color`` defaults to the run's."""
+    val_color = val_color or line_color
     steps, losses = _series(history, "step"), _series(history, "loss")
     val_steps, val_losses = _series(history, "val_step"), _series(history, "val_loss")
     where = dict(row=row, col=col) if row is not None else {}
     fig.add_trace(go.Scatter(x=_x_values(history, steps, x, tokens_per_step), y=losses,
-                             mode="lines", name=f"{name} train", legendgroup=name,
+                             mode="lines", name=f"{name} train".strip(), legendgroup=name,
                              line=dict(color=line_color, width=1.2)), **where)
     if val_steps:
         fig.add_trace(go.Scatter(x=_x_values(history, val_steps, x, tokens_per_step),
-                                 y=val_losses, mode="lines+markers", name=f"{name} val",
-                                 legendgroup=name,
-                                 line=dict(color=line_color, width=1, dash="dot"),
-                                 marker=dict(color=line_color, size=8, symbol="diamond")),
+                                 y=val_losses, mode="lines+markers", name=f"{name} val".strip(),
+                                 legendgroup=name, cliponaxis=False,
+                                 line=dict(color=val_color, width=1, dash="dot"),
+                                 marker=dict(color=val_color, size=8, symbol="diamond")),
                       **where)
 
 
@@ -291,7 +294,8 @@ def training_summary(history, title: str = "Training run") -> go.Figure:
     method = memory_method_label(_scalar(history, "memory_method"))
     fig = make_subplots(rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.06,
                         row_heights=[0.5, 0.25, 0.25])
-    _add_loss_traces(fig, "run", history, color(0), "step", None, row=1, col=1)
+    _add_loss_traces(fig, "", history, color(0), "step", None, row=1, col=1,
+                     val_color=color(1))
     fig.add_trace(go.Scatter(x=steps, y=_series(history, "tokens_per_s"), mode="lines",
                              name="tokens/s", line=dict(color=color(2))), row=2, col=1)
     fig.add_trace(go.Scatter(x=steps, y=memory, mode="lines", name="memory",

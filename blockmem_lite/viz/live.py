@@ -160,7 +160,7 @@ class LiveDashboard:
         fig.add_scatter(x=[], y=[], mode="lines", name="train loss",
                         line=dict(color=color(0), width=1.2))
         fig.add_scatter(x=[], y=[], mode="lines+markers", name="val loss",
-                        line=dict(color=color(1), width=1, dash="dot"),
+                        line=dict(color=color(1), width=1, dash="dot"), cliponaxis=False,
                         marker=dict(color=color(1), size=8, symbol="diamond"))
         fig.update_layout(template=TEMPLATE, height=320, margin=dict(l=60, r=20, t=30, b=40),
                           xaxis_title="step", yaxis_title="loss",
