@@ -215,6 +215,19 @@ def test_checkpoint_loads_with_weights_only(tmp_path):
     assert History.from_dict(ckpt["history"]).loss == trainer.history.loss
 
 
+def test_load_checkpoint_restores_an_existing_trainer(tmp_path):
+    cfg = run_cfg(steps=4)
+    trained = make_trainer(cfg)
+    trained.fit()
+    path = trained.save_checkpoint(tmp_path / "ck.pt")
+    fresh = make_trainer(cfg)
+    assert fresh.step == 0
+    fresh.load_checkpoint(path)
+    assert fresh.step == 4 and fresh.history.loss == trained.history.loss
+    for a, b in zip(fresh.model.parameters(), trained.model.parameters(), strict=True):
+        assert torch.equal(a, b)
+
+
 def test_save_checkpoint_without_a_path_or_dir_raises():
     with pytest.raises(ValueError, match="checkpoint_dir"):
         make_trainer(run_cfg()).save_checkpoint()
