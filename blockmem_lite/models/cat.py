@@ -14,12 +14,15 @@ opens group k+1 (its SEP slot in the multi-chunk model): the first token of a
 chunk is predicted from compressed history only.
 
 This module holds the layout as pure functions (shared by the model, tests and
-notebooks); the mask itself is ``masks.cat_mask``.
+notebooks) and the compressor; the mask itself is ``masks.cat_mask``.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn as nn
+
+from blockmem_lite.nn import Block, RMSNorm
 
 
 def group_width(chunk_size: int, separator: bool = False) -> int:
@@ -75,3 +78,51 @@ def interleave(tokens: torch.Tensor, compressed: torch.Tensor, head: torch.Tenso
     groups = torch.cat(parts, dim=2)                                       # (B, K+1, 1|2, D)
     body = torch.cat([groups[:, :k], tokens], dim=2).reshape(b, -1, d)     # (B, K*W, D)
     return torch.cat([body, groups[:, k]], dim=1)                          # (B, S, D)
+
+
+class Compressor(nn.Module):
+    """f: one chunk of C tokens -> one vector of the decoder width (MECHANISMS.md 3.3).
+
+    Every chunk is compressed on its own, all chunks in parallel as a batch:
+    ``[ChunkPos[k] ; E_f(chunk k)]`` through ``depth`` pre-norm blocks with
+    bidirectional attention (RoPE positions 0..C), a final RMSNorm, the
+    chunk-index row dropped, the C outputs flattened and projected by W_f to
+    ``out_dim``. Bidirectional is legal only because f_k is read strictly after
+    chunk k ends. ChunkPos is the decoder's only source of chunk order.
+    """
+
+    def __init__(self, vocab_size: int, d_model: int, n_head: int, depth: int, chunk_size: int,
+                 max_chunks: int, out_dim: int, mlp_ratio: float = 8 / 3,
+                 rope_base: float = 10000.0, norm_eps: float = 1e-5):
+        super().__init__()
+        self.chunk_size = chunk_size
+        self.embed = nn.Embedding(vocab_size, d_model)
+        self.chunk_pos = nn.Embedding(max_chunks, d_model)
+        self.blocks = nn.ModuleList(Block(d_model, n_head, mlp_ratio, rope_base, norm_eps)
+                                    for _ in range(depth))
+        self.norm = RMSNorm(d_model, norm_eps)
+        self.proj = nn.Linear(chunk_size * d_model, out_dim, bias=False)    # W_f
+
+    @property
+    def max_chunks(self) -> int:
+        return self.chunk_pos.num_embeddings
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens (B, K*C) -> compressed chunks (B, K, out_dim)."""
+        b, n = tokens.shape
+        c = self.chunk_size
+        if n % c:
+            raise ValueError(f"tokens of length {n} are not allowed: the compressor needs a "
+                             f"multiple of chunk_size={c} (pad the tail first)")
+        k = n // c
+        if k > self.max_chunks:
+            raise ValueError(f"{k} chunks are not allowed: this compressor knows at most "
+                             f"max_chunks={self.max_chunks} chunk positions")
+        x = self.embed(tokens).view(b * k, c, -1)                            # (B*K, C, d)
+        index = torch.arange(k, device=tokens.device).repeat(b)             # (B*K,)
+        z = torch.cat([self.chunk_pos(index)[:, None], x], dim=1)          # (B*K, 1+C, d)
+        positions = torch.arange(c + 1, device=tokens.device)
+        for block in self.blocks:
+            z = block(z, positions, causal=False)
+        z = self.norm(z)[:, 1:]                                              # (B*K, C, d)
+        return self.proj(z.reshape(b, k, -1))                               # (B, K, D)
