@@ -66,3 +66,24 @@ def test_last_token_of_a_chunk_is_read_from_the_next_compressed_slot(separator):
     raw = set(token_slots(k, c, separator).tolist())
     assert not raw & set(expected_last)
     assert torch.equal(slots.view(k, c)[:, :-1], token_slots(k, c, separator).view(k, c)[:, :-1])
+
+
+@pytest.mark.parametrize("separator", [False, True])
+@pytest.mark.parametrize("n_chunks, chunk_size", CASES)
+def test_per_chunk_attention_equals_masked_attention(n_chunks, chunk_size, separator):
+    from blockmem_lite.models.cat import per_chunk_attention
+    from blockmem_lite.nn import reference_attention
+
+    s = n_slots(n_chunks, chunk_size, separator)
+    q, k, v = torch.randn(3, 2, 3, s, 4, dtype=torch.float64).unbind(0)    # (B, H, S, hd)
+    expected, _ = reference_attention(q, k, v, mask=cat_mask(n_chunks, chunk_size, separator))
+    got = per_chunk_attention(q, k, v, n_chunks, chunk_size, separator)
+    assert torch.allclose(got, expected, atol=1e-12)
+
+
+def test_per_chunk_attention_checks_the_length():
+    from blockmem_lite.models.cat import per_chunk_attention
+
+    q = torch.randn(1, 1, 7, 4)
+    with pytest.raises(ValueError, match="slots is not allowed"):
+        per_chunk_attention(q, q, q, 2, 4)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from blockmem_lite.nn import Block, RMSNorm
 
@@ -78,6 +79,39 @@ def interleave(tokens: torch.Tensor, compressed: torch.Tensor, head: torch.Tenso
     groups = torch.cat(parts, dim=2)                                       # (B, K+1, 1|2, D)
     body = torch.cat([groups[:, :k], tokens], dim=2).reshape(b, -1, d)     # (B, K*W, D)
     return torch.cat([body, groups[:, k]], dim=1)                          # (B, S, D)
+
+
+def per_chunk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_chunks: int,
+                        chunk_size: int, separator: bool = False) -> torch.Tensor:
+    """Attention under ``masks.cat_mask`` without an S x S mask (PERFORMANCE.md's fast form).
+
+    q, k, v: (B, H, S, hd) in interleaved slot order -> (B, H, S, hd). Slots are
+    grouped (the closing group is padded to W); each group's queries attend to
+    the compressed slots of all groups (those after their own masked) and to the
+    other slots of their own group, causally: keys per group G + W - 1 instead of
+    S, so the work is O(S * (K + C)) rather than O(S^2), and SDPA stays 4-D.
+    """
+    b, h, s, hd = q.shape
+    width = group_width(chunk_size, separator)
+    groups = n_chunks + 1
+    if s != n_slots(n_chunks, chunk_size, separator):
+        raise ValueError(f"sequence of {s} slots is not allowed: n_chunks={n_chunks}, "
+                         f"chunk_size={chunk_size} give {n_slots(n_chunks, chunk_size, separator)}")
+    pad = groups * width - s
+    q, k, v = (F.pad(t, (0, 0, 0, pad)).view(b, h, groups, width, hd) for t in (q, k, v))
+    # keys of group g: every compressed slot (g_0 .. g_K), then its own other W - 1 slots
+    keys = torch.cat([k[:, :, None, :, 0].expand(b, h, groups, groups, hd), k[:, :, :, 1:]], 3)
+    values = torch.cat([v[:, :, None, :, 0].expand(b, h, groups, groups, hd), v[:, :, :, 1:]], 3)
+    g = torch.arange(groups, device=q.device)
+    offset = torch.arange(width, device=q.device)
+    sees_compressed = (g[None, :] <= g[:, None])[:, None, :].expand(groups, width, groups)
+    sees_own = offset[1:][None, :] <= offset[:, None]                       # (W, W-1)
+    mask = torch.cat([sees_compressed, sees_own.expand(groups, width, width - 1)], 2)
+    out = F.scaled_dot_product_attention(
+        q.reshape(b, h * groups, width, hd), keys.reshape(b, h * groups, -1, hd),
+        values.reshape(b, h * groups, -1, hd),
+        attn_mask=mask.repeat(h, 1, 1))                                     # (B, H*G, W, hd)
+    return out.view(b, h, groups * width, hd)[:, :, :s]
 
 
 class Compressor(nn.Module):
