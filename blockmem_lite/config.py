@@ -73,8 +73,39 @@ class ModelConfig:
     alpha: float = 0.8               # decay of the exponential block memory (fixed)
     memory: bool = True              # False = the HOnly ablation (no block memory)
     learn_alpha: bool = False        # exercises only: make alpha a parameter
+    # --- CAT (models/cat.py) ---
+    chunk_size: int = 16             # C: tokens per compressed chunk (the default knob setting)
+    chunk_sizes: tuple = ()          # () = fixed-C model; else the multi-chunk model's sizes
+    decoder_width: int = 2           # decoder width = decoder_width * d_model (paper: 2)
+    compressor_layers: int = 0       # 0 = max(1, n_layer // 4)
+    # --- ARMT (models/armt.py) ---
+    backbone: str = "dense"          # arch of the wrapped model when ARMT is built from a config
+    segment_size: int = 64           # tokens per segment
+    n_mem_tokens: int = 8            # M: memory (write) tokens appended to each segment
+    d_mem: int = 16                  # associative key width before DPFP (keep <= d_model / 4)
+    normalize_phi: bool = True       # L2-normalised DPFP features (False: the 2024 paper)
+    correction: bool = True          # delta rule with the v_bar / gamma correction
+    detach_every: int = 0            # truncated BPTT: detach memory every k segments (0 = full)
+    grad_checkpoint: bool = False    # recompute each segment in backward (ARMT)
+    # --- ARMT and MoC: which layers carry memory (None = the mechanism's default) ---
+    memory_layers: tuple | None = None
+    # --- MoC (models/moc.py) ---
+    n_chapters: int = 17             # chapters in the bank, chapter 0 always read (shared)
+    chapter_len: int = 8             # latent tokens per chapter
+    top_k: int = 2                   # routed chapters read per routing decision
+    routing: str = "block_causal"    # "block_causal" (default, causal) or "sequence" (paper)
+    routing_window: int = 32         # R: tokens per routing window (block_causal)
+    routed_scale: float = 2.5        # routed_scaling_factor of the chapter weights
+    lb_coef: float = 0.01            # load-balance loss coefficient
+    z_coef: float = 0.001            # router z-loss coefficient
+    freeze_bank: bool = False        # keep the bank fixed (fine-tuning experiments)
+    bank_lr_scale: float = 2.0       # bank lr = lr * this (paper: 6e-4 vs 3e-4)
+    memory_lr_scale: float = 2.0     # memory-layer lr = lr * this (paper: 6e-4 vs 3e-4)
 
     def __post_init__(self) -> None:
+        for name in ("chunk_sizes", "memory_layers"):        # JSON gives lists back
+            if isinstance(getattr(self, name), list):
+                setattr(self, name, tuple(getattr(self, name)))
         self.validate()
 
     @property
@@ -110,6 +141,28 @@ class ModelConfig:
                 _fail("block_size", self.block_size,
                       f"must be between 1 and seq_len={self.seq_len} (the context)")
             check_float("alpha", self.alpha, 0.0, 1.0)
+        if self.arch == "cat":
+            self._validate_cat()
+        if self.arch == "armt":
+            self._validate_armt()
+        if self.arch == "moc":
+            self._validate_moc()
+
+    # Each mechanism validates its own fields (the module owning them documents them).
+    def _validate_cat(self) -> None:
+        from blockmem_lite.models.cat import validate_config
+
+        validate_config(self)
+
+    def _validate_armt(self) -> None:
+        from blockmem_lite.models.armt import validate_config
+
+        validate_config(self)
+
+    def _validate_moc(self) -> None:
+        from blockmem_lite.models.moc import validate_config
+
+        validate_config(self)
 
 
 @dataclass

@@ -207,12 +207,22 @@ def lr_at(step: int, cfg: TrainConfig, total_steps: int | None = None) -> float:
 
 
 def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
-    """AdamW; weight decay on >= 2-D parameters (matrices, embeddings) only."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
-              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-    return torch.optim.AdamW([g for g in groups if g["params"]], lr=cfg.lr,
-                             betas=(cfg.beta1, cfg.beta2))
+    """AdamW; weight decay on >= 2-D parameters (matrices, embeddings) only.
+
+    A model may scale the learning rate of some parameters (e.g. MoC's bank and
+    memory layers) with ``lr_scales() -> {parameter name: factor}``; each group
+    keeps its factor as ``lr_scale`` and the schedule multiplies it in.
+    """
+    scales = model.lr_scales() if callable(getattr(model, "lr_scales", None)) else {}
+    groups: dict[tuple[float, bool], list] = {}
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            groups.setdefault((float(scales.get(name, 1.0)), p.dim() >= 2), []).append(p)
+    return torch.optim.AdamW(
+        [{"params": params, "lr": cfg.lr * scale, "lr_scale": scale,
+          "weight_decay": cfg.weight_decay if decayed else 0.0}
+         for (scale, decayed), params in sorted(groups.items(), key=lambda kv: kv[0])],
+        lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))
 
 
 # --- data ------------------------------------------------------------------------------------
@@ -596,7 +606,7 @@ class Trainer:
         y = y.to(self.device, non_blocking=True)
         lr = lr_at(self.step, self.cfg, total)
         for group in self.optimizer.param_groups:
-            group["lr"] = lr
+            group["lr"] = lr * group.get("lr_scale", 1.0)
         with autocast_context(self.device, self.cfg.precision):
             out = self.model(x, y)
         if out.loss is None:
