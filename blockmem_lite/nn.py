@@ -151,6 +151,14 @@ class KVCache:
     def reset(self) -> None:
         self.length = 0
 
+    def truncate(self, length: int) -> None:
+        """Keep the first ``length`` slots; later appends overwrite the rest (CAT drops
+        a finished chunk's token slots this way)."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"length={length} is not allowed: expected 0..{self.length} "
+                             "(the filled slots)")
+        self.length = length
+
     def nbytes(self) -> int:
         """Bytes held by the cache (allocated capacity, as memory really held)."""
         return self.k.numel() * self.k.element_size() + self.v.numel() * self.v.element_size()

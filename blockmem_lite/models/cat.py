@@ -19,11 +19,17 @@ notebooks) and the compressor; the mask itself is ``masks.cat_mask``.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from blockmem_lite.nn import Block, RMSNorm
+from blockmem_lite.config import _fail, check_int
+from blockmem_lite.masks import cat_mask
+from blockmem_lite.models.base import LanguageModel, ModelOutput, State, check_tokens, register
+from blockmem_lite.nn import Block, KVCache, RMSNorm, init_weights, reference_attention
+from blockmem_lite.trace import is_tracing, record, scope
 
 
 def group_width(chunk_size: int, separator: bool = False) -> int:
@@ -115,48 +121,345 @@ def per_chunk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_chu
 
 
 class Compressor(nn.Module):
-    """f: one chunk of C tokens -> one vector of the decoder width (MECHANISMS.md 3.3).
+    """f: one chunk of C tokens -> one vector of the decoder width (MECHANISMS.md 3.3, 3.5).
 
     Every chunk is compressed on its own, all chunks in parallel as a batch:
-    ``[ChunkPos[k] ; E_f(chunk k)]`` through ``depth`` pre-norm blocks with
-    bidirectional attention (RoPE positions 0..C), a final RMSNorm, the
-    chunk-index row dropped, the C outputs flattened and projected by W_f to
-    ``out_dim``. Bidirectional is legal only because f_k is read strictly after
-    chunk k ends. ChunkPos is the decoder's only source of chunk order.
+    ``[(a_p ;) ChunkPos[k] ; E_f(chunk k)]`` through ``depth`` pre-norm blocks with
+    bidirectional attention (RoPE positions from 0), a final RMSNorm, the prefix
+    rows dropped, the C outputs flattened and projected by W_f to ``out_dim``.
+    Bidirectional is legal only because f_k is read strictly after chunk k ends.
+    ChunkPos is the decoder's only source of chunk order.
+
+    ``chunk_sizes`` (multi-chunk model): a learned chunk-size token a_p is
+    prepended too, W_f is sized for the largest chunk and bilinearly resized to
+    (out_dim, C * d) for a smaller C. Without it the compressor serves
+    ``chunk_size`` only.
     """
 
     def __init__(self, vocab_size: int, d_model: int, n_head: int, depth: int, chunk_size: int,
                  max_chunks: int, out_dim: int, mlp_ratio: float = 8 / 3,
-                 rope_base: float = 10000.0, norm_eps: float = 1e-5):
+                 rope_base: float = 10000.0, norm_eps: float = 1e-5,
+                 chunk_sizes: tuple[int, ...] = ()):
         super().__init__()
-        self.chunk_size = chunk_size
+        self.chunk_sizes = tuple(sorted(chunk_sizes)) or (chunk_size,)
+        self.chunk_size = max(self.chunk_sizes)                 # the size W_f is stored for
         self.embed = nn.Embedding(vocab_size, d_model)
         self.chunk_pos = nn.Embedding(max_chunks, d_model)
+        self.size_token = (nn.Embedding(int(math.log2(self.chunk_size)) + 1, d_model)
+                           if chunk_sizes else None)
         self.blocks = nn.ModuleList(Block(d_model, n_head, mlp_ratio, rope_base, norm_eps)
                                     for _ in range(depth))
         self.norm = RMSNorm(d_model, norm_eps)
-        self.proj = nn.Linear(chunk_size * d_model, out_dim, bias=False)    # W_f
+        self.proj = nn.Linear(self.chunk_size * d_model, out_dim, bias=False)    # W_f
 
     @property
     def max_chunks(self) -> int:
         return self.chunk_pos.num_embeddings
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """tokens (B, K*C) -> compressed chunks (B, K, out_dim)."""
+    def projection(self, chunk_size: int) -> torch.Tensor:
+        """W_f for ``chunk_size``: the stored weight, bilinearly resized for a smaller C."""
+        weight = self.proj.weight                                           # (D, C_max * d)
+        if chunk_size == self.chunk_size:
+            return weight
+        d_out, d_in = weight.shape[0], chunk_size * self.embed.embedding_dim
+        return F.interpolate(weight[None, None], size=(d_out, d_in), mode="bilinear",
+                             align_corners=False)[0, 0]
+
+    def forward(self, tokens: torch.Tensor, chunk_size: int | None = None,
+                first_chunk: int = 0) -> torch.Tensor:
+        """tokens (B, K*C) -> compressed chunks (B, K, out_dim).
+
+        ``first_chunk`` is the chunk index of the first chunk (decoding compresses
+        one finished chunk at a time).
+        """
+        c = self.chunk_size if chunk_size is None else chunk_size
+        if c not in self.chunk_sizes:
+            raise ValueError(f"chunk_size={c} is not allowed: this compressor serves "
+                             f"{', '.join(map(str, self.chunk_sizes))}")
         b, n = tokens.shape
-        c = self.chunk_size
         if n % c:
             raise ValueError(f"tokens of length {n} are not allowed: the compressor needs a "
                              f"multiple of chunk_size={c} (pad the tail first)")
         k = n // c
-        if k > self.max_chunks:
-            raise ValueError(f"{k} chunks are not allowed: this compressor knows at most "
-                             f"max_chunks={self.max_chunks} chunk positions")
+        if first_chunk + k > self.max_chunks:
+            raise ValueError(f"{first_chunk + k} chunks are not allowed: this compressor knows "
+                             f"at most max_chunks={self.max_chunks} chunk positions")
         x = self.embed(tokens).view(b * k, c, -1)                            # (B*K, C, d)
-        index = torch.arange(k, device=tokens.device).repeat(b)             # (B*K,)
-        z = torch.cat([self.chunk_pos(index)[:, None], x], dim=1)          # (B*K, 1+C, d)
-        positions = torch.arange(c + 1, device=tokens.device)
+        index = torch.arange(first_chunk, first_chunk + k, device=tokens.device).repeat(b)
+        prefix = [self.chunk_pos(index)[:, None]]                           # (B*K, 1, d)
+        if self.size_token is not None:
+            p = torch.full_like(index, int(math.log2(c)))
+            prefix.insert(0, self.size_token(p)[:, None])
+        z = torch.cat([*prefix, x], dim=1)                                  # (B*K, P+C, d)
+        positions = torch.arange(z.shape[1], device=tokens.device)
         for block in self.blocks:
             z = block(z, positions, causal=False)
-        z = self.norm(z)[:, 1:]                                              # (B*K, C, d)
-        return self.proj(z.reshape(b, k, -1))                               # (B, K, D)
+        z = self.norm(z)[:, len(prefix):]                                   # (B*K, C, d)
+        return F.linear(z.reshape(b, k, -1), self.projection(c))           # (B, K, D)
+
+
+# --------------------------------------------------------------------------------------
+# Configuration
+# --------------------------------------------------------------------------------------
+
+def _is_power_of_two(n: int) -> bool:
+    return n >= 1 and n & (n - 1) == 0
+
+
+def validate_config(cfg) -> None:
+    """CAT's ModelConfig fields: chunk_size, chunk_sizes, decoder_width, compressor_layers."""
+    check_int("chunk_size", cfg.chunk_size, 1)
+    if cfg.chunk_size > cfg.seq_len:
+        _fail("chunk_size", cfg.chunk_size, f"must be between 1 and seq_len={cfg.seq_len}")
+    sizes = cfg.chunk_sizes
+    if not isinstance(sizes, tuple):
+        _fail("chunk_sizes", sizes, "expected a tuple of chunk sizes, e.g. (4, 8, 16, 32)")
+    for c in sizes:
+        if isinstance(c, bool) or not isinstance(c, int) or not _is_power_of_two(c) \
+                or c > cfg.seq_len:
+            _fail("chunk_sizes", sizes, f"expected powers of two between 1 and "
+                                        f"seq_len={cfg.seq_len} (the paper uses 4, 8, 16, 32)")
+    if len(set(sizes)) != len(sizes):
+        _fail("chunk_sizes", sizes, "expected each chunk size once")
+    if sizes and cfg.chunk_size not in sizes:
+        _fail("chunk_size", cfg.chunk_size,
+              f"the multi-chunk model serves chunk_sizes={sizes}; pick one of them")
+    check_int("decoder_width", cfg.decoder_width, 1)
+    check_int("compressor_layers", cfg.compressor_layers, 0)
+
+
+# --------------------------------------------------------------------------------------
+# The model
+# --------------------------------------------------------------------------------------
+
+PATHS = ("per_chunk", "masked", "reference")
+
+
+class CATState(State):
+    """Decoding state: per-layer KV caches of compressed slots + the current chunk.
+
+    Cache layout: ``[g_0, f_0 .. f_{m-1}, (SEP,) tokens of chunk m fed so far]``.
+    ``pending`` holds chunk m's tokens (B, j); they are compressed when it fills.
+    """
+
+    def __init__(self, caches: list[KVCache], chunk_size: int, pending: torch.Tensor,
+                 n_chunks: int):
+        self.caches = caches
+        self.chunk_size = chunk_size
+        self.pending = pending
+        self.n_chunks = n_chunks
+
+    @property
+    def slots(self) -> int:
+        """Filled KV slots per layer."""
+        return self.caches[0].length
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [t for c in self.caches for t in (c.k, c.v)] + [self.pending]
+
+
+@register("cat")
+class CATLM(LanguageModel):
+    """Compress & Attend Transformer (fixed chunk size, or multi-chunk with ``chunk_sizes``).
+
+    ``forward(tokens, targets, chunk_size=None, path="per_chunk")``: the chunk
+    size is the test-time knob (default ``model.chunk_size``; in training mode
+    the multi-chunk model samples one per call, i.e. per optimisation step).
+    ``path`` picks the decoder attention: ``per_chunk`` (fast, default),
+    ``masked`` (interleaved sequence + the S x S mask on SDPA) or ``reference``
+    (the same with plain softmax; records attention weights). All three agree.
+    """
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.chunk_sizes = tuple(sorted(cfg.chunk_sizes)) or (cfg.chunk_size,)
+        self.multi_chunk = bool(cfg.chunk_sizes)
+        self.width = cfg.d_model * cfg.decoder_width                       # D
+        heads = cfg.n_head * cfg.decoder_width                             # same head dim
+        depth = cfg.compressor_layers or max(1, cfg.n_layer // 4)
+        max_chunks = math.ceil(cfg.seq_len / self.chunk_sizes[0])
+        self.compressor = Compressor(cfg.vocab_size, cfg.d_model, cfg.n_head, depth,
+                                     cfg.chunk_size, max_chunks, self.width, cfg.mlp_ratio,
+                                     cfg.rope_base, cfg.norm_eps, chunk_sizes=cfg.chunk_sizes)
+        self.embed = nn.Embedding(cfg.vocab_size, self.width)              # E_d
+        self.blocks = nn.ModuleList(
+            Block(self.width, heads, cfg.mlp_ratio, cfg.rope_base, cfg.norm_eps, cfg.dropout)
+            for _ in range(cfg.n_layer))
+        self.norm = RMSNorm(self.width, cfg.norm_eps)
+        self.head = nn.Linear(self.width, cfg.vocab_size, bias=False)
+        # g_0: the dummy (fixed C) or the chunk-size indicator, one row per log2(C)
+        rows = int(math.log2(self.chunk_sizes[-1])) + 1 if self.multi_chunk else 1
+        self.opener = nn.Parameter(torch.empty(rows, self.width))
+        self.separator = nn.Parameter(torch.empty(self.width)) if self.multi_chunk else None
+        init_weights(self, cfg.init_std, cfg.n_layer)
+        if self.separator is not None:
+            nn.init.normal_(self.separator, std=cfg.init_std)
+        self._chunk_size = cfg.chunk_size
+
+    # --- the knob ------------------------------------------------------------------
+    @property
+    def chunk_size(self) -> int:
+        """The chunk size used when none is passed (evaluation, generation)."""
+        return self._chunk_size
+
+    @chunk_size.setter
+    def chunk_size(self, value: int) -> None:
+        self._chunk_size = self._checked_chunk_size(value)
+
+    def _checked_chunk_size(self, value) -> int:
+        if value not in self.chunk_sizes or isinstance(value, bool):
+            raise ValueError(f"chunk_size={value!r} is not allowed: this model serves "
+                             f"{', '.join(map(str, self.chunk_sizes))}")
+        return value
+
+    def _pick_chunk_size(self, chunk_size: int | None) -> int:
+        """Explicit > sampled uniformly per call when training the multi-chunk model > knob."""
+        if chunk_size is not None:
+            return self._checked_chunk_size(chunk_size)
+        if self.training and self.multi_chunk:
+            return self.chunk_sizes[int(torch.randint(len(self.chunk_sizes), ()))]
+        return self._chunk_size
+
+    @property
+    def separator_slots(self) -> int:
+        return 1 if self.multi_chunk else 0
+
+    def _opener(self, chunk_size: int) -> torch.Tensor:
+        """g_0 for this chunk size: (D,)."""
+        return self.opener[int(math.log2(chunk_size))] if self.multi_chunk else self.opener[0]
+
+    def max_tokens(self, chunk_size: int) -> int:
+        """Longest sequence the chunk-index table covers at this chunk size."""
+        return self.compressor.max_chunks * chunk_size
+
+    # --- parallel forward ----------------------------------------------------------
+    def forward(self, tokens: torch.Tensor, targets: torch.Tensor | None = None,
+                chunk_size: int | None = None, path: str = "per_chunk") -> ModelOutput:
+        check_tokens(tokens, self.cfg.vocab_size, max_len=self.cfg.seq_len)
+        if path not in PATHS:
+            raise ValueError(f"path={path!r} is not allowed: expected one of {', '.join(PATHS)}")
+        c = self._pick_chunk_size(chunk_size)
+        return self.output(self._parallel(tokens, c, path), targets)
+
+    def _parallel(self, tokens: torch.Tensor, c: int, path: str) -> torch.Tensor:
+        """tokens (B, T) -> logits (B, T, V) through the interleaved sequence."""
+        b, t = tokens.shape
+        k = math.ceil(t / c)
+        padded = F.pad(tokens, (0, k * c - t))                               # (B, K*C)
+        compressed = self.compressor(padded, c)                             # (B, K, D)
+        record("compressed", compressed)
+        x = interleave(self.embed(padded).view(b, k, c, -1), compressed, self._opener(c),
+                       self.separator)                                      # (B, S, D)
+        sep = self.multi_chunk
+        positions = slot_positions(k, c, sep, device=tokens.device)
+        if is_tracing("*attn_weights") or is_tracing("*compressed_share"):
+            path = "reference"
+        mask = cat_mask(k, c, sep, device=tokens.device) if path != "per_chunk" else None
+        if mask is not None:
+            record("mask", mask)
+        for i, block in enumerate(self.blocks):
+            with scope(f"layer{i}"):
+                x = self._decoder_block(block, x, positions, k, c, mask, path)
+        h = x[:, readout_slots(k, c, sep, device=tokens.device)[:t]]        # (B, T, D)
+        return self.head(self.norm(h))                                      # (B, T, V)
+
+    def _decoder_block(self, block: Block, x: torch.Tensor, positions: torch.Tensor, k: int,
+                       c: int, mask: torch.Tensor | None, path: str) -> torch.Tensor:
+        """One pre-norm decoder block with CAT's attention. x: (B, S, D)."""
+        attn = block.attn
+        q, keys, values = attn.project_qkv(block.norm1(x), positions)      # (B, H, S, hd)
+        if path == "per_chunk":
+            y = per_chunk_attention(q, keys, values, k, c, self.multi_chunk)
+        elif path == "masked":
+            y = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+        else:
+            y, weights = reference_attention(q, keys, values, mask=mask)   # (B, H, S, S)
+            record("attn_weights", weights)
+            is_compressed = positions == 0                                  # slot n % W == 0
+            record("compressed_share", weights[..., is_compressed].sum(-1))  # (B, H, S)
+        x = x + block.drop(attn.out(attn.merge_heads(y)))
+        return x + block.drop(block.mlp(block.norm2(x)))
+
+    # --- cached generation (MECHANISMS.md 3.6) ------------------------------------
+    def cache_slots(self, max_len: int, chunk_size: int) -> int:
+        """KV slots per layer a state needs for ``max_len`` tokens: K_max + C (+1 with SEP).
+
+        g_0, one compressed slot per finished chunk (K_max = max_len // C), the
+        SEP, and at most C - 1 fed tokens of the current chunk (its last token is
+        never fed: its prediction is read from the next compressed slot).
+        """
+        return 1 + max_len // chunk_size + self.separator_slots + chunk_size - 1
+
+    def new_state(self, batch: int, max_len: int, chunk_size: int) -> CATState:
+        p = next(self.parameters())
+        n_head = self.blocks[0].attn.n_head
+        slots = self.cache_slots(max_len, chunk_size)
+        caches = [KVCache(batch, n_head, slots, self.width // n_head, p.device, p.dtype)
+                  for _ in self.blocks]
+        pending = torch.zeros(batch, 0, dtype=torch.long, device=p.device)
+        return CATState(caches, chunk_size, pending, 0)
+
+    def _decode(self, x: torch.Tensor, positions: torch.Tensor,
+                caches: list[KVCache]) -> torch.Tensor:
+        """Append slots x (B, n, D) at RoPE ``positions``; causal over everything cached."""
+        for block, cache in zip(self.blocks, caches, strict=True):
+            x = block(x, positions, cache)
+        return x
+
+    def prefill(self, tokens: torch.Tensor, max_len: int | None = None,
+                chunk_size: int | None = None):
+        """Prompt logits from the parallel forward; the state holds g_0, f_0..f_{m-1} for
+        the m complete chunks (RoPE 0), (SEP,) and the r leftover tokens."""
+        check_tokens(tokens, self.cfg.vocab_size, max_len=self.cfg.seq_len)
+        c = self._checked_chunk_size(chunk_size) if chunk_size is not None else self._chunk_size
+        b, t = tokens.shape
+        max_len = max(max_len or self.cfg.seq_len, t)
+        if max_len > self.max_tokens(c):
+            raise ValueError(f"max_len={max_len} is not allowed at chunk_size={c}: the "
+                             f"chunk-index table covers {self.max_tokens(c)} tokens")
+        logits = self._parallel(tokens, c, "per_chunk")
+        state = self.new_state(b, max_len, c)
+        m = t // c
+        parts = [self._opener(c).expand(b, 1, -1),
+                 self.compressor(tokens[:, :m * c], c) if m else logits.new_zeros(b, 0,
+                                                                                  self.width)]
+        positions = [torch.zeros(1 + m, dtype=torch.long)]
+        if self.multi_chunk:
+            parts.append(self.separator.expand(b, 1, -1))
+            positions.append(torch.ones(1, dtype=torch.long))
+        offset = 1 + self.separator_slots
+        parts.append(self.embed(tokens[:, m * c:]))                          # (B, r, D)
+        positions.append(torch.arange(t - m * c) + offset)
+        self._decode(torch.cat(parts, 1), torch.cat(positions).to(tokens.device), state.caches)
+        state.pending, state.n_chunks = tokens[:, m * c:].clone(), m     # no view of the prompt
+        return logits, state
+
+    def step(self, token: torch.Tensor, state: CATState):
+        """Feed one token. Inside a chunk it takes the next slot; the chunk's last token
+        is not fed: the chunk is compressed, its token slots (and SEP) are dropped and
+        f (and SEP) are appended, whose output predicts the next chunk's first token."""
+        token = token.reshape(-1, 1)                                         # (B, 1)
+        check_tokens(token, self.cfg.vocab_size)
+        c = state.chunk_size
+        pending = torch.cat([state.pending, token], 1)                      # (B, j)
+        offset = 1 + self.separator_slots
+        if pending.shape[1] < c:
+            position = torch.tensor([pending.shape[1] - 1 + offset], device=token.device)
+            out = self._decode(self.embed(token), position, state.caches)
+            state.pending = pending
+        else:
+            if state.n_chunks >= self.compressor.max_chunks:
+                raise ValueError(f"generation past {self.max_tokens(c)} tokens is not allowed "
+                                 f"at chunk_size={c}: the chunk-index table ends there")
+            f = self.compressor(pending, c, first_chunk=state.n_chunks)     # (B, 1, D)
+            for cache in state.caches:
+                cache.truncate(1 + state.n_chunks)
+            parts, positions = [f], [0]
+            if self.multi_chunk:
+                parts.append(self.separator.expand(f.shape[0], 1, -1))
+                positions.append(1)
+            out = self._decode(torch.cat(parts, 1), torch.tensor(positions, device=f.device),
+                               state.caches)
+            state.n_chunks += 1
+            state.pending = pending.new_zeros(pending.shape[0], 0)
+        return self.head(self.norm(out[:, -1])), state
