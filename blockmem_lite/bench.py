@@ -148,6 +148,28 @@ register_bench("bcmt", variants=_block_variants, flops=_block_flops("bcmt"),
 register_bench("honly", variants=_block_variants, flops=_block_flops("block_local"),
                options=(BLOCK_LEN_OPTION,))
 
+CHUNK_OPTION = BenchOption("--chunk", "4,8,16,32", "CAT chunk sizes C (comma-separated)")
+DECODER_WIDTH_OPTION = BenchOption("--decoder-width", "1,2",
+                                   "CAT decoder width multipliers (1 = iso-width, 2 = the paper)")
+
+
+def _cat_variants(options: dict) -> list[tuple[str, dict]]:
+    return [(f"C={c} w={w}", {"chunk_size": c, "decoder_width": w})
+            for w in parse_int_list("--decoder-width", options["decoder_width"])
+            for c in parse_int_list("--chunk", options["chunk"])]
+
+
+def _cat_flops(cfg: ModelConfig, seq_len: int, phase: str) -> float:
+    return metrics.model_flops_per_token(
+        "cat", d_model=cfg.d_model, n_layer=cfg.n_layer, seq_len=seq_len,
+        vocab_size=cfg.vocab_size, chunk_size=cfg.chunk_size,
+        d_decoder=cfg.d_model * cfg.decoder_width,
+        compressor_layers=cfg.compressor_layers or None, decode=phase == "decode")
+
+
+register_bench("cat", variants=_cat_variants, flops=_cat_flops,
+               options=(CHUNK_OPTION, DECODER_WIDTH_OPTION))
+
 
 def parse_int_list(name: str, text: str) -> list[int]:
     """'256,1024' -> [256, 1024]; ValueError naming ``name`` otherwise."""
@@ -350,7 +372,7 @@ def _check_choices(name: str, values, allowed) -> tuple[str, ...]:
 def run_bench(archs=("dense",), seq_lens=DEFAULT_SEQ_LENS, *, batch: int | None = None,
               d_model: int = 256, n_layer: int = 4, n_head: int = 4, vocab_size: int = 256,
               threads: int | None = None, device: str = "auto", dtype: str = "auto",
-              phases=PHASES, warmup: int = 3, repeats: int = 5, decode_burst: int = 8,
+              phases=PHASES, warmup: int = 3, repeats: int = 5, decode_burst: int = 32,
               memory=("saved", "rss"), options: dict | None = None,
               progress: bool = True) -> list[dict]:
     """Benchmark dense and every variant of ``archs``; one record per (arch, variant, phase, T).
@@ -379,8 +401,11 @@ def run_bench(archs=("dense",), seq_lens=DEFAULT_SEQ_LENS, *, batch: int | None 
     records: list[dict] = []
     with metrics.pinned_threads(threads) as n_threads:
         for seq_len in seq_lens:
-            entries = _entries(archs, base, seq_len, opts)
             for phase in phases:
+                # decoding runs past t = seq_len by the timed steps: configs must cover that
+                # (CAT's chunk-index table is sized by seq_len)
+                extra = (warmup + repeats) * decode_burst if phase == "decode" else 0
+                entries = _entries(archs, base, seq_len + extra, opts)
                 b = batch or default_batch(phase, seq_len)
                 records += _bench_phase(entries, phase, seq_len, b, device=dev,
                                         precision=precision, threads=n_threads,
@@ -471,7 +496,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--phases", default="train,decode", help="comma-separated: train,decode")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps per model (>= 3)")
     parser.add_argument("--repeats", type=int, default=5, help="timed steps per model (>= 5)")
-    parser.add_argument("--decode-burst", type=int, default=8,
+    parser.add_argument("--decode-burst", type=int, default=32,
                         help="decoding steps per timed sample (default %(default)s)")
     parser.add_argument("--memory", default="saved,rss",
                         help="comma-separated: saved, rss, or none (default %(default)s)")

@@ -39,6 +39,7 @@ from blockmem_lite.runtime import autocast_context, synchronize
 # --------------------------------------------------------------------------------------
 
 FLOP_ARCHS = ("dense", "block_local", "bcmt", "cat", "armt", "moc")
+DECODE_FLOP_ARCHS = ("dense", "block_local", "bcmt", "cat")   # families with decode=True
 TRAIN_FLOP_FACTOR = 3  # forward + backward = 3 x forward (backward = 2 x forward)
 
 
@@ -115,6 +116,21 @@ def cat_decoder_layer_flops(d_decoder: int, chunk_size: int, seq_len: int) -> fl
     _positive("seq_len", seq_len)
     return (1.0 + 1.0 / chunk_size) * (
         layer_matmul_flops(d_decoder) + 2.0 * d_decoder * (chunk_size + seq_len / chunk_size))
+
+
+def cat_decode_layer_flops(d_decoder: int, chunk_size: int, context_len: int) -> float:
+    """CAT decoder layer, one decoding step at context ``t``:
+    ``(1 + 1/C)·[24·D² + 4·D·(t/C + C/2)]``.
+
+    Derived like ``dense_decode_layer_flops``: the new query sees every cached
+    chunk vector (t/C) and on average half of its own chunk, 4·D per key; the
+    compressed slot written once per chunk adds the 1/C.
+    """
+    _positive("chunk_size", chunk_size)
+    _positive("context_len", context_len)
+    return (1.0 + 1.0 / chunk_size) * (
+        layer_matmul_flops(d_decoder)
+        + 4.0 * d_decoder * (context_len / chunk_size + chunk_size / 2.0))
 
 
 def cat_compressor_flops(d_compressor: int, chunk_size: int, depth_ratio: float) -> float:
@@ -215,7 +231,7 @@ def model_flops_per_token(arch: str, *, d_model: int, n_layer: int, seq_len: int
     W_f projection is added once and the head is at decoder width); armt
     (``segment_len``, ``n_mem_tokens``, ``d_mem``); moc (dense layers plus
     ``n_memory_layers`` × ``moc_extra_flops``). ``decode=True`` gives one
-    decoding step at context ``seq_len`` (dense and block_local only).
+    decoding step at context ``seq_len`` (the ``DECODE_FLOP_ARCHS``).
     Window sizes are capped at ``seq_len`` (a block longer than the sequence
     is the whole sequence).
     """
@@ -224,9 +240,9 @@ def model_flops_per_token(arch: str, *, d_model: int, n_layer: int, seq_len: int
                          f"{', '.join(FLOP_ARCHS)}")
     _positive("n_layer", n_layer)
     _positive("seq_len", seq_len)
-    if decode and arch not in ("dense", "block_local", "bcmt"):
+    if decode and arch not in DECODE_FLOP_ARCHS:
         raise ValueError(f"decode=True is not allowed for arch={arch!r}: a decoding FLOP "
-                         "model exists for dense, block_local and bcmt only")
+                         f"model exists for {', '.join(DECODE_FLOP_ARCHS)} only")
     head_width = d_model
     if arch == "dense":
         layer = (dense_decode_layer_flops(d_model, seq_len) if decode
@@ -242,8 +258,9 @@ def model_flops_per_token(arch: str, *, d_model: int, n_layer: int, seq_len: int
         _require(arch, chunk_size=chunk_size)
         head_width = d_model if d_decoder is None else d_decoder
         depth = max(1, n_layer // 4) if compressor_layers is None else compressor_layers
-        total = (n_layer * cat_layer_flops(d_model, chunk_size, seq_len, d_decoder=head_width,
-                                           depth_ratio=depth / n_layer)
+        decoder = (cat_decode_layer_flops(head_width, chunk_size, seq_len) if decode
+                   else cat_decoder_layer_flops(head_width, chunk_size, seq_len))
+        total = (n_layer * decoder + depth * cat_compressor_flops(d_model, chunk_size, 1.0)
                  + cat_projection_flops(d_model, head_width))
     elif arch == "armt":
         _require(arch, segment_len=segment_len, n_mem_tokens=n_mem_tokens, d_mem=d_mem)

@@ -107,6 +107,21 @@ def test_training_flops_and_ceiling():
     assert M.flop_ceiling(6.0, 2.0) == 3.0
 
 
+def test_cat_decode_flops_count_chunk_vectors_and_half_the_own_chunk():
+    c, t, width = 16, 4096, 128
+    layer = (1 + 1 / c) * (24 * width**2 + 4 * width * (t / c + c / 2))
+    assert M.cat_decode_layer_flops(width, c, t) == pytest.approx(layer)
+    total = M.model_flops_per_token("cat", d_model=64, n_layer=4, seq_len=t, vocab_size=256,
+                                    chunk_size=c, d_decoder=width, decode=True)
+    compressor = 24 * 64**2 + 4 * 64 * (c + 1)                 # one layer (4 // 4)
+    assert total == pytest.approx(4 * layer + compressor + 2 * width * 64 + 2 * width * 256)
+    # at long context the decode step costs far less than dense's 4·t·d per key
+    dense = M.model_flops_per_token("dense", d_model=64, n_layer=4, seq_len=t, decode=True)
+    same_width = M.model_flops_per_token("cat", d_model=64, n_layer=4, seq_len=t,
+                                         chunk_size=c, decode=True)
+    assert same_width < dense / 2
+
+
 def test_flop_model_errors_name_the_parameter():
     kw = dict(d_model=64, n_layer=2, seq_len=100)
     with pytest.raises(ValueError, match="arch='transformerxl'.*dense, block_local, bcmt"):
@@ -114,7 +129,8 @@ def test_flop_model_errors_name_the_parameter():
     with pytest.raises(ValueError, match="block_len=None"):
         M.model_flops_per_token("block_local", **kw)
     with pytest.raises(ValueError, match="decode=True"):
-        M.model_flops_per_token("cat", decode=True, chunk_size=8, **kw)
+        M.model_flops_per_token("moc", decode=True, n_chapters=9, top_k=2, chapter_len=4,
+                                n_memory_layers=1, **kw)
     with pytest.raises(ValueError, match="seq_len=0"):
         M.dense_layer_flops(64, 0)
     with pytest.raises(ValueError, match="variant_flops=0"):

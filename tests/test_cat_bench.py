@@ -1,0 +1,34 @@
+"""CAT in the bench: variants by chunk size and decoder width, decode state vs dense."""
+
+from blockmem_lite import bench
+
+TINY = dict(d_model=32, n_layer=2, n_head=2, batch=1, threads=1, warmup=1, repeats=1,
+            decode_burst=4, progress=False, memory=("none",))
+
+
+def test_cat_variants_ratios_and_state_against_dense_in_one_run():
+    records = bench.run_bench(["dense", "cat"], [64], options={"chunk": "4,8",
+                                                                "decoder_width": "1,2"}, **TINY)
+    cat = [r for r in records if r["arch"] == "cat"]
+    assert {r["variant"] for r in cat} == {"C=4 w=1", "C=8 w=1", "C=4 w=2", "C=8 w=2"}
+    assert {r["phase"] for r in cat} == {"train", "decode"}
+    for r in cat:
+        assert r["ratio_vs_dense"] > 0 and r["flop_ceiling"] > 0
+    dense_state = next(r["state_bytes"] for r in records
+                       if r["arch"] == "dense" and r["phase"] == "decode")
+    for r in cat:
+        if r["phase"] != "decode":
+            continue
+        c, w = r["overrides"]["chunk_size"], r["overrides"]["decoder_width"]
+        analytic = (64 / c + c) * w / 64                  # (t/C + C)·D vs t·d, PERFORMANCE.md
+        ratio = r["state_bytes"] / dense_state
+        assert 0.9 * analytic <= ratio <= 1.1 * analytic, (r["variant"], ratio, analytic)
+
+
+def test_cat_cli_options_are_listed_and_parsed():
+    parser = bench.build_parser()
+    help_text = parser.format_help()
+    assert "--chunk" in help_text and "--decoder-width" in help_text
+    args = parser.parse_args(["--arch", "dense,cat", "--chunk", "16", "--decoder-width", "1"])
+    assert bench._cat_variants({"chunk": args.chunk, "decoder_width": args.decoder_width}) == [
+        ("C=16 w=1", {"chunk_size": 16, "decoder_width": 1})]
