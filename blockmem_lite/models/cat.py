@@ -1,4 +1,9 @@
-"""CAT: Compress & Attend Transformer (Prakash, Puli, Ranganath) — the interleaved layout.
+"""CAT: Compress & Attend Transformer (Prakash, Puli, Ranganath; arXiv 2511.05313).
+
+A compressor turns each chunk of C tokens into one vector; a decoder reads its
+own chunk's tokens plus every earlier chunk vector, never earlier raw tokens.
+Attention work falls from O(T^2) to O(T (C + T/C)) and the decoding cache from
+t slots to t/C + C slots (at decoder width).
 
 The decoder reads one interleaved sequence (MECHANISMS.md 3.4, 3.5). With K
 chunks of C tokens, group k is ``[g_k, (SEP,) x_kC .. x_kC+C-1]``: g_0 is a
@@ -13,8 +18,25 @@ j < C-1, and for the chunk's last token (j = C-1) the compressed slot f_k that
 opens group k+1 (its SEP slot in the multi-chunk model): the first token of a
 chunk is predicted from compressed history only.
 
-This module holds the layout as pure functions (shared by the model, tests and
-notebooks) and the compressor; the mask itself is ``masks.cat_mask``.
+From the paper and its code: the bidirectional compressor with a learned
+chunk-index token (ChunkPos) and flatten + W_f projection to the decoder width;
+separate compressor / decoder embeddings, untied head; the layout, mask, RoPE
+positions and readout above; the multi-chunk model's chunk-size token, indicator,
+separator and bilinear resize of W_f; generation keeping only compressed past
+(``cache_slots``: K_max + C per layer).
+
+**[our design choice]** where the paper is silent or the kit needs a rule:
+
+* one chunk size sampled uniformly per forward call in training (= per
+  optimisation step with the kit's trainer), the same for the whole batch;
+* decoder width = ``decoder_width`` x d_model with heads scaled by the same
+  factor, so the head dimension stays that of the backbone;
+* training uses the per-chunk attention (PERFORMANCE.md), which is proved equal
+  to the interleaved sequence under ``masks.cat_mask``; no attention dropout;
+* prompts not aligned to C: the complete chunks go in as compressed slots
+  (RoPE 0), the leftover tokens after them (MECHANISMS.md 3.6);
+* the chunk-index table covers ``ceil(seq_len / min chunk size)`` chunks, so
+  generation stops with an error past that many chunks.
 """
 
 from __future__ import annotations
@@ -352,14 +374,15 @@ class CATLM(LanguageModel):
                        self.separator)                                      # (B, S, D)
         sep = self.multi_chunk
         positions = slot_positions(k, c, sep, device=tokens.device)
-        if is_tracing("*attn_weights") or is_tracing("*compressed_share"):
-            path = "reference"
-        mask = cat_mask(k, c, sep, device=tokens.device) if path != "per_chunk" else None
-        if mask is not None:
+        mask = None
+        if path != "per_chunk" or is_tracing():
+            mask = cat_mask(k, c, sep, device=tokens.device)                # (S, S)
             record("mask", mask)
         for i, block in enumerate(self.blocks):
             with scope(f"layer{i}"):
-                x = self._decoder_block(block, x, positions, k, c, mask, path)
+                wanted = is_tracing("attn_weights") or is_tracing("compressed_share")
+                x = self._decoder_block(block, x, positions, k, c, mask,
+                                        "reference" if wanted else path)
         h = x[:, readout_slots(k, c, sep, device=tokens.device)[:t]]        # (B, T, D)
         return self.head(self.norm(h))                                      # (B, T, V)
 
