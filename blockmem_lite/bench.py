@@ -15,6 +15,11 @@ Phases:
   (tokens/s of decoding, batch 1 by default). Each timed sample runs
   ``decode_burst`` steps; ``ms_per_step`` is per token step. ``state_bytes`` is
   ``state.nbytes()`` after a prefill of exactly t tokens.
+* ``read`` (MoC only, always with ``--arch moc``): the routed memory read vs
+  reading the whole bank, as the bank grows (``bench_memory_read``).
+* ``infer`` (ARMT only, with ``--arch armt`` unless ``--infer-len none``):
+  prompts of growing total length read by ``ARMT.stream`` vs dense's
+  ``prefill``, tokens/s and peak memory per length (``bench_inference``).
 
 Memory (one ``memory_bytes`` + ``memory_method`` per record, the other figures
 under extra keys):
@@ -58,7 +63,7 @@ import torch
 
 from blockmem_lite import metrics
 from blockmem_lite.config import ModelConfig
-from blockmem_lite.models import available_archs, build_model
+from blockmem_lite.models import available_archs, build_model, moc
 from blockmem_lite.runtime import pick_device, seed_everything
 from blockmem_lite.units import human_bytes
 
@@ -97,12 +102,17 @@ class BenchArch:
     every registered option's ``dest`` to its string value.
     ``flops(cfg, seq_len, phase) -> forward FLOPs per token`` (a
     ``metrics.model_flops_per_token`` call) or None where no model exists.
+    ``extra(options, run) -> [records]`` (optional): more records of the arch's
+    own (e.g. MoC's memory-read timing), made once per bench; ``run`` holds
+    d_model, n_layer, n_head, vocab_size, seq_len (the first length), batch
+    (given, else 1), device, precision, threads, warmup, repeats, memory, progress.
     """
 
     name: str
     variants: Callable[[dict], list[tuple[str, dict]]]
     flops: Callable[[ModelConfig, int, str], float | None]
     options: tuple[BenchOption, ...] = ()
+    extra: Callable[[dict, dict], list[dict]] | None = None
 
 
 BENCH_ARCHS: dict[str, BenchArch] = {}
@@ -110,9 +120,10 @@ BENCH_ARCHS: dict[str, BenchArch] = {}
 
 def register_bench(name: str, variants: Callable[[dict], list[tuple[str, dict]]],
                    flops: Callable[[ModelConfig, int, str], float | None],
-                   options: tuple[BenchOption, ...] = ()) -> BenchArch:
+                   options: tuple[BenchOption, ...] = (),
+                   extra: Callable[[dict, dict], list[dict]] | None = None) -> BenchArch:
     """Make ``bench`` know architecture ``name`` (also a ``models`` registry name)."""
-    entry = BenchArch(name, variants, flops, tuple(options))
+    entry = BenchArch(name, variants, flops, tuple(options), extra)
     BENCH_ARCHS[name] = entry
     return entry
 
@@ -147,6 +158,431 @@ register_bench("bcmt", variants=_block_variants, flops=_block_flops("bcmt"),
                options=(BLOCK_LEN_OPTION,))
 register_bench("honly", variants=_block_variants, flops=_block_flops("block_local"),
                options=(BLOCK_LEN_OPTION,))
+
+# --- MoC: bank sizes and top-k (models/moc.py); plus the memory-read timing ---
+MOC_CHAPTER_LEN = 16             # tokens per chapter in every MoC bench variant
+BANK_OPTION = BenchOption("--bank", "512,8192",
+                          f"MoC bank sizes in tokens = n_chapters x {MOC_CHAPTER_LEN} "
+                          "(comma-separated)")
+TOPK_OPTION = BenchOption("--topk", "8", "MoC routed chapters per decision (comma-separated)")
+READ_KEYS = ("d_model", "n_head", "seq_len", "batch", "device", "precision", "threads",
+             "warmup", "repeats", "progress")
+
+
+def moc_bank_overrides(bank_tokens: int, top_k: int) -> dict:
+    """ModelConfig overrides for a bank of ``bank_tokens`` tokens read with ``top_k``."""
+    n_chapters = bank_tokens // MOC_CHAPTER_LEN
+    if bank_tokens % MOC_CHAPTER_LEN or n_chapters - 1 < top_k:
+        raise ValueError(f"--bank={bank_tokens} is not allowed with --topk={top_k}: expected a "
+                         f"multiple of {MOC_CHAPTER_LEN} holding the shared chapter and at least "
+                         f"{top_k} routable ones (>= {(top_k + 1) * MOC_CHAPTER_LEN} tokens)")
+    return {"n_chapters": n_chapters, "chapter_len": MOC_CHAPTER_LEN, "top_k": top_k}
+
+
+def _moc_variants(options: dict) -> list[tuple[str, dict]]:
+    return [(f"bank={n} k={k}", moc_bank_overrides(n, k))
+            for n in parse_int_list("--bank", options["bank"])
+            for k in parse_int_list("--topk", options["topk"])]
+
+
+def _moc_flops(cfg: ModelConfig, seq_len: int, phase: str) -> float | None:
+    return None if phase == "decode" else moc.flops_per_token(cfg, seq_len)
+
+
+def _moc_read_records(options: dict, run: dict) -> list[dict]:
+    return bench_memory_read(parse_int_list("--bank", options["bank"]),
+                             parse_int_list("--topk", options["topk"]),
+                             **{key: run[key] for key in READ_KEYS})
+
+
+register_bench("moc", variants=_moc_variants, flops=_moc_flops,
+               options=(BANK_OPTION, TOPK_OPTION), extra=_moc_read_records)
+
+
+def _read_workloads(read, bank, queries, top_ks: list[int], window: int, generator) -> list:
+    """[whole-bank read, routed read for each k] as zero-argument functions (call under no_grad).
+
+    Each routed read gets random routes (one per sequence and window) from ``generator``.
+    """
+    batch, seq_len, _ = queries.shape
+    n_chapters = bank.shape[0] // MOC_CHAPTER_LEN
+    n_windows = -(-seq_len // window)
+    fns = [lambda: read.read_whole_bank(queries, bank)]
+    for k in top_ks:
+        probs = torch.rand(batch, n_windows, n_chapters, generator=generator).to(bank.device)
+        ids, weights = moc.chapter_weights(probs, k, ModelConfig.routed_scale)  # (B, W, k+1)
+        fns.append(lambda ids=ids, weights=weights:
+                   read(queries, bank, ids, weights, window, strategy="gather"))
+    return fns
+
+
+def bench_memory_read(bank_sizes, top_ks, *, d_model: int = 256, n_head: int = 4,
+                      seq_len: int = 256, batch: int = 1, device="cpu", precision: str = "fp32",
+                      threads: int = 1, warmup: int = 3, repeats: int = 5,
+                      progress: bool = False, routing_window: int | None = None) -> list[dict]:
+    """Time MoC's routed memory read against reading the whole bank, as the bank grows.
+
+    Forward only, no grad, (batch, seq_len) queries. Routed: each routing
+    window (``routing_window``, default ``ModelConfig.routing_window``, capped
+    at seq_len; seq_len = one route per sequence, the paper's read) gathers the
+    shared + k chapters of 16 tokens, projects them to K/V and reads them in one
+    batched SDPA (the ``"gather"`` path: its cost does not depend on the bank
+    size). Whole bank: K/V of every bank token once, then every query attends
+    to all of them. Router cost is not included. Two interleaved groups: all
+    routed reads (each runs after another routed read, so its time is not
+    inflated by the caches a whole-bank read has just flushed), then all
+    whole-bank reads. So the fine comparison (routed time vs bank size) is
+    interleaved; the speed-up over the whole-bank read spans two groups run
+    back to back, which drift cannot hide at its orders of magnitude.
+    Records: phase ``"read"``, variant
+    ``"full bank=N"`` (the reference) and ``"routed bank=N k=k"`` whose
+    ``ratio_vs_dense`` is its speed-up over the whole-bank read of the same
+    bank; extra keys ``bank_tokens``, ``top_k`` (None for the full read),
+    ``read_tokens`` (memory tokens each query attends to), ``routing_window``.
+    """
+    from blockmem_lite.runtime import autocast_context
+
+    device = torch.device(device)
+    window = min(routing_window or ModelConfig.routing_window, seq_len)
+    generator = torch.Generator().manual_seed(0)
+    read = moc.MemoryRead(d_model, n_head, MOC_CHAPTER_LEN, 1e-5).to(device).eval()
+    queries = torch.randn(batch, seq_len, d_model, generator=generator).to(device)
+    banks, full_fns, routed_fns = [], [], []
+    for n in bank_sizes:
+        for k in top_ks:
+            moc_bank_overrides(n, k)                                      # clear errors first
+        bank = (0.02 * torch.randn(n, d_model, generator=generator)).to(device)
+        banks.append(bank)
+        full_fn, *routed = _read_workloads(read, bank, queries, list(top_ks), window, generator)
+        full_fns.append(full_fn)
+        routed_fns += routed
+
+    def timed(fns: list):
+        def inference(fn):
+            def run():
+                with torch.no_grad(), autocast_context(device, precision):
+                    fn()
+            return run
+
+        times = metrics.time_interleaved([inference(f) for f in fns], warmup=warmup,
+                                         repeats=repeats, device=device)
+        return iter([metrics.summarize_times(t, batch * seq_len) for t in times])
+
+    _log(progress, f"MoC read: banks {list(bank_sizes)} x k {list(top_ks)}: routed reads "
+                   "interleaved, then whole-bank reads interleaved")
+    routed_timings, full_timings = timed(routed_fns), timed(full_fns)
+    records = []
+    for n, bank in zip(bank_sizes, banks, strict=True):
+        full = next(full_timings)
+        full_flops = moc.read_flops_per_token(d_model, n, batch * seq_len)
+        records.append(_read_record(full, f"full bank={n}", n, None, n, full_flops, None,
+                                    None, read, bank, batch, seq_len, window, device, precision,
+                                    threads, warmup, repeats))
+        for k in top_ks:
+            routed = next(routed_timings)
+            n_read = (k + 1) * MOC_CHAPTER_LEN
+            flops = moc.read_flops_per_token(d_model, n_read, window)
+            records.append(_read_record(routed, f"routed bank={n} k={k}", n, k, n_read, flops,
+                                        full.ms_per_step / routed.ms_per_step,
+                                        full_flops / flops, read, bank, batch, seq_len, window,
+                                        device, precision, threads, warmup, repeats))
+    return records
+
+
+def _read_record(timing, variant: str, bank_tokens: int, top_k, read_tokens: int, flops: float,
+                 ratio, ceiling, read, bank, batch: int, seq_len: int, window: int, device,
+                 precision: str, threads: int, warmup: int, repeats: int) -> dict:
+    """One bench record (every ``RECORD_KEYS`` key) for a memory-read workload."""
+    return {
+        "arch": "moc", "variant": variant, "phase": "read", "seq_len": seq_len, "batch": batch,
+        "tokens_per_s": timing.tokens_per_s, "ms_per_step": timing.ms_per_step,
+        "ratio_vs_dense": ratio, "flop_ceiling": ceiling,
+        "frac_of_ceiling": ratio / ceiling if ratio is not None else None,
+        "memory_bytes": None, "memory_method": "none", "state_bytes": None,
+        "device": device.type, "dtype": precision, "threads": threads,
+        "torch_version": torch.__version__, "machine": _machine(device),
+        "flops_per_token": flops, "step_times_ms": [1000.0 * t for t in timing.times_s],
+        "saved_bytes": None, "rss_peak_bytes": None, "rss_base_bytes": None,
+        "d_model": read.q.in_features, "n_layer": 1, "n_head": read.n_head, "vocab_size": None,
+        "params": bank.numel() + sum(p.numel() for p in read.parameters()),
+        "overrides": {"bank_tokens": bank_tokens, "top_k": top_k},
+        "warmup": warmup, "repeats": repeats, "load_avg_1m": _load_average(),
+        "bank_tokens": bank_tokens, "top_k": top_k, "read_tokens": read_tokens,
+        "routing_window": window,
+    }
+
+
+def format_read_table(records: list[dict]) -> str:
+    """MoC's memory-read records as a table: time vs bank size, routed vs whole bank."""
+    reads = [r for r in records if r["phase"] == "read"]
+    if not reads:
+        return ""
+    smallest = {}
+    for r in reads:
+        if r["top_k"] is not None:
+            smallest.setdefault(r["top_k"], r["ms_per_step"])
+    header = ["read", "bank tokens", "k", "keys/query", "ms", "x smallest bank",
+              "speed-up vs full", "ideal (chapters/k)"]
+    rows = [header]
+    for r in reads:
+        routed = r["top_k"] is not None
+        rows.append(["routed" if routed else "full", str(r["bank_tokens"]),
+                     str(r["top_k"]) if routed else "-", str(r["read_tokens"]),
+                     f"{r['ms_per_step']:.3f}",
+                     f"{r['ms_per_step'] / smallest[r['top_k']]:.2f}" if routed else "-",
+                     _fmt(r["ratio_vs_dense"], ".1f"),
+                     f"{r['bank_tokens'] / MOC_CHAPTER_LEN / r['top_k']:.0f}" if routed else "-"])
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    first = reads[0]
+    return "\n".join([f"MoC memory read (forward, batch={first['batch']}, T={first['seq_len']}, "
+                      f"routing window={first['routing_window']}, chapter_len={MOC_CHAPTER_LEN})",
+                      *lines,
+                      "x smallest bank: routed time / routed time at the smallest bank (target "
+                      "<= 1.2); speed-up vs full: whole-bank read time / routed time (target >= "
+                      "0.5 x ideal)"])
+
+
+# --- ARMT: segment sizes S (models/armt.py); plus the inference sweep over total length ---
+SEGMENT_OPTION = BenchOption("--segment", "128,256", "segment sizes S for armt (comma-separated)")
+INFER_LEN_OPTION = BenchOption(
+    "--infer-len", "2048,8192,65536",
+    "ARMT inference sweep: prompt lengths read by ARMT.stream (constant memory) next to dense's "
+    "prefill (comma-separated; 'none' skips the sweep)")
+INFER_DENSE_MAX_OPTION = BenchOption(
+    "--infer-dense-max", "auto",
+    "longest prompt dense reads in the ARMT inference sweep (auto: every length on CUDA, "
+    "16384 elsewhere: a 65,536-token dense prefill takes minutes on a laptop CPU)")
+CPU_DENSE_INFER_MAX = 16384      # --infer-dense-max auto off CUDA
+INFER_KEYS = ("d_model", "n_layer", "n_head", "vocab_size", "batch", "device", "precision",
+              "threads", "warmup", "repeats", "memory", "progress")
+
+
+def _armt_variants(options: dict) -> list[tuple[str, dict]]:
+    parse_infer_lengths(options["infer_len"])            # bad sweep options fail before timing
+    dense_infer_limit(options["infer_dense_max"], "cpu")
+    return [(f"S={n}", {"segment_size": n})
+            for n in parse_int_list("--segment", options["segment"])]
+
+
+def _armt_flops(cfg: ModelConfig, seq_len: int, phase: str) -> float:
+    return metrics.model_flops_per_token("armt", d_model=cfg.d_model, n_layer=cfg.n_layer,
+                                         seq_len=seq_len, vocab_size=cfg.vocab_size,
+                                         segment_len=cfg.segment_size,
+                                         n_mem_tokens=cfg.n_mem_tokens, d_mem=cfg.d_mem,
+                                         decode=phase == "decode")
+
+
+def parse_infer_lengths(text: str) -> list[int]:
+    """'--infer-len' value -> lengths; 'none' -> [] (no sweep)."""
+    if str(text).strip().lower() == "none":
+        return []
+    return parse_int_list("--infer-len", text)
+
+
+def dense_infer_limit(text: str, device) -> int | None:
+    """'--infer-dense-max' value -> the longest dense prompt (None: no limit)."""
+    if str(text).strip().lower() == "auto":
+        return None if torch.device(device).type == "cuda" else CPU_DENSE_INFER_MAX
+    values = parse_int_list("--infer-dense-max", text)
+    if len(values) != 1:
+        raise ValueError(f"--infer-dense-max={text!r} is not allowed: expected 'auto' or one "
+                         "integer >= 1")
+    return values[0]
+
+
+def _armt_infer_records(options: dict, run: dict) -> list[dict]:
+    lengths = parse_infer_lengths(options["infer_len"])
+    if not lengths:
+        return []
+    return bench_inference(lengths, parse_int_list("--segment", options["segment"]),
+                           dense_max=dense_infer_limit(options["infer_dense_max"], run["device"]),
+                           **{key: run[key] for key in INFER_KEYS})
+
+
+register_bench("armt", variants=_armt_variants, flops=_armt_flops,
+               options=(SEGMENT_OPTION, INFER_LEN_OPTION, INFER_DENSE_MAX_OPTION),
+               extra=_armt_infer_records)
+
+
+def bench_inference(lengths, segment_sizes, *, d_model: int = 256, n_layer: int = 4,
+                    n_head: int = 4, vocab_size: int = 256, batch: int = 1, device="cpu",
+                    precision: str = "fp32", threads: int = 1, warmup: int = 3,
+                    repeats: int = 5, memory=("rss",), dense_max: int | None = None,
+                    progress: bool = False) -> list[dict]:
+    """Read prompts of growing total length: ARMT (``stream``) vs dense (``prefill``).
+
+    Forward only, no grad, random (batch, T) prompts; one call = one whole
+    prompt (``metrics.make_infer_step``). Dense (while T <= ``dense_max``) and
+    ARMT with every segment size, at every length, are timed interleaved in
+    one loop, so ratios across models *and lengths* are same-run ratios.
+    Memory per entry: on CUDA the peak allocated over one call with only that
+    model built (weights included); on CPU, when ``memory`` holds "rss", the
+    peak RSS of a fresh subprocess reading one prompt.
+    Records (by increasing T): phase ``"infer"``, ``ratio_vs_dense`` (tokens/s
+    over dense's at the same T, None where dense was not run), ``state_bytes``
+    (what is kept to continue: ARMT's constant state, dense's KV cache) and
+    extra keys ``memory_vs_shortest`` / ``tokens_per_s_vs_shortest`` (this
+    entry over the same entry at the shortest length: the constant-memory and
+    flat-throughput targets) and ``note`` (why dense is missing, or None).
+    """
+    device = torch.device(device)
+    lengths = sorted(set(lengths))
+    base = dict(d_model=d_model, n_layer=n_layer, n_head=n_head, vocab_size=vocab_size)
+    runs = [(seq_len, entry) for seq_len in lengths
+            for entry in _infer_entries(base, seq_len, segment_sizes, dense_max)]
+    mems = [_infer_memory(entry, batch, seq_len, device=device, precision=precision,
+                          memory=memory, threads=threads) for seq_len, entry in runs]
+    models = [_build(entry.cfg, device) for _, entry in runs]
+    sizes: dict[int, int] = {}
+    steps = [_keeping_state_bytes(metrics.make_infer_step(model, batch, seq_len,
+                                                          precision=precision), sizes, i)
+             for i, (model, (seq_len, _)) in enumerate(zip(models, runs, strict=True))]
+    _log(progress, f"infer T={lengths} batch={batch}: timing {len(runs)} (model, length) pairs "
+                   f"interleaved, {warmup} warm-up + {repeats} timed pass(es)")
+    times = metrics.time_interleaved(steps, warmup=warmup, repeats=repeats, device=device)
+    timings = [metrics.summarize_times(t, batch * seq_len)
+               for t, (seq_len, _) in zip(times, runs, strict=True)]
+    dense_tps = {seq_len: timing.tokens_per_s
+                 for (seq_len, entry), timing in zip(runs, timings, strict=True)
+                 if entry.arch == "dense"}
+    records = []
+    for i, (seq_len, entry) in enumerate(runs):
+        note = _dense_skipped_note(base, batch, seq_len, dense_max, device, precision)
+        records.append(_infer_record(entry, models[i], timings[i], mems[i], sizes[i],
+                                     dense_tps.get(seq_len), note, batch, seq_len, device,
+                                     precision, threads, warmup, repeats))
+    _add_growth(records)
+    return records
+
+
+def _infer_entries(base: dict, seq_len: int, segment_sizes, dense_max) -> list[Entry]:
+    entries = []
+    if dense_max is None or seq_len <= dense_max:
+        entries.append(Entry("dense", "", {}, ModelConfig(arch="dense", seq_len=seq_len, **base)))
+    for size in segment_sizes:
+        overrides = {"segment_size": size}
+        entries.append(Entry("armt", f"S={size}", overrides,
+                             ModelConfig(arch="armt", seq_len=max(seq_len, size), **base,
+                                         **overrides)))
+    return entries
+
+
+def _dense_skipped_note(base: dict, batch: int, seq_len: int, dense_max, device,
+                        precision: str) -> str | None:
+    if dense_max is None or seq_len <= dense_max:
+        return None
+    width = 2 if precision == "bf16" else 4
+    kv = 2 * base["n_layer"] * batch * seq_len * base["d_model"] * width
+    return (f"dense not run at T={seq_len} on {device.type}: above --infer-dense-max="
+            f"{dense_max} (its quadratic prefill takes minutes per pass here); its KV cache "
+            f"alone would hold {human_bytes(kv)}")
+
+
+def _keeping_state_bytes(step: Callable[[], object], sizes: dict, index: int):
+    """``step`` that stores the returned state's bytes in ``sizes[index]`` (state then freed)."""
+    def run() -> None:
+        sizes[index] = step().nbytes()
+    return run
+
+
+def _infer_memory(entry: Entry, batch: int, seq_len: int, *, device, precision: str,
+                  memory, threads: int) -> dict:
+    """Peak memory of one inference call of ``entry``, with no other model built."""
+    out = {"memory_bytes": None, "memory_method": "none", "saved_bytes": None,
+           "rss_peak_bytes": None, "rss_base_bytes": None}
+    if "none" in memory:
+        return out
+    if device.type == "cuda":
+        model = _build(entry.cfg, device)
+        step = metrics.make_infer_step(model, batch, seq_len, precision=precision)
+        out.update(memory_bytes=metrics.cuda_peak_bytes(step, device),
+                   memory_method="cuda_max_allocated")
+        del model, step
+    elif "rss" in memory:
+        spec = {"model": dataclasses.asdict(entry.cfg), "phase": "infer", "batch": batch,
+                "seq_len": seq_len, "steps": 1, "threads": threads}
+        reading = metrics.peak_rss_subprocess(spec)
+        out.update(memory_bytes=reading.peak_bytes, memory_method="rss_subprocess",
+                   rss_peak_bytes=reading.peak_bytes, rss_base_bytes=reading.base_bytes)
+    return out
+
+
+def _infer_record(entry: Entry, model, timing, mem: dict, state_bytes: int, dense_tps,
+                  note, batch: int, seq_len: int, device, precision: str, threads: int,
+                  warmup: int, repeats: int) -> dict:
+    """One bench record (every ``RECORD_KEYS`` key) for one inference entry."""
+    flops = BENCH_ARCHS[entry.arch].flops(entry.cfg, seq_len, "infer")
+    dense_flops = _dense_flops(entry.cfg, seq_len, "infer")
+    is_dense = entry.arch == "dense"
+    ratio = timing.tokens_per_s / dense_tps if dense_tps and not is_dense else None
+    ceiling = None if is_dense else metrics.flop_ceiling(dense_flops, flops)
+    return {
+        "arch": entry.arch, "variant": entry.variant, "phase": "infer", "seq_len": seq_len,
+        "batch": batch, "tokens_per_s": timing.tokens_per_s, "ms_per_step": timing.ms_per_step,
+        "ratio_vs_dense": ratio, "flop_ceiling": ceiling,
+        "frac_of_ceiling": ratio / ceiling if ratio is not None else None,
+        **mem, "state_bytes": state_bytes,
+        "device": device.type, "dtype": precision, "threads": threads,
+        "torch_version": torch.__version__, "machine": _machine(device),
+        "flops_per_token": flops, "step_times_ms": [1000.0 * t for t in timing.times_s],
+        "d_model": entry.cfg.d_model, "n_layer": entry.cfg.n_layer, "n_head": entry.cfg.n_head,
+        "vocab_size": entry.cfg.vocab_size, "params": model.num_params(),
+        "overrides": entry.overrides, "warmup": warmup, "repeats": repeats,
+        "load_avg_1m": _load_average(), "note": None if is_dense else note,
+    }
+
+
+def _add_growth(records: list[dict]) -> None:
+    """``memory_vs_shortest`` and ``tokens_per_s_vs_shortest`` per (arch, variant)."""
+    shortest: dict[tuple[str, str], dict] = {}
+    for r in records:                                      # records come by increasing length
+        first = shortest.setdefault((r["arch"], r["variant"]), r)
+        r["shortest_len"] = first["seq_len"]
+        r["tokens_per_s_vs_shortest"] = r["tokens_per_s"] / first["tokens_per_s"]
+        r["memory_vs_shortest"] = (r["memory_bytes"] / first["memory_bytes"]
+                                   if r["memory_bytes"] and first["memory_bytes"] else None)
+
+
+def format_infer_table(records: list[dict]) -> str:
+    """The inference sweep as a table, with ARMT's peak(longest)/peak(shortest) lines."""
+    infer = [r for r in records if r["phase"] == "infer"]
+    if not infer:
+        return ""
+    header = ["arch", "variant", "T", "tok/s", "x dense", "tok/s vs shortest", "peak memory",
+              "peak vs shortest", "rss delta", "state", "method"]
+    rows = [header]
+    for r in infer:
+        delta = (r["rss_peak_bytes"] - r["rss_base_bytes"]
+                 if r.get("rss_peak_bytes") is not None else None)
+        rows.append([r["arch"], r["variant"] or "-", str(r["seq_len"]),
+                     f"{r['tokens_per_s']:,.0f}", _fmt(r["ratio_vs_dense"], ".2f"),
+                     f"{r['tokens_per_s_vs_shortest']:.2f}", human_bytes(r["memory_bytes"]),
+                     _fmt(r["memory_vs_shortest"], ".3f"), human_bytes(delta),
+                     human_bytes(r["state_bytes"]), r["memory_method"]])
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines = ["  ".join(c.rjust(w) if i >= 2 else c.ljust(w)
+                       for i, (c, w) in enumerate(zip(row, widths, strict=True))).rstrip()
+             for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    first = infer[0]
+    longest = {(r["arch"], r["variant"]): r for r in infer}        # by increasing length
+    summary = []
+    for r in longest.values():
+        if r["arch"] == "armt" and r["seq_len"] > r["shortest_len"]:
+            summary.append(f"ARMT {r['variant']}: peak({r['seq_len']}) / peak({r['shortest_len']})"
+                           f" = {_fmt(r['memory_vs_shortest'], '.3f')} (target <= 1.1); "
+                           f"tok/s({r['seq_len']}) / tok/s({r['shortest_len']}) = "
+                           f"{r['tokens_per_s_vs_shortest']:.2f} (target: flat)")
+    notes = sorted({r["note"] for r in infer if r.get("note")})
+    return "\n".join([f"ARMT inference sweep (forward, no grad, batch={first['batch']}): ARMT "
+                      "reads the prompt with stream() (segment by segment), dense with prefill()",
+                      *lines, *summary, *notes,
+                      "peak memory: rss_subprocess = peak RSS of a fresh process incl. the "
+                      "interpreter+torch baseline (rss delta = growth after import + model "
+                      "build); cuda_max_allocated = CUDA peak incl. weights. state = what is "
+                      "kept to continue (ARMT: KV of one segment + A, z; dense: KV cache)."])
 
 CHUNK_OPTION = BenchOption("--chunk", "4,8,16,32", "CAT chunk sizes C (comma-separated)")
 DECODER_WIDTH_OPTION = BenchOption("--decoder-width", "1,2",
@@ -411,6 +847,12 @@ def run_bench(archs=("dense",), seq_lens=DEFAULT_SEQ_LENS, *, batch: int | None 
                                         precision=precision, threads=n_threads,
                                         warmup=warmup, repeats=repeats, burst=decode_burst,
                                         memory=memory, progress=progress)
+        run = dict(base, seq_len=seq_lens[0], batch=batch or 1, device=dev, precision=precision,
+                   threads=n_threads, warmup=warmup, repeats=repeats, memory=memory,
+                   progress=progress)
+        for arch in archs:
+            if BENCH_ARCHS[arch].extra is not None:
+                records += BENCH_ARCHS[arch].extra(opts, run)
     return records
 
 
@@ -533,6 +975,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench: error: {err}", file=sys.stderr)
         return 2
     print(format_table(records))
+    if any(r["phase"] == "read" for r in records):
+        print(format_read_table(records))
+    if any(r["phase"] == "infer" for r in records):
+        print(format_infer_table(records))
     if args.json:
         print(f"wrote {write_json(records, args.json)}")
     return 0

@@ -20,7 +20,7 @@ import torch
 
 # Config fields whose value is a block / segment / chunk length: their
 # boundaries are where causal mechanisms most often leak, so they are probed.
-BOUNDARY_FIELDS = ("block_size", "segment_size", "chunk_size", "chunk_sizes")
+BOUNDARY_FIELDS = ("block_size", "segment_size", "chunk_size", "chunk_sizes", "routing_window")
 
 
 class CheckFailed(AssertionError):

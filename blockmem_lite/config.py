@@ -258,18 +258,24 @@ class RunConfig:
                    preset=d.get("preset", "custom"))
 
 
-# preset name -> (ModelConfig fields, TrainConfig fields)
+# preset name -> (ModelConfig fields, TrainConfig fields). Mechanism sizes follow MECHANISMS.md
+# "Kit scale": BCMT block, ARMT segment, MoC bank (chapters x tokens, top-k) per preset.
 _PRESETS = {
-    "tiny": (dict(d_model=32, n_layer=2, n_head=2, seq_len=32, block_size=8),
+    "tiny": (dict(d_model=32, n_layer=2, n_head=2, seq_len=32, block_size=8, segment_size=8,
+                  routing_window=8),
              dict(steps=20, batch_size=4, lr=3e-3, warmup_steps=2, eval_every=10,
                   eval_batches=2, log_every=5)),
-    "fast": (dict(d_model=32, n_layer=2, n_head=2, seq_len=64, block_size=16),
+    "fast": (dict(d_model=32, n_layer=2, n_head=2, seq_len=64, block_size=16, segment_size=16,
+                  routing_window=16),
              dict(steps=60, batch_size=8, lr=5e-3, warmup_steps=5, eval_every=20,
                   eval_batches=2, log_every=10)),
-    "class": (dict(d_model=128, n_layer=4, n_head=4, seq_len=256, block_size=64),
+    "class": (dict(d_model=128, n_layer=4, n_head=4, seq_len=256, block_size=64,
+                   segment_size=64, n_chapters=257, chapter_len=16, top_k=8),
               dict(steps=600, batch_size=16, lr=3e-3, warmup_steps=30, eval_every=100,
                    eval_batches=8, log_every=10)),
-    "gpu": (dict(d_model=384, n_layer=8, n_head=6, seq_len=1024, block_size=128),
+    "gpu": (dict(d_model=384, n_layer=8, n_head=6, seq_len=1024, block_size=128,
+                 segment_size=256, n_chapters=4097, chapter_len=64, top_k=64,
+                 routing_window=128),
             dict(steps=5000, batch_size=32, lr=1e-3, warmup_steps=200, eval_every=250,
                  eval_batches=20, log_every=25, corpus="wikitext-103")),
 }

@@ -39,7 +39,7 @@ from blockmem_lite.runtime import autocast_context, synchronize
 # --------------------------------------------------------------------------------------
 
 FLOP_ARCHS = ("dense", "block_local", "bcmt", "cat", "armt", "moc")
-DECODE_FLOP_ARCHS = ("dense", "block_local", "bcmt", "cat")   # families with decode=True
+DECODE_FLOP_ARCHS = ("dense", "block_local", "bcmt", "cat", "armt")   # with decode=True
 TRAIN_FLOP_FACTOR = 3  # forward + backward = 3 x forward (backward = 2 x forward)
 
 
@@ -184,18 +184,63 @@ def armt_layer_flops(d_model: int, segment_len: int, n_mem_tokens: int, d_mem: i
     return layer + read + write
 
 
-def moc_extra_flops(d_model: int, n_chapters: int, top_k: int, chapter_len: int) -> float:
-    """What a MoC memory layer adds: ``2·d·n_chapters + 4·d² + 4·d·(k+1)·T_ch`` per token.
+def armt_decode_layer_flops(d_model: int, segment_len: int, n_mem_tokens: int,
+                            d_mem: int) -> float:
+    """ARMT layer, one decoding step, averaged over a segment of S tokens:
+    ``24·d² + 2·d·(S + 1) + 14·d·d_mem + (m/S)·[26·d² + 2·d·(2S + m + 1) + 40·d·d_mem]``.
 
-    Router, W_Q and W_O, and the read over the shared + k routed chapters of
-    ``chapter_len`` tokens each (non-causal, 4·d per key).
+    A segment token at in-segment position p attends to p + 1 cached keys
+    (4·d each; the mean over p = 0..S-1 is 2·d·(S + 1)) and reads the memory
+    (14·d·d_mem). Once per segment the m memory tokens run through the cache
+    to write: token j sees S + j + 1 keys (mean 4·d·S + 2·d·(m + 1)), reads,
+    and writes (2·d² + 26·d·d_mem), amortised over the S tokens. This is the
+    steady state past the first segment: it does not depend on the context.
+    """
+    _positive("d_model", d_model)
+    _positive("segment_len", segment_len)
+    _non_negative("n_mem_tokens", n_mem_tokens)
+    _positive("d_mem", d_mem)
+    d, s, m = d_model, segment_len, n_mem_tokens
+    token = layer_matmul_flops(d) + 2.0 * d * (s + 1) + 14.0 * d * d_mem
+    write = 26.0 * d * d + 2.0 * d * (2 * s + m + 1) + 40.0 * d * d_mem
+    return token + (m / s) * write
+
+
+def armt_memory_flops(d_model: int, segment_len: int, n_mem_tokens: int, d_mem: int,
+                      decode: bool = False) -> float:
+    """The memory path inside ``armt_layer_flops`` (or ``armt_decode_layer_flops``), per token:
+    ``14·d·d_mem + (m/S)·(2·d² + 26·d·d_mem)`` (decode: ``40·d·d_mem`` in the write term,
+    since the m memory tokens also read). An unwrapped layer costs the ARMT layer minus this.
+    """
+    _positive("d_model", d_model)
+    _positive("segment_len", segment_len)
+    _non_negative("n_mem_tokens", n_mem_tokens)
+    _positive("d_mem", d_mem)
+    d, per_write = d_model, (40.0 if decode else 26.0) * d_model * d_mem
+    return 14.0 * d * d_mem + (n_mem_tokens / segment_len) * (2.0 * d * d + per_write)
+
+
+def moc_extra_flops(d_model: int, n_chapters: int, top_k: int, chapter_len: int,
+                    route_every: int = 1) -> float:
+    """What a MoC memory layer adds per token:
+    ``4·d² + 4·d·(k+1)·T_ch + [2·d·n_chapters + 4·d²·(k+1)·T_ch] / route_every``.
+
+    W_Q and W_O on every token (4·d²), the non-causal read over the shared + k
+    routed chapters of ``chapter_len`` tokens (4·d per key), and, once per
+    routing decision of ``route_every`` tokens (the routing window R, or T for
+    the paper's per-sequence routing; 1 = per-token routing), the router and the
+    K/V projection of the (k+1)·T_ch gathered memory tokens. PERFORMANCE.md's
+    shorter formula charges the router per token and omits that projection,
+    which dominates at kit scale when routes are short (R = 32).
     """
     _positive("d_model", d_model)
     _positive("n_chapters", n_chapters)
     _positive("top_k", top_k)
     _positive("chapter_len", chapter_len)
-    return (2.0 * d_model * n_chapters + 4.0 * d_model * d_model
-            + 4.0 * d_model * (top_k + 1) * chapter_len)
+    _positive("route_every", route_every)
+    read_tokens = (top_k + 1) * chapter_len
+    per_route = 2.0 * d_model * n_chapters + 4.0 * d_model * d_model * read_tokens
+    return 4.0 * d_model * d_model + 4.0 * d_model * read_tokens + per_route / route_every
 
 
 def lm_head_flops(d_model: int, vocab_size: int) -> float:
@@ -222,16 +267,17 @@ def model_flops_per_token(arch: str, *, d_model: int, n_layer: int, seq_len: int
                           d_mem: int | None = None,
                           n_chapters: int | None = None, top_k: int | None = None,
                           chapter_len: int | None = None, n_memory_layers: int | None = None,
-                          ) -> float:
+                          route_every: int = 1) -> float:
     """Forward FLOPs per token of a whole model: ``n_layer · layer (+ extras) + head``.
 
     ``arch`` is a FLOP-model family (``FLOP_ARCHS``), not a registry name:
     dense; block_local (``block_len``); cat (``chunk_size``, optional
     ``d_decoder`` and ``compressor_layers``, default max(1, n_layer // 4); the
     W_f projection is added once and the head is at decoder width); armt
-    (``segment_len``, ``n_mem_tokens``, ``d_mem``); moc (dense layers plus
-    ``n_memory_layers`` × ``moc_extra_flops``). ``decode=True`` gives one
-    decoding step at context ``seq_len`` (the ``DECODE_FLOP_ARCHS``).
+    (``segment_len``, ``n_mem_tokens``, ``d_mem``; ``n_memory_layers`` wrapped
+    layers, default all, the others pay no read or write); moc (dense layers plus
+    ``n_memory_layers`` × ``moc_extra_flops``, one route per ``route_every``
+    tokens). ``decode=True`` gives one decoding step at context ``seq_len`` (the ``DECODE_FLOP_ARCHS``).
     Window sizes are capped at ``seq_len`` (a block longer than the sequence
     is the whole sequence).
     """
@@ -264,12 +310,21 @@ def model_flops_per_token(arch: str, *, d_model: int, n_layer: int, seq_len: int
                  + cat_projection_flops(d_model, head_width))
     elif arch == "armt":
         _require(arch, segment_len=segment_len, n_mem_tokens=n_mem_tokens, d_mem=d_mem)
-        total = n_layer * armt_layer_flops(d_model, min(segment_len, seq_len), n_mem_tokens, d_mem)
+        segment = segment_len if decode else min(segment_len, seq_len)
+        layer = (armt_decode_layer_flops(d_model, segment, n_mem_tokens, d_mem) if decode
+                 else armt_layer_flops(d_model, segment, n_mem_tokens, d_mem))
+        wrapped = n_layer if n_memory_layers is None else n_memory_layers
+        if isinstance(wrapped, bool) or not isinstance(wrapped, int) or not 0 <= wrapped <= n_layer:
+            raise ValueError(f"n_memory_layers={n_memory_layers!r} is not allowed for arch='armt':"
+                             f" expected None (all layers) or 0..n_layer={n_layer}")
+        total = n_layer * layer - (n_layer - wrapped) * armt_memory_flops(
+            d_model, segment, n_mem_tokens, d_mem, decode=decode)
     else:
         _require(arch, n_chapters=n_chapters, top_k=top_k, chapter_len=chapter_len,
                  n_memory_layers=n_memory_layers)
         total = (n_layer * dense_layer_flops(d_model, seq_len)
-                 + n_memory_layers * moc_extra_flops(d_model, n_chapters, top_k, chapter_len))
+                 + n_memory_layers * moc_extra_flops(d_model, n_chapters, top_k, chapter_len,
+                                                     min(route_every, seq_len)))
     if include_head:
         total += lm_head_flops(head_width, vocab_size)
     return total
@@ -448,6 +503,26 @@ def make_decode_step(model, batch: int, context_len: int, *, n_calls: int, burst
     return step
 
 
+def make_infer_step(model, batch: int, seq_len: int, *, precision: str = "fp32",
+                    seed: int = 0) -> Callable[[], object]:
+    """Inference over a (batch, seq_len) random prompt, no grad; each call returns the state.
+
+    ``model.stream(prompt)`` where the model has one (ARMT: constant memory,
+    last logits only), else ``model.prefill(prompt, max_len=seq_len)`` (dense:
+    a KV cache of exactly seq_len slots, and the prompt's logits).
+    """
+    device = model.device
+    prompt = random_tokens(batch, seq_len, model.cfg.vocab_size, device, seed)
+    stream = getattr(model, "stream", None)
+
+    def step():
+        model.eval()
+        with torch.no_grad(), autocast_context(device, precision):
+            return stream(prompt)[1] if stream else model.prefill(prompt, max_len=seq_len)[1]
+
+    return step
+
+
 # --------------------------------------------------------------------------------------
 # Memory
 # --------------------------------------------------------------------------------------
@@ -529,7 +604,7 @@ class RssReading:
         return self.peak_bytes - self.base_bytes
 
 
-RSS_PHASES = ("train", "decode")
+RSS_PHASES = ("train", "decode", "infer")
 _CHILD_CODE = "from blockmem_lite.metrics import _rss_child_main; _rss_child_main()"
 
 
@@ -551,10 +626,11 @@ def peak_rss_subprocess(spec: dict, timeout: float = 600.0) -> RssReading:
 
     ``spec``: ``model`` (ModelConfig fields as a dict), ``phase`` ("train":
     forward+backward steps; "decode": prefill of ``seq_len`` tokens then
-    decoding steps), ``batch``, ``seq_len``, and optionally ``steps`` (2),
-    ``burst`` (decode steps per call, 1), ``threads``, ``seed`` (0). The child
-    runs on the CPU in fp32. The peak includes the interpreter + torch
-    baseline (hundreds of MiB); ``RssReading.delta_bytes`` removes it.
+    decoding steps; "infer": ``make_infer_step`` calls), ``batch``,
+    ``seq_len``, and optionally ``steps`` (2), ``burst`` (decode steps per
+    call, 1), ``threads``, ``seed`` (0). The child runs on the CPU in fp32.
+    The peak includes the interpreter + torch baseline (hundreds of MiB);
+    ``RssReading.delta_bytes`` removes it.
     """
     _check_rss_spec(spec)
     package_root = str(Path(__file__).resolve().parent.parent)
@@ -596,6 +672,8 @@ def _rss_child_main() -> None:
     base = max_rss_bytes()
     if spec["phase"] == "train":
         step = make_train_step(model, spec["batch"], spec["seq_len"], seed=seed)
+    elif spec["phase"] == "infer":
+        step = make_infer_step(model, spec["batch"], spec["seq_len"], seed=seed)
     else:
         step = make_decode_step(model, spec["batch"], spec["seq_len"], n_calls=steps,
                                 burst=int(spec.get("burst", 1)), seed=seed)

@@ -14,10 +14,14 @@ it for each of the K answers of a row, in position order, next to
 Special tokens sit at the top of the vocabulary (``special_ids``): with the
 byte vocabulary (256) they are bytes 0xFC-0xFF, which never occur in UTF-8
 text, so task tokens and text never collide. Task content uses the ids below them.
+
+``facts`` is different: a table of entity -> attribute facts to pretrain on and
+a recall probe whose answers are never in the context (knowledge in weights).
 """
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Callable
@@ -320,3 +324,150 @@ def accuracy_vs_distance(model, make_batch: Callable[[int], TaskBatch], distance
         rows.append({"distance": distance, "accuracy": task_accuracy(model, batch, batch_size),
                      "n_answers": batch.n_answers, "task": batch.meta.get("task")})
     return rows
+
+
+# --- facts: entity -> attribute knowledge, for knowledge retention and forgetting ------------
+FACT_RELATIONS = {                  # relation -> its possible values (all FACT_VALUE_LEN bytes)
+    "colour": ("amber", "azure", "coral", "ivory", "khaki", "lilac", "mauve", "ochre", "olive",
+               "peach", "sepia", "taupe"),
+    "city": ("Accra", "Cairo", "Delhi", "Hanoi", "Kyoto", "Lagos", "Milan", "Osaka", "Paris",
+             "Perth", "Quito", "Seoul", "Sofia", "Tunis"),
+    "pet": ("camel", "eagle", "gecko", "horse", "koala", "llama", "moose", "otter", "panda",
+            "raven", "sheep", "sloth", "tiger", "zebra"),
+    "food": ("apple", "bagel", "bread", "curry", "dates", "grape", "honey", "lemon", "mango",
+             "melon", "pasta", "pizza", "salad", "sushi", "toast"),
+}
+FACT_VALUE_LEN = 5
+_NAME_CONSONANTS = "bdfgklmnprstvz"
+_NAME_VOWELS = "aeiou"
+_MAX_ENTITIES = 10_000
+
+
+@dataclass(frozen=True)
+class Facts:
+    """A fixed table of facts, one line each: ``"<Entity>'s <relation> is <value>."``.
+
+    Entities are invented 6-letter names, values come from ``FACT_RELATIONS``
+    (5 letters each). Text is ASCII, so byte ids are the tokens. Pretrain on
+    ``text`` / ``windows`` (the facts in shuffled order), then ask
+    ``recall_probe``: the value must come from the weights, never the context.
+    """
+
+    entities: tuple[str, ...]
+    relations: tuple[str, ...]
+    values: tuple[tuple[str, ...], ...]      # values[entity][relation]
+    seed: int
+
+    @property
+    def n_facts(self) -> int:
+        return len(self.entities) * len(self.relations)
+
+    def fact(self, index: int) -> tuple[str, str, str]:
+        """(entity, relation, value) of fact ``index`` (entity-major order)."""
+        e, r = divmod(index, len(self.relations))
+        return self.entities[e], self.relations[r], self.values[e][r]
+
+    def line(self, index: int) -> str:
+        entity, relation, value = self.fact(index)
+        return f"{entity}'s {relation} is {value}."
+
+    def lines(self) -> list[str]:
+        return [self.line(i) for i in range(self.n_facts)]
+
+    def text(self, repeats: int = 1, seed: int | None = None) -> str:
+        """Every fact ``repeats`` times, each pass in a new shuffled order, one per line."""
+        check_int("repeats", repeats, 1)
+        rng = random.Random(self.seed if seed is None else seed)
+        passes = []
+        for _ in range(repeats):
+            lines = self.lines()
+            rng.shuffle(lines)
+            passes.append("\n".join(lines) + "\n")
+        return "".join(passes)
+
+    def windows(self, seq_len: int, repeats: int, seed: int | None = None):
+        """``text(repeats, seed)`` as next-token windows: a Dataset of (x (T,), y (T,))."""
+        from blockmem_lite.corpora import LMWindows, encode, pack_windows
+
+        return LMWindows(pack_windows(encode(self.text(repeats, seed)), seq_len))
+
+    def recall_probe(self, seq_len: int, *, n: int | None = None, seed: int = 0) -> TaskBatch:
+        """Ask the first ``n`` facts (default all): one row each, targets = the value bytes.
+
+        One row (T = seq_len)::
+
+            ...other facts...\\n Bodaki's colour is amber.
+                                                ^^^^^ answers: the 5 value bytes
+
+        The context before the question is other facts (never the asked one),
+        so only knowledge stored in the model can answer. ``meta["distances"]``:
+        from the entity's first byte to each answer byte; ``meta["facts"]``
+        (N, 2): (entity index, relation index) of each row.
+        """
+        n = self.n_facts if n is None else n
+        check_int("n", n, 1)
+        if n > self.n_facts:
+            raise ValueError(f"n={n} is not allowed: expected 1 <= n <= {self.n_facts} "
+                             "(the number of facts)")
+        check_int("seed", seed, 0)
+        longest = max(len(line) for line in self.lines())
+        check_int("seq_len", seq_len, longest)
+        rng = random.Random(seed)
+        rows, positions, distances = [], [], []
+        for index in range(n):
+            line = self.line(index)
+            start = seq_len + 1 - len(line)
+            rows.append(self._context(index, start, rng) + line)
+            entity, relation, _ = self.fact(index)
+            first_value = start + len(f"{entity}'s {relation} is ")
+            answers = [first_value + j - 1 for j in range(FACT_VALUE_LEN)]      # input positions
+            positions.append(answers)
+            distances.append([a + 1 - start for a in answers])
+        seq = torch.tensor([list(row.encode("ascii")) for row in rows], dtype=torch.long)
+        facts = torch.tensor([divmod(i, len(self.relations)) for i in range(n)])
+        meta = {"task": "facts_recall", "facts": facts, "relations": self.relations,
+                "seed": seed, "facts_seed": self.seed, "vocab_size": 256}
+        return _task_batch(seq, torch.tensor(positions), torch.tensor(distances), meta)
+
+    def _context(self, asked: int, length: int, rng: random.Random) -> str:
+        """``length`` characters of other facts' lines, ending with a newline."""
+        if length == 0:
+            return ""
+        chosen, size = [], 0
+        while size < length:
+            other = rng.randrange(self.n_facts - 1)
+            line = self.line(other + (other >= asked))        # any fact but the asked one
+            chosen.append(line + "\n")
+            size += len(line) + 1
+        return "".join(reversed(chosen))[-length:]
+
+
+def _invented_names(n: int, rng: random.Random) -> tuple[str, ...]:
+    """``n`` distinct capitalised consonant-vowel names of 3 syllables (6 letters)."""
+    names: dict[str, None] = {}
+    while len(names) < n:
+        name = "".join(rng.choice(_NAME_CONSONANTS) + rng.choice(_NAME_VOWELS) for _ in range(3))
+        names[name.capitalize()] = None
+    return tuple(names)
+
+
+def facts(n_entities: int, *, relations=tuple(FACT_RELATIONS), seed: int = 0) -> Facts:
+    """A deterministic table of ``n_entities`` x ``len(relations)`` facts (see ``Facts``).
+
+    Each (entity, relation) gets a value drawn uniformly from that relation's
+    values in ``FACT_RELATIONS``; the same seed always gives the same table.
+    """
+    check_int("n_entities", n_entities, 2)
+    if n_entities > _MAX_ENTITIES:
+        raise ValueError(f"n_entities={n_entities} is not allowed: expected 2 <= n_entities <= "
+                         f"{_MAX_ENTITIES}")
+    relations = (relations,) if isinstance(relations, str) else tuple(relations)
+    unknown = [r for r in relations if r not in FACT_RELATIONS]
+    if unknown or not relations or len(set(relations)) != len(relations):
+        raise ValueError(f"relations={relations!r} is not allowed: expected distinct names from "
+                         f"{', '.join(FACT_RELATIONS)}")
+    check_int("seed", seed, 0)
+    rng = random.Random(seed)
+    entities = _invented_names(n_entities, rng)
+    values = tuple(tuple(rng.choice(FACT_RELATIONS[r]) for r in relations) for _ in entities)
+    return Facts(entities, relations, values, seed)

@@ -54,7 +54,7 @@ CHECKPOINT_FORMAT = "blockmem_lite.checkpoint/1"
 PRINT_INTERVAL_S = 2.0           # the default progress printer writes at most one line per 2 s
 
 STEP_KEYS = ("step", "total_steps", "loss", "ce_loss", "aux_loss", "lr", "grad_norm",
-             "tokens_per_s", "memory_bytes", "memory_method", "elapsed_s", "eta_s")
+             "tokens_per_s", "memory_bytes", "memory_method", "elapsed_s", "eta_s", "extras")
 EVAL_KEYS = ("step", "total_steps", "val_loss", "elapsed_s")
 
 
@@ -74,6 +74,7 @@ class History:
     elapsed_s: list = field(default_factory=list)
     val_step: list = field(default_factory=list)
     val_loss: list = field(default_factory=list)
+    extras: dict = field(default_factory=dict)         # name -> per-step values (ModelOutput.extras)
     memory_method: str = ""
     total_steps: int = 0
     interrupted: bool = False
@@ -82,6 +83,8 @@ class History:
         for name in ("step", "loss", "ce_loss", "aux_loss", "lr", "grad_norm", "tokens_per_s",
                      "memory_bytes", "elapsed_s"):
             getattr(self, name).append(rec[name])
+        for name, value in rec.get("extras", {}).items():
+            self.extras.setdefault(name, []).append(value)
         self.memory_method = rec["memory_method"]
 
     def append_eval(self, rec: dict) -> None:
@@ -92,6 +95,8 @@ class History:
         out = {}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
+            if isinstance(value, dict):
+                value = {k: list(v) for k, v in value.items()}
             out[f.name] = list(value) if isinstance(value, list) else value
         return out
 
@@ -617,9 +622,11 @@ class Trainer:
         grad_norm = self._clip_gradients()
         ce = out.ce_loss if out.ce_loss is not None else out.loss
         aux = out.aux_loss if out.aux_loss is not None else torch.zeros_like(out.loss)
-        loss_v, ce_v, aux_v, norm_v = torch.stack(
+        extras = out.extras or {}
+        loss_v, ce_v, aux_v, norm_v, *extra_v = torch.stack(
             [out.loss.detach().float(), ce.detach().float(), aux.detach().float(),
-             grad_norm.float()]).tolist()                                  # one host sync
+             grad_norm.float(), *(torch.as_tensor(v, device=out.loss.device).detach().float()
+                                  for v in extras.values())]).tolist()     # one host sync
         if not (math.isfinite(loss_v) and math.isfinite(norm_v)):
             self._fail_non_finite(loss_v, norm_v, total)
         self._mid_update = True
@@ -633,7 +640,8 @@ class Trainer:
                "aux_loss": aux_v, "lr": lr, "grad_norm": norm_v,
                "tokens_per_s": x.numel() / seconds, "memory_bytes": memory,
                "memory_method": method, "elapsed_s": clock.elapsed(),
-               "eta_s": clock.eta(self.step, total)}
+               "eta_s": clock.eta(self.step, total),
+               "extras": dict(zip(extras, extra_v, strict=True))}
         self.history.append_step(rec)
         self._emit("on_step", rec)
 
@@ -763,6 +771,9 @@ def _cli_parser() -> argparse.ArgumentParser:
 
 
 def _parse_value(text: str):
+    """'3' -> 3, '1e-3' -> 0.001, 'true' -> True, 'none' -> None, '4,8,16' -> (4, 8, 16)."""
+    if "," in text:
+        return tuple(_parse_value(part) for part in text.split(",") if part.strip())
     lowered = text.strip().lower()
     if lowered in ("true", "false"):
         return lowered == "true"

@@ -230,3 +230,12 @@ def test_generation_stops_with_a_clear_error_past_the_chunk_index_table():
     with pytest.raises(ValueError, match="generation past"):
         for _ in range(4):
             model.step(torch.tensor([1]), state)
+
+
+def test_train_cli_parses_chunk_sizes_into_a_tuple():
+    from blockmem_lite.train import _parse_value
+
+    assert _parse_value("4,8,16,32") == (4, 8, 16, 32)
+    assert _parse_value("8,") == (8,)
+    cfg = preset("tiny", arch="cat", chunk_sizes=_parse_value("2,4,8"), chunk_size=4)
+    assert build_model(cfg).chunk_sizes == (2, 4, 8)

@@ -65,7 +65,10 @@ def test_cat_armt_moc_head_formulas():
     armt = ((1 + m / s) * (24 * d**2 + 2 * d * (s + m)) + 14 * d * dm
             + (m / s) * (2 * d**2 + 26 * d * dm))
     assert M.armt_layer_flops(d, s, m, dm) == pytest.approx(armt)
-    assert M.moc_extra_flops(d, 17, 2, 8) == 2 * d * 17 + 4 * d**2 + 4 * d * 3 * 8
+    per_route = 2 * d * 17 + 4 * d**2 * 3 * 8                  # router + K/V of 3 chapters
+    assert M.moc_extra_flops(d, 17, 2, 8) == 4 * d**2 + 4 * d * 3 * 8 + per_route
+    assert M.moc_extra_flops(d, 17, 2, 8, route_every=32) == pytest.approx(
+        4 * d**2 + 4 * d * 3 * 8 + per_route / 32)
     assert M.lm_head_flops(d, 256) == 2 * d * 256
 
 
@@ -254,7 +257,7 @@ def test_peak_rss_subprocess_reads_a_fresh_process():
 
 def test_peak_rss_subprocess_errors_are_clear():
     with pytest.raises(ValueError, match="phase"):
-        M.peak_rss_subprocess({"model": {}, "phase": "infer", "batch": 1, "seq_len": 8})
+        M.peak_rss_subprocess({"model": {}, "phase": "generate", "batch": 1, "seq_len": 8})
     with pytest.raises(ValueError, match="batch"):
         M.peak_rss_subprocess({"model": {}, "phase": "train", "batch": 0, "seq_len": 8})
     bad_model = {"model": {"d_model": 30, "n_head": 4}, "phase": "train", "batch": 1,

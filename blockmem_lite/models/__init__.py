@@ -1,6 +1,6 @@
 """Model zoo: one module per mechanism, all behind ``LanguageModel`` and ``build_model``."""
 
-from blockmem_lite.models import bcmt, cat, dense  # noqa: F401  (importing registers the archs)
+from blockmem_lite.models import armt, bcmt, cat, dense, moc  # noqa: F401  (importing registers the archs)
 from blockmem_lite.models.base import (
     IGNORE_INDEX,
     LanguageModel,

@@ -62,6 +62,7 @@ class ModelOutput:
     loss: torch.Tensor | None = None     # scalar: cross-entropy + aux_loss
     aux_loss: torch.Tensor | None = None  # scalar: auxiliary terms already in loss (0 if none)
     ce_loss: torch.Tensor | None = None  # scalar: the language-model cross-entropy alone
+    extras: dict | None = None           # named scalars reported apart, e.g. MoC's lb_loss
 
 
 class State(abc.ABC):
