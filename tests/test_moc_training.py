@@ -95,3 +95,23 @@ def test_a_dense_run_has_empty_extras():
     cfg = preset("tiny", seq_len=16, steps=2, batch_size=2, warmup_steps=1)
     history = _trainer(cfg).fit()
     assert history.extras == {}
+
+
+def test_bank_gradient_is_bit_reproducible_with_several_threads():
+    """The gather's backward must sum repeated chapters in a fixed order (index_select),
+    or two identical multi-threaded CPU runs drift apart."""
+    from blockmem_lite.models.moc import gather_chapters
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        grads = []
+        for _ in range(4):
+            torch.manual_seed(0)
+            bank = torch.randn(257 * 16, 64, requires_grad=True)
+            ids = torch.randint(0, 257, (64, 9))                # many repeats of each chapter
+            (gather_chapters(bank, ids, 16) * torch.randn(64, 9 * 16, 64)).sum().backward()
+            grads.append(bank.grad)
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(grads[0], g) for g in grads[1:])

@@ -145,8 +145,11 @@ def gather_chapters(bank: torch.Tensor, chapter_ids: torch.Tensor,
 
     Chapter c is bank rows c * chapter_len ... c * chapter_len + chapter_len - 1.
     """
-    chapters = bank.view(-1, chapter_len, bank.shape[-1])[chapter_ids]  # (..., n, L, D)
-    return chapters.flatten(-3, -2)
+    table = bank.view(-1, chapter_len, bank.shape[-1])                   # (C, L, D)
+    # index_select, not table[chapter_ids]: its backward sums repeated rows in a fixed
+    # order, so multi-threaded CPU training is reproducible (advanced indexing is not)
+    chapters = torch.index_select(table, 0, chapter_ids.reshape(-1))
+    return chapters.view(*chapter_ids.shape[:-1], -1, bank.shape[-1])   # (..., n*L, D)
 
 
 def token_weights(weights: torch.Tensor, chapter_len: int) -> torch.Tensor:
