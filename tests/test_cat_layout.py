@@ -87,3 +87,19 @@ def test_per_chunk_attention_checks_the_length():
     q = torch.randn(1, 1, 7, 4)
     with pytest.raises(ValueError, match="slots is not allowed"):
         per_chunk_attention(q, q, q, 2, 4)
+
+
+def test_per_chunk_strategies_agree_with_the_masked_reference():
+    from blockmem_lite.masks import cat_mask
+    from blockmem_lite.models.cat import per_chunk_attention
+    from blockmem_lite.nn import reference_attention
+
+    for k, c, sep in [(1, 1, False), (3, 4, False), (5, 2, True), (4, 8, True)]:
+        s = n_slots(k, c, sep)
+        q, key, v = torch.randn(3, 2, 3, s, 8, dtype=torch.float64).unbind(0)
+        expected, _ = reference_attention(q, key, v, mask=cat_mask(k, c, sep))
+        for strategy in ("copy", "split", "auto"):
+            got = per_chunk_attention(q, key, v, k, c, sep, strategy=strategy)
+            assert torch.allclose(got, expected, atol=1e-12), (k, c, sep, strategy)
+    with pytest.raises(ValueError, match="strategy='flash' is not allowed"):
+        per_chunk_attention(q, key, v, 4, 8, True, strategy="flash")

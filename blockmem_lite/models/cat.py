@@ -109,15 +109,26 @@ def interleave(tokens: torch.Tensor, compressed: torch.Tensor, head: torch.Tenso
     return torch.cat([body, groups[:, k]], dim=1)                          # (B, S, D)
 
 
+PER_CHUNK_STRATEGIES = ("auto", "copy", "split")
+COPY_BUDGET_BYTES = 2 ** 29      # "auto" copies the chunk vectors per group below this size
+
+
 def per_chunk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_chunks: int,
-                        chunk_size: int, separator: bool = False) -> torch.Tensor:
+                        chunk_size: int, separator: bool = False,
+                        strategy: str = "auto") -> torch.Tensor:
     """Attention under ``masks.cat_mask`` without an S x S mask (PERFORMANCE.md's fast form).
 
     q, k, v: (B, H, S, hd) in interleaved slot order -> (B, H, S, hd). Slots are
-    grouped (the closing group is padded to W); each group's queries attend to
-    the compressed slots of all groups (those after their own masked) and to the
-    other slots of their own group, causally: keys per group G + W - 1 instead of
-    S, so the work is O(S * (K + C)) rather than O(S^2), and SDPA stays 4-D.
+    grouped (the closing group padded to W); a query sees the G compressed slots
+    (those of later groups masked) and the other W - 1 slots of its own group
+    (causally): G + W - 1 keys instead of S, O(S (K + C)) work, not O(S^2).
+
+    ``strategy``: ``copy`` gives every group its own key list (the chunk
+    vectors copied per group) and runs one batched SDPA, fastest while the
+    copies are small; ``split`` scores the chunk vectors and the own group
+    separately and joins them in one softmax, with no copies: its memory stays
+    O(S (K + C)) when small chunks make K large. ``auto`` picks ``copy`` while
+    the copied keys and values fit in ``COPY_BUDGET_BYTES``.
     """
     b, h, s, hd = q.shape
     width = group_width(chunk_size, separator)
@@ -125,21 +136,54 @@ def per_chunk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_chu
     if s != n_slots(n_chunks, chunk_size, separator):
         raise ValueError(f"sequence of {s} slots is not allowed: n_chunks={n_chunks}, "
                          f"chunk_size={chunk_size} give {n_slots(n_chunks, chunk_size, separator)}")
+    if strategy not in PER_CHUNK_STRATEGIES:
+        raise ValueError(f"strategy={strategy!r} is not allowed: expected one of "
+                         f"{', '.join(PER_CHUNK_STRATEGIES)}")
+    if strategy == "auto":
+        copied = 2 * b * h * groups * (groups + width) * hd * q.element_size()
+        strategy = "copy" if copied <= COPY_BUDGET_BYTES else "split"
     pad = groups * width - s
     q, k, v = (F.pad(t, (0, 0, 0, pad)).view(b, h, groups, width, hd) for t in (q, k, v))
-    # keys of group g: every compressed slot (g_0 .. g_K), then its own other W - 1 slots
-    keys = torch.cat([k[:, :, None, :, 0].expand(b, h, groups, groups, hd), k[:, :, :, 1:]], 3)
-    values = torch.cat([v[:, :, None, :, 0].expand(b, h, groups, groups, hd), v[:, :, :, 1:]], 3)
     g = torch.arange(groups, device=q.device)
     offset = torch.arange(width, device=q.device)
-    sees_compressed = (g[None, :] <= g[:, None])[:, None, :].expand(groups, width, groups)
+    sees_vector = g[None, :] <= g[:, None]                                  # (G, G)
     sees_own = offset[1:][None, :] <= offset[:, None]                       # (W, W-1)
-    mask = torch.cat([sees_compressed, sees_own.expand(groups, width, width - 1)], 2)
+    if strategy == "copy":
+        out = _attend_with_copies(q, k, v, sees_vector, sees_own)
+    else:
+        out = _attend_split(q, k, v, sees_vector, sees_own)
+    return out.reshape(b, h, groups * width, hd)[:, :, :s]
+
+
+def _attend_with_copies(q, k, v, sees_vector, sees_own) -> torch.Tensor:
+    """Each group's keys = all chunk vectors ++ its own slots; one SDPA. (B, H, G, W, hd)"""
+    b, h, groups, width, hd = q.shape
+    keys = torch.cat([k[:, :, None, :, 0].expand(b, h, groups, groups, hd), k[:, :, :, 1:]], 3)
+    values = torch.cat([v[:, :, None, :, 0].expand(b, h, groups, groups, hd), v[:, :, :, 1:]], 3)
+    mask = torch.cat([sees_vector[:, None, :].expand(groups, width, groups),
+                      sees_own.expand(groups, width, width - 1)], 2)        # (G, W, G+W-1)
     out = F.scaled_dot_product_attention(
         q.reshape(b, h * groups, width, hd), keys.reshape(b, h * groups, -1, hd),
-        values.reshape(b, h * groups, -1, hd),
-        attn_mask=mask.repeat(h, 1, 1))                                     # (B, H*G, W, hd)
-    return out.view(b, h, groups * width, hd)[:, :, :s]
+        values.reshape(b, h * groups, -1, hd), attn_mask=mask.repeat(h, 1, 1))
+    return out.view(b, h, groups, width, hd)
+
+
+def _attend_split(q, k, v, sees_vector, sees_own) -> torch.Tensor:
+    """Scores to the chunk vectors and to the own group, one softmax over both. (B,H,G,W,hd)
+
+    The chunk-vector products run on (B, H, G*W, .) views: a broadcast batched
+    matmul against (B, H, 1, G, hd) would copy the vectors once per group.
+    """
+    b, h, groups, width, hd = q.shape
+    q = q * hd ** -0.5
+    k_vec, v_vec = k[:, :, :, 0], v[:, :, :, 0]                            # (B, H, G, hd)
+    to_vectors = (q.reshape(b, h, groups * width, hd) @ k_vec.transpose(-2, -1)).view(
+        b, h, groups, width, groups).masked_fill(~sees_vector[:, None, :], float("-inf"))
+    to_own = (q @ k[..., 1:, :].transpose(-2, -1)).masked_fill(
+        ~sees_own, float("-inf"))                                           # (B, H, G, W, W-1)
+    weights = torch.cat([to_vectors, to_own], dim=-1).softmax(dim=-1)
+    from_vectors = weights[..., :groups].reshape(b, h, groups * width, groups) @ v_vec
+    return from_vectors.view(b, h, groups, width, hd) + weights[..., groups:] @ v[..., 1:, :]
 
 
 class Compressor(nn.Module):
