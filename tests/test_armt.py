@@ -414,3 +414,15 @@ def test_bench_runs_armt_variants_with_ceilings():
     decode = {r["variant"]: r["state_bytes"] for r in armt if r["phase"] == "decode"}
     assert decode["S=8"] < decode["S=16"]                 # the cache holds one segment (+ P)
     assert math.isfinite(sum(r["tokens_per_s"] for r in armt))
+
+
+@pytest.mark.parametrize("layers", [None, (1,)])
+def test_a3_layer_major_loop_equals_the_segment_loop(layers):
+    """A3: running layer by layer (each layer over all segments) gives the same logits."""
+    model = _model(memory_layers=layers)
+    x = torch.randint(0, 256, (2, 3 * S + 5))                        # a short last segment
+    expected = model(x).logits
+    assert torch.allclose(model.run_layer_major(x), expected, atol=1e-10)
+    # teeth: the memory matters here, so a loop that dropped it would differ
+    without = torch.cat([model(x[:, i:i + S]).logits for i in range(0, x.shape[1], S)], 1)
+    assert (without - expected).abs().max() > 1e-6

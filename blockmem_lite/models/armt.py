@@ -423,6 +423,33 @@ class ARMT(LanguageModel):
                         memory[i] = layer.write(x[:, n:], memory[i])
         return self.backbone.head(self.backbone.norm(x[:, :n])), memory
 
+    def run_layer_major(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The same maths in the other loop order (MECHANISMS.md 2.7, A3): layer by layer,
+        each layer running every segment in turn with its own memory. tokens (B, T) ->
+        logits (B, T, V), equal to ``forward``'s.
+
+        Possible because a layer's memory depends only on that layer's inputs: this is
+        the order of the "inner loop" variant, which puts the segment loop inside each
+        wrapped layer of an unchanged model.
+        """
+        check_tokens(tokens, self.cfg.vocab_size)
+        b = tokens.shape[0]
+        segments = list(tokens.split(self.segment_size, dim=1))
+        memory_tokens = self.memory_tokens.expand(b, -1, -1)
+        xs = [torch.cat([self.backbone.embed(seg), memory_tokens.to(self.backbone.embed.weight.dtype)],
+                        dim=1) for seg in segments]                          # (B, n_s + M, D)
+        for i, block in enumerate(self.backbone.blocks):
+            layer, memory = self.memory_layer(i), None
+            for s, x in enumerate(xs):
+                if layer is not None and memory is not None:
+                    x = x + layer.read(x, memory)
+                x = block(x, torch.arange(x.shape[1], device=x.device), None)
+                if layer is not None:
+                    memory = layer.write(x[:, -self.n_mem_tokens:], memory)
+                xs[s] = x
+        return torch.cat([self.backbone.head(self.backbone.norm(x[:, :seg.shape[1]]))
+                          for x, seg in zip(xs, segments, strict=True)], dim=1)
+
     # --- generation ------------------------------------------------------------------------
     def new_state(self, batch: int) -> ARMTState:
         """Empty memory and one cache of segment_size + n_mem_tokens slots per layer."""
