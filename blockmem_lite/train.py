@@ -47,7 +47,7 @@ from blockmem_lite.runtime import (
     seed_everything,
     synchronize,
 )
-from blockmem_lite.units import human_duration, human_memory, human_rate
+from blockmem_lite.units import format_progress
 
 CHECKPOINT_NAME = "checkpoint.pt"
 CHECKPOINT_FORMAT = "blockmem_lite.checkpoint/1"
@@ -167,34 +167,6 @@ def _check_callbacks(callbacks) -> list:
             raise ValueError(f"callbacks entry {cb!r} is not allowed: a callback needs at least one "
                              "of the methods on_step, on_eval, on_end")
     return out
-
-
-# --- formatting --------------------------------------------------------------------------------
-def format_progress(rec: dict) -> str:
-    """One readable line for a step record or an eval record (missing keys are skipped)."""
-    total = rec.get("total_steps")
-    width = len(str(total)) if total else 1
-    parts = [f"step {rec.get('step', '?'):>{width}}/{total}" if total else f"step {rec.get('step')}"]
-    if "val_loss" in rec:
-        parts.append(f"val_loss {rec['val_loss']:.4f}")
-    if "loss" in rec:
-        parts.append(f"loss {rec['loss']:.4f}")
-    if rec.get("aux_loss"):
-        parts.append(f"aux {rec['aux_loss']:.4f}")
-    if "lr" in rec:
-        parts.append(f"lr {rec['lr']:.2e}")
-    if "tokens_per_s" in rec:
-        parts.append(human_rate(rec["tokens_per_s"]))
-    if "memory_bytes" in rec:
-        parts.append("mem " + human_memory(rec["memory_bytes"], rec.get("memory_method")))
-    timing = []
-    if "elapsed_s" in rec:
-        timing.append(f"{human_duration(rec['elapsed_s'])} elapsed")
-    if "eta_s" in rec:
-        timing.append(f"eta {human_duration(rec['eta_s'])}")
-    if timing:
-        parts.append(", ".join(timing))
-    return " | ".join(parts)
 
 
 # --- schedule and optimizer ----------------------------------------------------------------

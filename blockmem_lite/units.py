@@ -98,3 +98,30 @@ def memory_label(method: str | None) -> str:
 def human_memory(n, method: str | None) -> str:
     """A reading and how it was taken: ``412 MiB RSS``, ``1.2 GiB CUDA peak``."""
     return f"{human_bytes(n)} {memory_label(method)}".rstrip()
+
+
+def format_progress(rec: dict) -> str:
+    """One readable line for a step record or an eval record (missing keys are skipped)."""
+    total = rec.get("total_steps")
+    width = len(str(total)) if total else 1
+    parts = [f"step {rec.get('step', '?'):>{width}}/{total}" if total else f"step {rec.get('step')}"]
+    if "val_loss" in rec:
+        parts.append(f"val_loss {rec['val_loss']:.4f}")
+    if "loss" in rec:
+        parts.append(f"loss {rec['loss']:.4f}")
+    if rec.get("aux_loss"):
+        parts.append(f"aux {rec['aux_loss']:.4f}")
+    if "lr" in rec:
+        parts.append(f"lr {rec['lr']:.2e}")
+    if "tokens_per_s" in rec:
+        parts.append(human_rate(rec["tokens_per_s"]))
+    if "memory_bytes" in rec:
+        parts.append("mem " + human_memory(rec["memory_bytes"], rec.get("memory_method")))
+    timing = []
+    if "elapsed_s" in rec:
+        timing.append(f"{human_duration(rec['elapsed_s'])} elapsed")
+    if "eta_s" in rec:
+        timing.append(f"eta {human_duration(rec['eta_s'])}")
+    if timing:
+        parts.append(", ".join(timing))
+    return " | ".join(parts)

@@ -21,10 +21,10 @@ from blockmem_lite.train import (
     History,
     Trainer,
     evaluate,
-    format_progress,
     lr_at,
     main,
 )
+from blockmem_lite.units import format_progress
 
 SEQ = 16
 CONTRACT_STEP_KEYS = {"step", "total_steps", "loss", "ce_loss", "aux_loss", "lr", "tokens_per_s",

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from blockmem_lite.masks import block_causal_mask, causal_mask
-from blockmem_lite.train import format_progress
+from blockmem_lite.units import format_progress
 
 go = pytest.importorskip("plotly.graph_objects")
 

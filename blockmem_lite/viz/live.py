@@ -31,8 +31,7 @@ import sys
 import time
 from typing import Callable
 
-from blockmem_lite.train import format_progress
-from blockmem_lite.units import human_duration, human_memory, human_rate
+from blockmem_lite.units import format_progress, human_duration, human_memory, human_rate
 
 MODES = ("auto", "widget", "text")
 HEADLESS_ENV = "BLOCKMEM_HEADLESS"
