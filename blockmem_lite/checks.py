@@ -18,9 +18,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 import torch
 
-# Config fields whose value is a block / segment / chunk length: their
-# boundaries are where causal mechanisms most often leak, so they are probed.
-BOUNDARY_FIELDS = ("block_size", "segment_size", "chunk_size", "chunk_sizes", "routing_window")
+from blockmem_lite import registry
 
 
 class CheckFailed(AssertionError):
@@ -172,9 +170,12 @@ def check_true(condition, message: str, detail: str = "") -> None:
 
 
 def _block_sizes(model, block_sizes) -> list[int]:
+    """The lengths whose boundaries to probe: given, or the mechanism's ``boundary_fields``."""
     if block_sizes is None:
         cfg = getattr(model, "cfg", None)
-        found = [getattr(cfg, f) for f in BOUNDARY_FIELDS if cfg is not None and hasattr(cfg, f)]
+        arch = getattr(cfg, "arch", None)
+        fields = registry.get(arch).boundary_fields if arch in registry.names() else ()
+        found = [getattr(cfg, f) for f in fields]
         block_sizes = [s for v in found for s in (v if isinstance(v, (list, tuple)) else [v])]
     elif isinstance(block_sizes, int):
         block_sizes = [block_sizes]

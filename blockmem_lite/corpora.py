@@ -40,8 +40,8 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from blockmem_lite.config import check_int
-from blockmem_lite.tokenizer import ByteTokenizer
+from blockmem_lite.tokenizer import ByteTokenizer, get_tokenizer
+from blockmem_lite.validation import check_int
 
 CORPUS_NAMES = ("offline", "pydoc", "longrange", "wikitext-2", "wikitext-103", "files")
 WIKITEXT_REPO = "Salesforce/wikitext"
@@ -492,13 +492,14 @@ def make_loaders(run_cfg, corpus: Corpus | str | None = None, tokenizer=None, *,
                  allow_fallback: bool = False) -> tuple[DataLoader, DataLoader]:
     """(train_loader, val_loader) of (x, y) int64 batches, both (B, T), T = run_cfg.model.seq_len.
 
-    corpus: a Corpus, a corpus name, or None for ``run_cfg.train.corpus``.
+    corpus: a Corpus, a corpus name, or None for ``run_cfg.train.corpus``; tokenizer:
+    None for ``get_tokenizer(run_cfg.train.tokenizer)`` (bytes unless set).
     The train loader shuffles with a generator seeded by ``run_cfg.train.seed``
     and drops the last partial batch; the validation loader keeps the order
     and runs in the main process. Workers (``num_workers``) get one thread each.
     """
     model_cfg, train_cfg = run_cfg.model, run_cfg.train
-    tokenizer = tokenizer or ByteTokenizer()
+    tokenizer = tokenizer or get_tokenizer(train_cfg.tokenizer)
     if tokenizer.vocab_size > model_cfg.vocab_size:
         raise ValueError(f"vocab_size={model_cfg.vocab_size} is not allowed: the tokenizer has "
                          f"{tokenizer.vocab_size} ids; expected vocab_size >= "

@@ -15,29 +15,31 @@
   interrupts at once. A ``KeyboardInterrupt`` raised anywhere in the loop (for
   instance by a callback) is handled the same way.
 * Device: ``runtime.pick_device`` (cuda > mps > cpu); bf16 autocast only on CUDA.
+* Orchestration lives here too: ``train_curriculum`` (stages of growing data,
+  ARMT's 2 -> 4 -> 8 segments) and ``load_model`` (a checkpoint's model, e.g.
+  to wrap it). The command line is ``cli.py``.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import math
 import os
 import random
 import signal
-import sys
 import threading
 import time
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable, Sequence
 
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, default_collate
 
-from blockmem_lite.config import PRESET_NAMES, ModelConfig, RunConfig, TrainConfig, preset
+from blockmem_lite.config import ModelConfig, RunConfig, TrainConfig
 from blockmem_lite.models.base import IGNORE_INDEX, build_model
 from blockmem_lite.runtime import (
     autocast_context,
@@ -677,7 +679,7 @@ class Trainer:
             return {**self.run_cfg.to_dict(), "train": dataclasses.asdict(self.cfg)}
         model_cfg = getattr(self.model, "cfg", None)
         if isinstance(model_cfg, ModelConfig):
-            return {"preset": "custom", "model": dataclasses.asdict(model_cfg),
+            return {"preset": "custom", "model": model_cfg.to_dict(),
                     "train": dataclasses.asdict(self.cfg)}
         return None
 
@@ -724,127 +726,58 @@ class _Clock:
         return mean_step * max(0, total - step)
 
 
-# --- command line ----------------------------------------------------------------------------
-def _cli_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m blockmem_lite train",
-        description="Train a model from a preset; writes checkpoint.pt and history.json to --out.")
-    p.add_argument("--preset", choices=PRESET_NAMES, default="class",
-                   help="model + training preset (default: class)")
-    p.add_argument("--arch", default=None, help="architecture (default: the preset's)")
-    p.add_argument("--steps", type=int, default=None, help="total optimizer steps")
-    p.add_argument("--corpus", default=None, help="corpus name (default: the preset's)")
-    p.add_argument("--out", default=None, help="output folder (default: runs/PRESET_ARCH)")
-    p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
-    p.add_argument("--device", default=None, help="auto, cpu, cuda, cuda:N or mps")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override any ModelConfig/TrainConfig field (repeatable)")
-    return p
+# --- orchestration: staged training, models from checkpoints --------------------------------
+def train_curriculum(model: torch.nn.Module, stages: Sequence[int] = (2, 4, 8), *,
+                     make_data: Callable[[int], tuple], train_cfg,
+                     steps_per_stage: int | Sequence[int], callbacks=(),
+                     checkpoint_dir: str | Path | None = None) -> list:
+    """Train in stages of growing data (e.g. ARMT's 2 -> 4 -> 8 segments), each stage starting
+    from the last one's weights.
+
+    ``make_data(n_segments) -> (train_data, val_data)`` (val may be None) builds a
+    stage's data, e.g. sequences of n_segments * segment_size tokens.
+    ``train_cfg``: a TrainConfig (or RunConfig) whose steps / checkpoint_dir are
+    replaced per stage.
+    ``steps_per_stage``: one count for all stages or one per stage. Each stage
+    gets a fresh optimiser and LR schedule (a new ``train.Trainer``); with
+    ``checkpoint_dir`` stage k is saved to ``<dir>/stage{k}_{n}seg/checkpoint.pt``.
+    An interrupted stage ends the curriculum. Returns one History per stage run.
+    """
+    train_cfg = getattr(train_cfg, "train", train_cfg)          # a RunConfig's TrainConfig
+    stages = list(stages)
+    if not stages or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in stages):
+        raise ValueError(f"stages={stages!r} is not allowed: expected a non-empty list of "
+                         "segment counts >= 1, e.g. (2, 4, 8)")
+    steps = [steps_per_stage] * len(stages) if isinstance(steps_per_stage, int) \
+        else list(steps_per_stage)
+    if len(steps) != len(stages) or any(isinstance(s, bool) or not isinstance(s, int) or s < 1
+                                        for s in steps):
+        raise ValueError(f"steps_per_stage={steps_per_stage!r} is not allowed: expected an "
+                         f"integer >= 1 or one per stage ({len(stages)} stages)")
+    if not callable(make_data):
+        raise ValueError(f"make_data={make_data!r} is not allowed: expected a function "
+                         "n_segments -> (train_data, val_data)")
+    histories = []
+    for k, (n_segments, n_steps) in enumerate(zip(stages, steps, strict=True)):
+        folder = (str(Path(checkpoint_dir) / f"stage{k}_{n_segments}seg")
+                  if checkpoint_dir is not None else None)
+        cfg = dataclasses.replace(train_cfg, steps=n_steps, checkpoint_dir=folder)
+        train_data, val_data = make_data(n_segments)
+        history = Trainer(model, cfg, train_data, val_data, callbacks).fit(n_steps)
+        histories.append(history)
+        if history.interrupted:
+            break
+    return histories
 
 
-def _parse_value(text: str):
-    """'3' -> 3, '1e-3' -> 0.001, 'true' -> True, 'none' -> None, '4,8,16' -> (4, 8, 16)."""
-    if "," in text:
-        return tuple(_parse_value(part) for part in text.split(",") if part.strip())
-    lowered = text.strip().lower()
-    if lowered in ("true", "false"):
-        return lowered == "true"
-    if lowered in ("none", "null"):
-        return None
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text
-
-
-def _cli_overrides(args) -> dict:
-    overrides = {}
-    for item in args.overrides:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise ValueError(f"--set {item!r} is not allowed: expected KEY=VALUE, e.g. --set lr=1e-3")
-        overrides[key.strip()] = _parse_value(value)
-    explicit = {"arch": args.arch, "steps": args.steps, "corpus": args.corpus,
-                "device": args.device}
-    overrides.update({k: v for k, v in explicit.items() if v is not None})
-    return overrides
-
-
-def _sample_text(model, dataset, device: torch.device) -> str:
-    """Continue the first 16 tokens of ``dataset[0]`` by 80 sampled tokens."""
-    prompt = dataset[0][0][:16][None].to(device)                          # (1, 16)
-    gen = torch.Generator(device=device).manual_seed(0)
-    out = model.generate(prompt, 80, temperature=0.8, top_k=20, generator=gen)[0].cpu()
-    if getattr(model.cfg, "vocab_size", None) != 256:
-        return f"{out[:16].tolist()} -> {out[16:].tolist()}"
-    from blockmem_lite.tokenizer import ByteTokenizer
-
-    tok = ByteTokenizer()
-    return f"{tok.decode(out[:16])!r} -> {tok.decode(out[16:])!r}"
-
-
-def _model_mismatch(ckpt: dict, run_cfg: RunConfig) -> list[str]:
-    stored = (ckpt.get("run_config") or {}).get("model", {})
-    wanted = dataclasses.asdict(run_cfg.model)
-    return [f"{k}={stored.get(k)!r} (checkpoint) vs {v!r} (this command)"
-            for k, v in wanted.items() if k in stored and stored[k] != v]
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m blockmem_lite train ...``; returns the exit status."""
-    try:
-        args = _cli_parser().parse_args(argv)
-    except SystemExit as exit_:            # --help (0) or a bad argument (2, message printed)
-        return exit_.code if isinstance(exit_.code, int) else 2
-    try:
-        run_cfg = preset(args.preset, **_cli_overrides(args))
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    out = Path(args.out or f"runs/{run_cfg.preset}_{run_cfg.model.arch}")
-    ckpt_path = out / CHECKPOINT_NAME
-    if args.resume and not ckpt_path.is_file():
-        print(f"error: --resume needs {ckpt_path}, which does not exist", file=sys.stderr)
-        return 2
-    if not args.resume and ckpt_path.exists():
-        print(f"error: {ckpt_path} exists; pass --resume to continue it or choose another --out",
-              file=sys.stderr)
-        return 2
-    run_cfg = run_cfg.replace(checkpoint_dir=str(out))
-
-    from blockmem_lite.corpora import CorpusUnavailable, make_loaders
-
-    try:
-        train_loader, val_loader = make_loaders(run_cfg)
-        trainer = Trainer(build_model(run_cfg), run_cfg.train, train_loader, val_loader,
-                          run_cfg=run_cfg)
-        if args.resume:
-            ckpt = load_checkpoint_file(ckpt_path)
-            mismatch = _model_mismatch(ckpt, run_cfg)
-            if mismatch:
-                raise ValueError("--resume with a different model is not allowed: "
-                                 + "; ".join(mismatch))
-            trainer._restore(ckpt)
-    except (ValueError, CorpusUnavailable) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    n_params = sum(p.numel() for p in trainer.model.parameters())
-    verb = f"resuming at step {trainer.step}" if args.resume else "training"
-    print(f"{verb}: {run_cfg.model.arch} ({n_params / 1e6:.2f}M params), preset {run_cfg.preset}, "
-          f"{run_cfg.train.steps} steps of {run_cfg.train.batch_size}x{run_cfg.model.seq_len} "
-          f"tokens on {trainer.device}; output in {out}", flush=True)
-    try:
-        history = trainer.fit()
-    except FloatingPointError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    history.save_json(out / "history.json")
-    if trainer.val_dataset is not None:
-        val = (history.val_loss[-1] if history.val_step and history.val_step[-1] == trainer.step
-               else trainer.evaluate())
-        print(f"final val loss {val:.4f} at step {trainer.step}")
-    print(f"wrote {ckpt_path} and {out / 'history.json'}")
-    print(f"sample: {_sample_text(trainer.model, trainer.train_dataset, trainer.device)}")
-    return 130 if history.interrupted else 0
+def load_model(path, device: str | None = None) -> torch.nn.Module:
+    """The model stored in a Trainer checkpoint at ``path``, rebuilt from its run config and
+    with its weights loaded (e.g. to wrap a pretrained dense model: ``ARMT.wrap(load_model(p))``)."""
+    ckpt = load_checkpoint_file(path)
+    run = ckpt.get("run_config")
+    if run is None:
+        raise ValueError(f"checkpoint {path} stores no run config, so its model cannot be "
+                         "rebuilt: build the model yourself, then load_state_dict(ckpt['model'])")
+    model = build_model(ModelConfig.from_dict(run["model"]))
+    model.load_state_dict(ckpt["model"])
+    return model.to(pick_device(device)) if device else model

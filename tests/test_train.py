@@ -13,6 +13,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from blockmem_lite import build_model, preset
+from blockmem_lite.cli import train_main as main
 from blockmem_lite.runtime import pick_device
 from blockmem_lite.train import (
     EVAL_KEYS,
@@ -22,7 +23,6 @@ from blockmem_lite.train import (
     Trainer,
     evaluate,
     lr_at,
-    main,
 )
 from blockmem_lite.units import format_progress
 

@@ -12,48 +12,33 @@ the architecture:
 * ``generate(prompt, max_new_tokens, ...)`` built on prefill/step.
 * ``State.nbytes()`` reports the bytes the decoding state holds, so cache
   memory is comparable across mechanisms.
+
+Which class serves which ``arch`` is the registry's business (``registry.py``):
+each mechanism module registers a ``Mechanism`` naming its model class.
 """
 
 from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-IGNORE_INDEX = -100
-
-_REGISTRY: dict[str, Callable] = {}
-
-
-def register(*names: str):
-    """Class decorator: make ``build_model`` know this architecture by ``names``."""
-
-    def wrap(cls):
-        for name in names:
-            _REGISTRY[name] = cls
-        return cls
-
-    return wrap
+from blockmem_lite import registry
+from blockmem_lite.tokenizer import IGNORE_INDEX
 
 
 def available_archs() -> list[str]:
-    import blockmem_lite.models  # noqa: F401  (importing registers the built-in models)
-
-    return sorted(_REGISTRY)
+    """Every registered architecture (built-in, plugins, installed entry points)."""
+    return registry.names()
 
 
 def build_model(cfg) -> LanguageModel:
     """Build the model for ``cfg`` (a ModelConfig, or a RunConfig whose ``.model`` is used)."""
     model_cfg = getattr(cfg, "model", cfg)
-    archs = available_archs()
-    if model_cfg.arch not in _REGISTRY:
-        raise ValueError(f"arch={model_cfg.arch!r} is not allowed: known architectures are "
-                         f"{', '.join(archs)}")
-    return _REGISTRY[model_cfg.arch](model_cfg)
+    return registry.get(model_cfg.arch).model(model_cfg)
 
 
 @dataclass

@@ -40,15 +40,61 @@ so the decoding state is constant in the context length.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from blockmem_lite.flops import layer_matmul_flops, lm_head_flops
 from blockmem_lite.masks import block_causal_mask
-from blockmem_lite.models.base import State, check_tokens, register
+from blockmem_lite.models.base import State, check_tokens
 from blockmem_lite.models.dense import DenseLM
 from blockmem_lite.nn import MLP, KVCache, RMSNorm, SelfAttention, attention, reference_attention
+from blockmem_lite.registry import BenchOption, Mechanism, Options, register
 from blockmem_lite.trace import is_tracing, record, scope
+from blockmem_lite.validation import (
+    check_bool,
+    check_float,
+    check_int,
+    check_positive,
+    fail,
+    parse_int_list,
+)
+
+# --- options ---------------------------------------------------------------------------
+
+@dataclass
+class HOnlyOptions(Options):
+    """The block-local model: dense causal attention inside blocks, nothing between them."""
+
+    block_size: int = field(default=64, metadata={
+        "help": "L: tokens per block (the tail is padded)"})
+
+    def validate(self, cfg) -> None:
+        check_int("block_size", self.block_size, 1)
+        if self.block_size > cfg.seq_len:
+            fail("block_size", self.block_size,
+                 f"must be between 1 and seq_len={cfg.seq_len} (the context)")
+
+
+@dataclass
+class BCMTOptions(HOnlyOptions):
+    """HOnly's blocks plus the normalised exponential-decay block memory."""
+
+    alpha: float = field(default=0.8, metadata={
+        "help": "decay of the exponential block memory (the paper fixes 0.8)"})
+    memory: bool = field(default=True, metadata={
+        "help": "False = the HOnly ablation inside a BCMT model (no block memory)"})
+    learn_alpha: bool = field(default=False, metadata={
+        "help": "exercises only: make alpha a learned parameter"})
+
+    def validate(self, cfg) -> None:
+        super().validate(cfg)
+        check_float("alpha", self.alpha, 0.0, 1.0)
+        check_bool("memory", self.memory)
+        check_bool("learn_alpha", self.learn_alpha)
+
 
 # --- the memory maths as pure functions (tests and notebooks use them) -------------------
 
@@ -276,9 +322,8 @@ class BCMTState(State):
         return [t for layer in self.layers for t in layer.tensors()]
 
 
-@register("bcmt", "honly")
 class BCMTLM(DenseLM):
-    """The dense stack with BCMT layers; ``arch="honly"`` or ``memory=False`` = HOnly."""
+    """The dense stack with BCMT layers; ``memory=False`` (or ``HOnlyLM``) = HOnly."""
 
     def __init__(self, cfg):
         super().__init__(cfg)
@@ -286,8 +331,12 @@ class BCMTLM(DenseLM):
             if layer.has_memory:
                 nn.init.zeros_(layer.memory_proj.weight)   # a fresh BCMT == HOnly
 
+    @property
+    def uses_memory(self) -> bool:
+        return self.cfg.memory
+
     def build_block(self, index: int) -> nn.Module:
-        return BCMTLayer(self.cfg, memory=self.cfg.memory and self.cfg.arch != "honly")
+        return BCMTLayer(self.cfg, memory=self.uses_memory)
 
     def _run_blocks(self, tokens: torch.Tensor, reference: bool = False,
                     summaries_out: list | None = None) -> torch.Tensor:
@@ -344,3 +393,77 @@ class BCMTLM(DenseLM):
             x = layer.step(x, state.position, layer_state)
         state.position += 1
         return self.head(self.norm(x))[:, -1], state
+
+
+class HOnlyLM(BCMTLM):
+    """The HOnly ablation (``arch="honly"``): BCMT's blocks without the memory."""
+
+    @property
+    def uses_memory(self) -> bool:
+        return False
+
+
+# --- FLOP model, bench variants, registration ---------------------------------------------
+
+def block_local_layer_flops(d_model: int, block_size: int) -> float:
+    """Block-local causal layer (BCMT, HOnly): ``24·d² + 2·L·d`` per token.
+
+    The summary/decay term is negligible and left out, as in PERFORMANCE.md.
+    Per token this is also the average cost of decoding inside a block.
+    """
+    check_positive("block_size", block_size)
+    return layer_matmul_flops(d_model) + 2.0 * block_size * d_model
+
+
+def bcmt_layer_flops(d_model: int, block_size: int, seq_len: int) -> float:
+    """BCMT layer: block-local attention plus the memory path, per token.
+
+    ``24·d² + 2·L·d`` (block-local) ``+ 2·d²`` (gate on U; the gate's P half, the
+    memory projection W_p and the summary pooling cost ``4·d²/L + 4·d`` per token)
+    ``+ 2·N·d/L`` (the N x N decay mix over N = T/L summaries). The gate is not
+    negligible: it is the kit's design choice (MECHANISMS.md 1.2 step 6) and
+    costs about 8% of the layer, which lowers BCMT's ceiling below block-local's.
+    """
+    local = block_local_layer_flops(d_model, block_size)
+    check_positive("seq_len", seq_len)
+    n_blocks = -(-seq_len // block_size)
+    memory_path = (2.0 * d_model ** 2 + 4.0 * d_model ** 2 / block_size + 4.0 * d_model
+                   + 2.0 * n_blocks * d_model / block_size)
+    return local + memory_path
+
+
+def flops_per_token(cfg, seq_len: int, decode: bool = False) -> float:
+    """Forward FLOPs per token of a BCMT / HOnly config (decoding costs the same per token:
+    a block of cache at most). A block longer than the sequence is the whole sequence."""
+    block = min(cfg.block_size, seq_len)
+    with_memory = getattr(cfg, "memory", False)
+    layer = (bcmt_layer_flops(cfg.d_model, block, seq_len) if with_memory
+             else block_local_layer_flops(cfg.d_model, block))
+    return cfg.n_layer * layer + lm_head_flops(cfg.d_model, cfg.vocab_size)
+
+
+BLOCK_SIZE_OPTION = BenchOption("--block-size", "64,128",
+                                "block sizes L for bcmt / honly (comma-separated)")
+
+
+def bench_variants(options: dict) -> list[tuple[str, dict]]:
+    """``--block-size 64,128`` -> [("L=64", {"block_size": 64}), ...]."""
+    return [(f"L={n}", {"block_size": n})
+            for n in parse_int_list("--block-size", options["block_size"])]
+
+
+PRESET_SIZES = {"tiny": {"block_size": 8}, "fast": {"block_size": 16},
+                "class": {"block_size": 64}, "gpu": {"block_size": 128}}
+
+register(Mechanism(
+    name="bcmt", model=BCMTLM, options=BCMTOptions, flops=flops_per_token,
+    summary="blockwise causal memory: block-local attention + a decayed memory of block "
+            "summaries, shifted one block and gated into every token",
+    presets=PRESET_SIZES, bench_options=(BLOCK_SIZE_OPTION,), bench_variants=bench_variants,
+    trace_keys=("layer*.attn_weights", "layer*.decay_weights", "layer*.summary_weights",
+                "layer*.memory", "layer*.gate"), boundary_fields=("block_size",)))
+register(Mechanism(
+    name="honly", model=HOnlyLM, options=HOnlyOptions, flops=flops_per_token,
+    summary="the HOnly ablation of BCMT: block-local attention, no memory between blocks",
+    presets=PRESET_SIZES, bench_options=(BLOCK_SIZE_OPTION,), bench_variants=bench_variants,
+    trace_keys=("layer*.attn_weights",), boundary_fields=("block_size",)))
