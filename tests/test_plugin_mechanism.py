@@ -7,6 +7,7 @@ and errors, the Trainer, ``bench`` (in process, through the CLI and in a fresh p
 names it.
 """
 
+import fnmatch
 import json
 import subprocess
 import sys
@@ -63,7 +64,8 @@ class WindowOptions(Options):
 
 
 class WindowBlock(Block):
-    """A pre-norm block whose attention sees only the last ``window`` positions."""
+    """A pre-norm block whose attention sees only the last ``window`` positions (the window
+    mask is the whole rule: it includes causality, so ``causal=False``)."""
 
     def __init__(self, cfg, peek: int = 0):
         super().__init__(cfg.d_model, cfg.n_head, cfg.mlp_ratio, cfg.rope_base, cfg.norm_eps)
@@ -72,7 +74,7 @@ class WindowBlock(Block):
     def forward(self, x, positions=None, cache=None, reference=False):
         kv_len = x.shape[1] + (cache.length if cache is not None else 0)
         mask = window_mask(x.shape[1], kv_len, self.window, x.device, self.peek)
-        return super().forward(x, positions, cache, reference, mask=mask)
+        return super().forward(x, positions, cache, reference, mask=mask, causal=False)
 
 
 class SlidingWindowLM(DenseLM):
@@ -180,8 +182,6 @@ def test_trace_records_the_declared_keys():
     model = _model()
     with trace(model) as t:
         model(_tokens(16), reference=True)
-    import fnmatch
-
     for pattern in SWA.trace_keys:
         assert fnmatch.filter(t.records, pattern), pattern
     weights = t["layer0.attn_weights"]                  # (B, H, T, T): nothing beyond W
@@ -297,7 +297,8 @@ def test_bad_plugin_files_are_clear_errors(tmp_path, source, message):
 
 def test_plugin_cli_errors_exit_2(tmp_path, capsys):
     assert bench_main(["--plugin", str(tmp_path / "missing.py")]) == 2
-    assert "plugin=" in capsys.readouterr().err and "expected an existing .py file"
+    err = capsys.readouterr().err
+    assert "plugin=" in err and "expected an existing .py file" in err
     assert train_main(["--plugin", str(tmp_path / "missing.py")]) == 2
 
 
