@@ -169,8 +169,9 @@ class BenchContext:
     progress: bool
 
     # --- models ---------------------------------------------------------------------------
-    def entry(self, arch: str, seq_len: int, variant: str = "", overrides: dict | None = None,
-              ) -> Entry:
+    def entry(self, arch: str, seq_len: int, variant: str = "",
+              overrides: dict | None = None) -> Entry:
+        """One model under test: ``arch`` at ``seq_len`` with the run's shared sizes."""
         overrides = dict(overrides or {})
         return Entry(arch, variant, overrides,
                      ModelConfig(arch, **{**self.base, "seq_len": seq_len, **overrides}))

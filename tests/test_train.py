@@ -437,6 +437,9 @@ def test_lr_values_are_finite_everywhere():
     (["--preset", "tiny", "--set", "bogus=1"], "bogus=1 is not allowed"),
     (["--preset", "tiny", "--set", "lr"], "expected KEY=VALUE"),
     (["--preset", "tiny", "--steps", "0"], "steps=0 is not allowed"),
+    (["--preset", "tiny", "--set", "block_size=8"], "an option of bcmt, honly"),
+    (["--preset", "tiny", "--set", "tokenizer=no-such/tokenizer"],
+     "not in the local Hugging Face cache"),
 ])
 def test_cli_rejects_bad_arguments(argv, message, capsys, tmp_path):
     assert main([*argv, "--out", str(tmp_path)]) == 2
