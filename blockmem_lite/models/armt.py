@@ -12,8 +12,9 @@ K = 6 d_mem feature width):
 3. WRITE from the layer's memory-token outputs m_i, all M in parallel against
    the OLD state: ``k = phi(W_K m)``, ``v = W_V m``, ``beta = sigmoid(w_beta m)``,
    ``v_bar = (k A)/(k . z + eps)``, ``gamma = clip(1 - (k . z + eps)/|k|^2, 0, 1)``
-   (stop-gradient), ``A += sum_i beta_i k_i (v_i - v_bar_i)^T``,
-   ``z += sum_i gamma_i k_i``. The first write (empty memory) uses v_bar = 0, gamma = 1.
+   (stop-gradient; ``|k|^2 + eps`` with ``normalize_phi=False``),
+   ``A += sum_i beta_i k_i (v_i - v_bar_i)^T``, ``z += sum_i gamma_i k_i``. The
+   first write (empty memory) uses v_bar = 0, gamma = 1.
 
 ``phi`` is DPFP with nu = 3: ``r = [relu(u); relu(-u)]``,
 ``phi(u) = [r * roll(r, 1); r * roll(r, 2); r * roll(r, 3)]``, L2-normalised
@@ -37,6 +38,10 @@ partial one with a KV cache, reading from the fixed memory.
   gating, no sink token and no sliding window to the previous segment;
 * ``correction=False`` sets gamma = 1 (as the code's flag does); v_bar is always
   subtracted (the delta rule);
+* gamma follows each code version exactly: with ``normalize_phi=True`` (the
+  newer code) ``1 - (k . z + eps) / |k|^2``; with ``normalize_phi=False`` (the
+  2024 code) ``1 - (k . z + eps) / (|k|^2 + eps)``. The two differ only through
+  that eps, which is negligible for unit keys but not for small raw keys;
 * P ~ N(0, std of the token-embedding matrix) (the older code), W_Q and W_K ~
   N(0, init_std), w_beta ~ N(0, init_std) with bias 0 (beta = 0.5 at first);
 * A and z in fp32 (fp64 when the model is fp64), also under bf16 autocast;
@@ -66,6 +71,10 @@ callable as ``block(x, positions, cache)``), ``norm``, ``head``, ``cfg`` (a
 ModelConfig) and ``new_state(batch, capacity)`` with ``.caches`` (one
 ``nn.KVCache`` per block): the kit's ``DenseLM`` (``backbone="dense"``) or
 ``HFBackbone`` around a Hugging Face Llama model (``backbone="hf"``).
+
+``reference_forward(model, tokens)`` writes the segment loop, READ and WRITE
+out one equation per line (kit backbones); tests check that it equals the
+fast forward.
 """
 
 from __future__ import annotations
@@ -186,37 +195,45 @@ def associative_read(q_phi: torch.Tensor, A: torch.Tensor, z: torch.Tensor,
     return num / den
 
 
-def novelty(k_phi: torch.Tensor, z: torch.Tensor, eps: float = EPS) -> torch.Tensor:
-    """gamma = clip(1 - (k . z + eps) / |k|^2, 0, 1) under stop-gradient. (B, M, K) -> (B, M).
+def novelty(k_phi: torch.Tensor, z: torch.Tensor, eps: float = EPS,
+            normalized: bool = True) -> torch.Tensor:
+    """gamma, clipped to [0, 1], under stop-gradient. (B, M, K) -> (B, M).
 
+    ``normalized`` (L2-normalised keys, the newer code): ``1 - (k . z + eps) / |k|^2``.
+    ``normalized=False`` (raw DPFP keys, the 2024 code): ``1 - (k . z + eps) / (|k|^2 + eps)``,
+    the eps in the key norm too, which matters for small raw keys.
     0 for a key already fully counted in z, 1 for a key orthogonal to every
     stored one; z only grows along new directions.
     """
     seen = torch.einsum("bmk,bk->bm", k_phi, z) + eps
-    return (1 - seen / k_phi.pow(2).sum(-1)).clamp(0, 1).detach()
+    norm2 = k_phi.pow(2).sum(-1) + (0.0 if normalized else eps)
+    return (1 - seen / norm2).clamp(0, 1).detach()
 
 
 def associative_write(A: torch.Tensor | None, z: torch.Tensor | None, k_phi: torch.Tensor,
                       v: torch.Tensor, beta: torch.Tensor, correction: bool = True,
-                      eps: float = EPS) -> tuple[torch.Tensor, torch.Tensor]:
+                      eps: float = EPS, normalized: bool = True
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
     """Write M (key, value) pairs in parallel; returns the new (A, z).
 
     k_phi: (B, M, K), v: (B, M, D), beta: (B, M) write strengths. A, z = None
     means an empty memory (the first segment): v_bar = 0 and gamma = 1. Both
-    v_bar and gamma come from the OLD (A, z).
+    v_bar and gamma come from the OLD (A, z); ``normalized`` picks gamma's form
+    (see ``novelty``).
     """
-    A_new, z_new, _ = _write(A, z, k_phi, v, beta, correction, eps)
+    A_new, z_new, _ = _write(A, z, k_phi, v, beta, correction, eps, normalized)
     return A_new, z_new
 
 
-def _write(A, z, k_phi, v, beta, correction, eps):
+def _write(A, z, k_phi, v, beta, correction, eps, normalized=True):
     """``associative_write`` that also returns gamma (B, M) for the trace."""
     if A is None:
         v_bar = torch.zeros_like(v)
         gamma = torch.ones_like(k_phi[..., 0])
     else:
         v_bar = associative_read(k_phi, A, z, eps)                           # (B, M, D)
-        gamma = novelty(k_phi, z, eps) if correction else torch.ones_like(k_phi[..., 0])
+        gamma = (novelty(k_phi, z, eps, normalized) if correction
+                 else torch.ones_like(k_phi[..., 0]))
     update = torch.einsum("bmk,bmd->bkd", k_phi, beta[..., None] * (v - v_bar))  # (B, K, D)
     grow = torch.einsum("bmk,bm->bk", k_phi, gamma)                              # (B, K)
     if A is None:
@@ -276,7 +293,8 @@ class AssociativeMemoryLayer(nn.Module):
             k_phi = self.features(k)                                            # (B, M, K)
             beta = torch.sigmoid(b.to(dtype))[..., 0]                           # (B, M)
             A, z = memory if memory is not None else (None, None)
-            A, z, gamma = _write(A, z, k_phi, v.to(dtype), beta, self.correction, self.eps)
+            A, z, gamma = _write(A, z, k_phi, v.to(dtype), beta, self.correction, self.eps,
+                                 self.normalize_phi)
         record("write_key", k_phi)
         record("write_value", v)
         record("beta", beta)
@@ -568,6 +586,73 @@ def _build_backbone(cfg) -> nn.Module:
                          "ARMT.wrap(HFBackbone(hf_model), ...) (or pass model= to "
                          "Trainer.from_checkpoint)")
     return build_model(dataclasses.replace(cfg, arch=cfg.backbone))
+
+
+# --- the reference forward: MECHANISMS.md 2.2-2.3, step by step, no fast-path tricks -----
+
+def reference_forward(model: ARMT, tokens: torch.Tensor) -> torch.Tensor:
+    """ARMT logits written out equation by equation. tokens (B, T) -> (B, T, V).
+
+    The segment loop of 2.2 with the READ and WRITE of 2.3 spelled out per
+    wrapped layer; the backbone blocks run with the hand-written attention.
+    Every segment, the last one too, gets its memory tokens and writes (the
+    fast path skips that unread last write; the segment's logits cannot see
+    it). Kit backbones only (a ``DenseLM``); eval-mode maths (no dropout).
+    Tests check it equals ``model(tokens).logits``.
+    """
+    backbone = model.backbone
+    if _backbone_name(backbone) != "dense":
+        raise ValueError(f"backbone {_backbone_name(backbone)!r} is not allowed: the reference "
+                         "forward runs kit blocks (a DenseLM backbone) with reference attention")
+    b = tokens.shape[0]
+    memory: dict[int, tuple] = {}                          # layer -> (A (B, K, D), z (B, K))
+    logits = []
+    for segment in tokens.split(model.segment_size, dim=1):              # x_1 .. x_S
+        n = segment.shape[1]
+        p = model.memory_tokens.expand(b, -1, -1)                         # (B, M, D)  P
+        h = torch.cat([backbone.embed(segment), p], dim=1)                # (B, n+M, D) [E(x_s); P]
+        positions = torch.arange(h.shape[1], device=h.device)             # RoPE restarts at 0
+        for i, block in enumerate(backbone.blocks):
+            layer = model.memory_layer(i)
+            if layer is not None and i in memory:                         # 1. READ (not at s = 1)
+                h = h + _reference_read(layer, h, *memory[i])
+            h = block(h, positions, reference=True)                       # 2. LAYER, causal
+            if layer is not None:                                         # 3. WRITE from m = h[n:]
+                memory[i] = _reference_write(layer, h[:, n:], memory.get(i))
+        logits.append(backbone.head(backbone.norm(h[:, :n])))             # real tokens only
+    return torch.cat(logits, dim=1)                                       # (B, T, V)
+
+
+def _reference_read(layer: AssociativeMemoryLayer, h: torch.Tensor, A: torch.Tensor,
+                    z: torch.Tensor) -> torch.Tensor:
+    """r_t = (q_t A) / (q_t . z + eps) with q_t = phi(W_Q h_t). h (B, T, D) -> (B, T, D)."""
+    q = dpfp(h @ layer.w_q.weight.T, DPFP_NU, layer.normalize_phi)       # (B, T, K)
+    return (q @ A) / ((q @ z[..., None]) + layer.eps)                     # (B, T, D)
+
+
+def _reference_write(layer: AssociativeMemoryLayer, m: torch.Tensor, old: tuple | None):
+    """The delta-rule write of the memory-token outputs m (B, M, D) -> the new (A, z)."""
+    k = dpfp(m @ layer.w_k.weight.T, DPFP_NU, layer.normalize_phi)       # (B, M, K)  k = phi(W_K m)
+    v = m @ layer.w_v.weight.T                                            # (B, M, D)  v = W_V m
+    beta = torch.sigmoid(m @ layer.w_beta.weight.T + layer.w_beta.bias)  # (B, M, 1)  beta
+    if old is None:                                                       # empty memory (s = 1)
+        A = torch.zeros(m.shape[0], k.shape[-1], m.shape[-1], dtype=m.dtype, device=m.device)
+        z = torch.zeros(m.shape[0], k.shape[-1], dtype=m.dtype, device=m.device)
+        v_bar, gamma = torch.zeros_like(v), torch.ones_like(beta)         # v_bar = 0, gamma = 1
+    else:
+        A, z = old                                                        # the OLD state
+        k_dot_z = k @ z[..., None]                                        # (B, M, 1)  k . z
+        v_bar = (k @ A) / (k_dot_z + layer.eps)                           # (B, M, D)  stored value
+        key_norm2 = (k * k).sum(-1, keepdim=True)                         # (B, M, 1)  |k|^2
+        if not layer.normalize_phi:                                       # the 2024 code's form
+            key_norm2 = key_norm2 + layer.eps
+        gamma = (1 - (k_dot_z + layer.eps) / key_norm2).clamp(0, 1).detach()  # novelty
+        if not layer.correction:
+            gamma = torch.ones_like(gamma)
+    # (B, K, D)  A += sum_i beta_i k_i (v_i - v_bar_i)^T   (delta rule, all M in parallel)
+    A = A + k.transpose(1, 2) @ (beta * (v - v_bar))
+    z = z + (gamma * k).sum(dim=1)                          # (B, K)  z += sum_i gamma_i k_i
+    return A, z
 
 
 # --- Hugging Face adapter (optional: the ``hf`` extra) ------------------------------------

@@ -36,6 +36,10 @@ must exercise the memory path re-randomise W_p first.
 Generation keeps, per layer, a KV cache of at most one block, the (num, den)
 memory state and a streaming summary (running max, normaliser, weighted sum),
 so the decoding state is constant in the context length.
+
+``reference_forward(model, tokens)`` writes steps 1-7 out one equation per
+line (RMSNorm_s(U) materialised, the concatenated gate); tests check that it
+equals the fast forward.
 """
 
 from __future__ import annotations
@@ -401,6 +405,60 @@ class HOnlyLM(BCMTLM):
     @property
     def uses_memory(self) -> bool:
         return False
+
+
+# --- the reference forward: MECHANISMS.md 1.2, step by step, no fast-path tricks ---------
+
+def reference_forward(model: BCMTLM, tokens: torch.Tensor) -> torch.Tensor:
+    """BCMT (or HOnly) logits written out equation by equation. tokens (B, T) -> (B, T, V).
+
+    Uses the model's own parameters, plain torch ops and ``reference_attention``
+    under ``block_causal_mask``: RMSNorm_s(U) materialised, the N x N decay
+    matrix built here, the gate on the concatenation [U ; P]. Eval-mode
+    maths (no dropout). Tests check it equals ``model(tokens).logits``.
+    """
+    b, t = tokens.shape
+    block = model.cfg.block_size
+    padded = -(-t // block) * block                         # pad the tail to N * L
+    x = F.pad(model.embed(tokens), (0, 0, 0, padded - t))   # (B, N*L, D)
+    positions = torch.arange(padded, device=tokens.device)
+    for layer in model.blocks:
+        x = _reference_layer(layer, x, positions, t)
+    return model.head(model.norm(x[:, :t]))                 # (B, T, V)
+
+
+def _reference_layer(layer: BCMTLayer, x: torch.Tensor, positions: torch.Tensor,
+                     n_valid: int) -> torch.Tensor:
+    """One BCMT layer, steps 1-7 in order. x: (B, N*L, D) -> (B, N*L, D)."""
+    b, t, d = x.shape
+    size = layer.block_size
+    n = t // size
+    attn = layer.attn
+    # (B, H, T, hd)  q, k, v of RMSNorm(X), RoPE on q and k                     (step 1)
+    q, k, v = attn.project_qkv(layer.norm1(x), positions)
+    # (B, H, T, hd)  causal attention inside each block only                   (step 1)
+    y, _ = reference_attention(q, k, v, mask=block_causal_mask(t, size, x.device))
+    u = x + attn.out(attn.merge_heads(y))                    # (B, T, D)  U = X + LocalAttn
+    if not layer.has_memory:                                 # HOnly: steps 2-6 dropped
+        return u + layer.mlp(layer.norm2(u))                 # (step 7)
+    u_bar = layer.summary_norm(u)                            # (B, T, D)  Ū = RMSNorm_s(U) (step 2)
+    a = u_bar @ layer.score.weight[0] + layer.score.bias     # (B, T)     a_t = Ū_t . w_s + b_s
+    is_pad = torch.arange(t, device=x.device) >= n_valid
+    a = a.masked_fill(is_pad, float("-inf"))                 # padded tail: weight 0
+    pi = a.view(b, n, size).softmax(dim=-1)                  # (B, N, L)  pi = softmax over block
+    s = (pi[..., None] * u_bar.view(b, n, size, d)).sum(2)   # (B, N, D)  S_j = sum_t pi_t Ū_t
+    i = torch.arange(n, device=x.device)[:, None]
+    j = torch.arange(n, device=x.device)[None, :]
+    decay = torch.where(j <= i, layer.alpha ** (i - j).clamp(min=0), 0.0)  # (N, N) a^(i-j), j<=i
+    w = decay / decay.sum(dim=1, keepdim=True)               # (N, N)  rows sum to 1   (step 3)
+    m = torch.einsum("ij,bjd->bid", w.to(s.dtype), s)        # (B, N, D)  M = W S
+    m_prev = torch.cat([torch.zeros_like(m[:, :1]), m[:, :-1]], dim=1)  # M~_i = M_(i-1), M~_1 = 0
+    p = m_prev @ layer.memory_proj.weight.T                  # (B, N, D)  P = M~ W_p   (step 5)
+    p_tok = p.repeat_interleave(size, dim=1)                 # (B, T, D)  P_b(t) per token
+    gate_in = torch.cat([u, p_tok], dim=-1)                  # (B, T, 2D) [U ; P]      (step 6)
+    g = torch.sigmoid(gate_in @ layer.gate.weight.T + layer.gate.bias)  # G = sigma([U;P] W_g + b_g)
+    v_fused = u + g * p_tok                                  # (B, T, D)  V = U + G * P
+    return v_fused + layer.mlp(layer.norm2(v_fused))         # (B, T, D)  Y = V + MLP(RMSNorm(V))
 
 
 # --- FLOP model, bench variants, registration ---------------------------------------------

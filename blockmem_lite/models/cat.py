@@ -37,6 +37,10 @@ separator and bilinear resize of W_f; generation keeping only compressed past
   (RoPE 0), the leftover tokens after them (MECHANISMS.md 3.6);
 * the chunk-index table covers ``ceil(seq_len / min chunk size)`` chunks, so
   generation stops with an error past that many chunks.
+
+``reference_forward(model, tokens, chunk_size)`` builds the compressor outputs
+chunk by chunk, the interleaved sequence slot by slot and the readout token by
+token (fixed-C and multi-chunk); tests check that it equals the fast forward.
 """
 
 from __future__ import annotations
@@ -550,6 +554,71 @@ class CATLM(LanguageModel):
             state.n_chunks += 1
             state.pending = pending.new_zeros(pending.shape[0], 0)
         return self.head(self.norm(out[:, -1])), state
+
+
+# --------------------------------------------------------------------------------------
+# The reference forward: MECHANISMS.md 3.3-3.5, step by step, no fast-path tricks
+# --------------------------------------------------------------------------------------
+
+def reference_forward(model: CATLM, tokens: torch.Tensor,
+                      chunk_size: int | None = None) -> torch.Tensor:
+    """CAT logits written out step by step. tokens (B, T) -> (B, T, V).
+
+    Fixed-C and multi-chunk models: the compressor runs chunk by chunk, the
+    interleaved sequence is built slot by slot, the decoder attends under the
+    S x S ``masks.cat_mask`` with plain softmax (``reference_attention``), and
+    the readout slot of each token follows the rule in 3.4 / 3.5. Uses the
+    model's own parameters; eval-mode maths (no dropout). ``chunk_size``
+    defaults to the model's knob. Tests check it equals ``model(tokens).logits``.
+    """
+    c = model._checked_chunk_size(model.chunk_size if chunk_size is None else chunk_size)
+    b, t = tokens.shape
+    k = math.ceil(t / c)
+    padded = F.pad(tokens, (0, k * c - t))                  # (B, K*C)  tail padded with token 0
+    f = _reference_compress(model.compressor, padded.view(b, k, c), c)     # (B, K, D)  f_0..f_K-1
+    sep = model.separator                                   # (D,) multi-chunk only, else None
+    width = c + (1 if sep is None else 2)                   # W: opener (+ SEP) + C tokens
+    tokens_by_chunk = model.embed(padded).view(b, k, c, -1)  # (B, K, C, D)  E_d(x)
+    openers = [model._opener(c).expand(b, -1)] + [f[:, i] for i in range(k)]  # g_0, g_k = f_k-1
+    slots = []
+    for group in range(k + 1):                              # group k: [g_k, (SEP,) chunk k]
+        slots.append(openers[group][:, None])
+        if sep is not None:
+            slots.append(sep.expand(b, 1, -1))
+        if group < k:                                       # the last group is [f_K-1 (, SEP)]
+            slots.append(tokens_by_chunk[:, group])
+    x = torch.cat(slots, dim=1)                             # (B, S, D)  S = K*W + 1 (+1)
+    positions = torch.arange(x.shape[1], device=x.device) % width          # RoPE: n mod W
+    mask = cat_mask(k, c, sep is not None, device=x.device)                # (S, S)
+    for block in model.blocks:                              # plain softmax under the CAT mask
+        x = block(x, positions, reference=True, mask=mask, causal=False)
+    lead = width - c                                        # slots before a group's tokens
+    rows = [i // c * width + lead + i % c if i % c < c - 1  # own slot,
+            else (i // c + 1) * width + lead - 1            # last of a chunk: f_k (or its SEP)
+            for i in range(t)]
+    return model.head(model.norm(x[:, rows]))               # (B, T, V)
+
+
+def _reference_compress(compressor: Compressor, chunks: torch.Tensor, c: int) -> torch.Tensor:
+    """Each chunk on its own (3.3, 3.5). chunks (B, K, C) token ids -> f (B, K, D)."""
+    b, k, _ = chunks.shape
+    d = compressor.embed.embedding_dim
+    w_f = compressor.proj.weight                            # (D, C_max * d)
+    if c != compressor.chunk_size:                          # multi-chunk: bilinear resize of W_f
+        w_f = F.interpolate(w_f[None, None], size=(w_f.shape[0], c * d), mode="bilinear",
+                            align_corners=False)[0, 0]      # (D, C * d)
+    out = []
+    for index in range(k):
+        prefix = [compressor.chunk_pos.weight[index].expand(b, 1, d)]      # p_k = ChunkPos[k]
+        if compressor.size_token is not None:               # a_p, the chunk-size token, first
+            prefix.insert(0, compressor.size_token.weight[int(math.log2(c))].expand(b, 1, d))
+        z = torch.cat([*prefix, compressor.embed(chunks[:, index])], dim=1)  # (B, P+C, d)
+        positions = torch.arange(z.shape[1], device=z.device)              # RoPE 0..P+C-1
+        for block in compressor.blocks:                     # bidirectional attention
+            z = block(z, positions, reference=True, causal=False)
+        z = compressor.norm(z)[:, len(prefix):]             # (B, C, d)  prefix rows dropped
+        out.append(z.reshape(b, c * d) @ w_f.T)             # (B, D)  f_k = W_f vec(Z)
+    return torch.stack(out, dim=1)                          # (B, K, D)
 
 
 # --------------------------------------------------------------------------------------

@@ -54,6 +54,10 @@ the mean over the *whole* sequence (``routing="sequence"``), which looks ahead.
 
 With ``top_k = 1`` the renormalised ŵ is always 1, so the router then learns
 from the auxiliary losses only.
+
+``reference_forward(model, tokens)`` writes the routing, gather, normalise,
+weight and joint-softmax read out one equation per line; tests check that it
+equals the fast forward.
 """
 
 from __future__ import annotations
@@ -562,6 +566,76 @@ class MoCLM(DenseLM):
             else:
                 x = block(x, torch.tensor([position], device=x.device), state.caches[i])
         return self.head(self.norm(x))[:, -1], state
+
+
+# --- the reference forward: MECHANISMS.md 4.2-4.3, step by step, no fast-path tricks -----
+
+def reference_forward(model: MoCLM, tokens: torch.Tensor) -> torch.Tensor:
+    """MoC logits written out equation by equation. tokens (B, T) -> (B, T, V).
+
+    Dense blocks run with the hand-written attention; each memory block routes,
+    gathers, normalises, weights and reads its chapters window by window with
+    plain softmax (``reference_attention``). Uses the model's own parameters;
+    eval-mode maths (no dropout). Tests check it equals ``model(tokens).logits``.
+    """
+    positions = torch.arange(tokens.shape[1], device=tokens.device)
+    x = model.embed(tokens)                                                 # (B, T, D)
+    for i, block in enumerate(model.blocks):
+        if i in model.memory_layers:
+            x = _reference_memory_block(block, x, positions, model.bank)
+        else:
+            x = block(x, positions, reference=True)
+    return model.head(model.norm(x))                                        # (B, T, V)
+
+
+def _reference_route(block: MoCBlock, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Router input -> (chapter ids (B, W, k+1), weights (B, W, k+1), window length)."""
+    b, t, d = x.shape
+    if block.routing == "sequence":
+        r, window = x.mean(dim=1, keepdim=True), t                          # (B, 1, D) looks ahead
+    else:
+        window = block.window                                               # R
+        starts = range(window, t, window)                                   # windows 1, 2, ...
+        means = [x[:, :start].mean(dim=1) for start in starts]              # mean of tokens < wR
+        r = torch.stack([block.route_start.expand(b, d), *means], dim=1)    # (B, W, D)
+    # (B, W, C)  p = softmax(W_r r + b_r) over all chapters
+    p = (r @ block.router.weight.T + block.router.bias).softmax(dim=-1)
+    top_p, top_i = p[..., 1:].topk(block.top_k, dim=-1)                     # (B, W, k) routable
+    w_hat = top_p / top_p.sum(dim=-1, keepdim=True)                         # renormalised top-k
+    shared = torch.ones_like(w_hat[..., :1])
+    weights = torch.cat([shared, block.routed_scale * w_hat], -1) / (1 + block.routed_scale)
+    ids = torch.cat([torch.zeros_like(top_i[..., :1]), top_i + 1], dim=-1)  # [shared 0, routed]
+    return ids, weights, window
+
+
+def _reference_memory_block(block: MoCBlock, x: torch.Tensor, positions: torch.Tensor,
+                            bank: torch.Tensor) -> torch.Tensor:
+    """Variant A: h = x + Attn(norm(x)); h += MemRead(norm_m(h)); y = h + MLP(norm(h))."""
+    ids, weights, window = _reference_route(block, x)                       # from x entering
+    h = x + block.attn(block.norm1(x), positions, reference=True)           # (B, T, D)
+    queries = block.norm_m(h)                                               # (B, T, D)
+    read = block.memory
+    d, n_len = h.shape[-1], read.chapter_len
+    w_k, w_v = read.kv.weight.split(d, dim=0)                               # (D, D) each
+    chapters = bank.view(-1, n_len, d)                                      # (C, L_ch, D)
+    out = []
+    for w, start in enumerate(range(0, h.shape[1], window)):
+        mem = chapters[ids[:, w]]                                # (B, k+1, L_ch, D)  gather
+        rms = mem.pow(2).mean(-1, keepdim=True) + read.unit_norm.eps
+        mem = mem * torch.rsqrt(rms)                             # RMS-normalise, no gain
+        mem = (mem * weights[:, w, :, None, None]).flatten(1, 2)  # (B, M, D)  x chapter weight
+        q = _heads(queries[:, start:start + window] @ read.q.weight.T, read.n_head)  # (B,H,n,hd)
+        k = _heads(mem @ w_k.T, read.n_head)                     # (B, H, M, hd)  K, no RoPE
+        v = _heads(mem @ w_v.T, read.n_head)                     # (B, H, M, hd)  V = M~ W_V
+        o, _ = reference_attention(q, k, v)                      # one joint softmax, not causal
+        out.append(o.transpose(1, 2).flatten(2) @ read.out.weight.T)        # (B, n, D)  O W_O
+    h = h + torch.cat(out, dim=1)                                           # (B, T, D)
+    return h + block.mlp(block.norm2(h))
+
+
+def _heads(x: torch.Tensor, n_head: int) -> torch.Tensor:
+    """(B, S, D) -> (B, H, S, hd)."""
+    return x.unflatten(-1, (n_head, -1)).transpose(1, 2)
 
 
 # --- FLOP model --------------------------------------------------------------------------
