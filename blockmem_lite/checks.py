@@ -174,8 +174,9 @@ def _block_sizes(model, block_sizes) -> list[int]:
     if block_sizes is None:
         cfg = getattr(model, "cfg", None)
         arch = getattr(cfg, "arch", None)
-        fields = registry.get(arch).boundary_fields if arch in registry.names() else ()
-        found = [getattr(cfg, f) for f in fields]
+        fields = registry.get(arch).boundary_fields if arch in registry.names() else \
+            {f for m in registry.mechanisms() for f in m.boundary_fields}  # a duck-typed model
+        found = [getattr(cfg, f) for f in sorted(fields) if hasattr(cfg, f)]
         block_sizes = [s for v in found for s in (v if isinstance(v, (list, tuple)) else [v])]
     elif isinstance(block_sizes, int):
         block_sizes = [block_sizes]

@@ -11,19 +11,30 @@ without it.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import signal
 import sys
 from pathlib import Path
 
 import torch
 
 from blockmem_lite import bench, registry
-from blockmem_lite.config import PRESET_NAMES, RunConfig, preset
-from blockmem_lite.corpora import CorpusUnavailable, make_loaders
+from blockmem_lite.checkpoints import (
+    CHECKPOINT_NAME,
+    RunLock,
+    RunLocked,
+    load_checkpoint_file,
+    prepare_folder,
+)
+from blockmem_lite.config import PRESET_NAMES, ModelConfig, RunConfig, TrainConfig, preset
+from blockmem_lite.corpora import CorpusUnavailable, load_corpus, make_loaders
 from blockmem_lite.models.base import build_model
+from blockmem_lite.runtime import pick_device, seed_everything
 from blockmem_lite.tokenizer import get_tokenizer
-from blockmem_lite.train import CHECKPOINT_NAME, Trainer, load_checkpoint_file
-from blockmem_lite.validation import parse_int_list
+from blockmem_lite.train import CheckpointNotSaved, Trainer, check_fits_in_memory
+from blockmem_lite.validation import fail, parse_int_list
 
+PROTOCOL_WARMUP, PROTOCOL_REPEATS = 3, 5          # PERFORMANCE.md's minimum counts
 PLUGIN_HELP = "a .py file that registers a mechanism (repeatable); see registry.py"
 
 
@@ -56,7 +67,8 @@ def mechanisms_help(with_options: bool) -> str:
 def train_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m blockmem_lite train", formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Train a model from a preset; writes checkpoint.pt and history.json to --out.",
+        description="Train a model from a preset; writes checkpoint.pt and history.json to --out. "
+                    "Ctrl-C, SIGTERM and SIGHUP stop after the current step and save both.",
         epilog="architectures and their options (--set FIELD=VALUE):\n"
                + mechanisms_help(with_options=True))
     p.add_argument("--preset", choices=PRESET_NAMES, default="class",
@@ -65,12 +77,19 @@ def train_parser() -> argparse.ArgumentParser:
                    help=f"architecture (default: dense): {', '.join(registry.names())}")
     p.add_argument("--steps", type=int, default=None, help="total optimizer steps")
     p.add_argument("--corpus", default=None, help="corpus name (default: the preset's)")
+    p.add_argument("--paths", nargs="+", default=None, metavar="FILE",
+                   help="your own text files (implies --corpus files)")
+    p.add_argument("--encoding", default="utf-8", help="encoding of --paths (default utf-8)")
+    p.add_argument("--local-path", default=None, metavar="DIR",
+                   help="a local copy of WikiText's parquet files (wikitext-2/-103)")
+    p.add_argument("--allow-fallback", action="store_true",
+                   help="use the offline corpus when WikiText cannot be had")
     p.add_argument("--out", default=None, help="output folder (default: runs/PRESET_ARCH)")
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
     p.add_argument("--device", default=None, help="auto, cpu, cuda, cuda:N or mps")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override any ModelConfig/TrainConfig field or mechanism option "
-                        "(repeatable)")
+                        "(repeatable; booleans: true/false, yes/no, on/off, 1/0)")
     p.add_argument("--plugin", action="append", default=[], metavar="FILE", help=PLUGIN_HELP)
     return p
 
@@ -92,26 +111,59 @@ def parse_value(text: str):
     return text
 
 
+BOOLEAN_WORDS = {"true": True, "yes": True, "on": True, "1": True,
+                 "false": False, "no": False, "off": False, "0": False}
+
+
+def field_kinds(arch: str) -> dict[str, str]:
+    """Every settable field's declared type, as text ('bool', 'tuple | None', ...)."""
+    fields = [*dataclasses.fields(TrainConfig), *dataclasses.fields(ModelConfig),
+              *dataclasses.fields(registry.get(arch).options)]
+    return {f.name: f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+            for f in fields if f.name != "options"}
+
+
+def parse_setting(key: str, text: str, kind: str | None):
+    """A ``--set`` value read by the field's type: booleans from the usual words, tuples from
+    comma lists ('8' is (8,)), everything else by ``parse_value``."""
+    if kind and "bool" in kind:
+        word = text.strip().lower()
+        if word not in BOOLEAN_WORDS:
+            fail(key, text, "expected true/false, yes/no, on/off or 1/0")
+        return BOOLEAN_WORDS[word]
+    if kind and "tuple" in kind:
+        if text.strip().lower() in ("none", "null") and "None" in kind:
+            return None
+        return tuple(parse_value(p) for p in text.split(",") if p.strip() and p.strip() != "()")
+    return text if kind == "str" else parse_value(text)
+
+
 def cli_overrides(args) -> dict:
-    overrides = {}
+    pairs = []
     for item in args.overrides:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise ValueError(f"--set {item!r} is not allowed: expected KEY=VALUE, e.g. --set lr=1e-3")
-        overrides[key.strip()] = parse_value(value)
-    explicit = {"arch": args.arch, "steps": args.steps, "corpus": args.corpus,
-                "device": args.device}
+        pairs.append((key.strip(), value))
+    arch = args.arch or dict(pairs).get("arch") or registry.BASELINE
+    kinds = field_kinds(arch)
+    overrides = {key: parse_setting(key, value, kinds.get(key)) for key, value in pairs}
+    corpus = args.corpus or ("files" if args.paths else None)
+    explicit = {"arch": args.arch, "steps": args.steps, "corpus": corpus, "device": args.device}
     overrides.update({k: v for k, v in explicit.items() if v is not None})
     return overrides
 
 
-def sample_text(model, dataset, device: torch.device, tokenizer_name: str) -> str:
-    """Continue the first 16 tokens of ``dataset[0]`` by 80 sampled tokens."""
-    prompt = dataset[0][0][:16][None].to(device)                          # (1, 16)
+def sample_text(model, dataset, device: torch.device, tokenizer_name: str, context: int) -> str:
+    """Continue the first 16 tokens of ``dataset[0]`` by up to 80 sampled tokens, staying
+    within the model's ``context`` (its seq_len)."""
+    prompt = dataset[0][0][:min(16, context - 1)][None].to(device)        # (1, P)
+    new = max(1, min(80, context - prompt.shape[1]))
     gen = torch.Generator(device=device).manual_seed(0)
-    out = model.generate(prompt, 80, temperature=0.8, top_k=20, generator=gen)[0].cpu()
+    out = model.generate(prompt, new, temperature=0.8, top_k=20, generator=gen)[0].cpu()
     tok = get_tokenizer(tokenizer_name)
-    return f"{tok.decode(out[:16])!r} -> {tok.decode(out[16:])!r}"
+    cut = prompt.shape[1]
+    return f"{tok.decode(out[:cut])!r} -> {tok.decode(out[cut:])!r}"
 
 
 def model_mismatch(ckpt: dict, run_cfg: RunConfig) -> list[str]:
@@ -121,18 +173,66 @@ def model_mismatch(ckpt: dict, run_cfg: RunConfig) -> list[str]:
             for k, v in wanted.items() if k in stored and stored[k] != v]
 
 
+# settings a resumed run must share with its checkpoint, or its curve is not the same run's
+RESUME_MUST_MATCH = ("batch_size", "lr", "min_lr_ratio", "warmup_steps", "weight_decay",
+                     "beta1", "beta2", "grad_clip", "seed", "corpus", "tokenizer",
+                     "val_fraction", "precision")
+
+
+def resume_check(ckpt: dict, run_cfg: RunConfig) -> list[str]:
+    """Refuse (ValueError) a resume that changes the model or the optimisation, or asks for no
+    more steps than done; returns warnings (a longer schedule)."""
+    problems = model_mismatch(ckpt, run_cfg)
+    stored = (ckpt.get("run_config") or {}).get("train") or ckpt.get("train_config", {})
+    wanted = dataclasses.asdict(run_cfg.train)
+    problems += [f"{k}={stored[k]!r} (checkpoint) vs {wanted[k]!r} (this command)"
+                 for k in RESUME_MUST_MATCH if k in stored and stored[k] != wanted[k]]
+    if problems:
+        raise ValueError("--resume with different settings is not allowed (use the "
+                         "checkpoint's, or train into a new --out): " + "; ".join(problems))
+    step, steps = int(ckpt["step"]), run_cfg.train.steps
+    if steps <= step:
+        raise ValueError(f"--steps {steps} is not allowed with --resume: the checkpoint is at "
+                         f"step {step}; expected more than {step}")
+    old = stored.get("steps")
+    if old is not None and old != steps:
+        return [f"the LR schedule now spans {steps} steps instead of {old}: the resumed curve "
+                f"is not the one a single run of {steps} steps would give"]
+    return []
+
+
+def _corpus(args, run_cfg: RunConfig):
+    return load_corpus(run_cfg.train.corpus, paths=args.paths, local_path=args.local_path,
+                       allow_fallback=args.allow_fallback, encoding=args.encoding)
+
+
 def _trainer(args, run_cfg: RunConfig, out: Path) -> Trainer:
-    train_loader, val_loader = make_loaders(run_cfg)
+    """Seeded before the model is built, so two identical commands train identically."""
+    check_fits_in_memory(run_cfg.model, pick_device(run_cfg.train.device))
+    train_loader, val_loader = make_loaders(run_cfg, corpus=_corpus(args, run_cfg))
+    seed_everything(run_cfg.train.seed)
     trainer = Trainer(build_model(run_cfg), run_cfg.train, train_loader, val_loader,
                       run_cfg=run_cfg)
     if args.resume:
         ckpt = load_checkpoint_file(out / CHECKPOINT_NAME)
-        mismatch = model_mismatch(ckpt, run_cfg)
-        if mismatch:
-            raise ValueError("--resume with a different model is not allowed: "
-                             + "; ".join(mismatch))
+        for warning in resume_check(ckpt, run_cfg):
+            print(f"warning: {warning}", file=sys.stderr)
         trainer._restore(ckpt)
     return trainer
+
+
+def _save_history(history, out: Path) -> str:
+    try:
+        return f"wrote {history.save_json(out / 'history.json')}"
+    except OSError as err:
+        return f"history.json could not be written either ({err.strerror or err})"
+
+
+def _exit_code(history) -> int:
+    """0 when finished; 128 + the signal's number when a signal stopped the run."""
+    if not history.interrupted:
+        return 0
+    return 128 + int(getattr(signal, history.stopped_by or "SIGINT", signal.SIGINT))
 
 
 def train_main(argv: list[str] | None = None) -> int:
@@ -148,24 +248,26 @@ def train_main(argv: list[str] | None = None) -> int:
         return 2
     try:
         run_cfg = preset(args.preset, **cli_overrides(args))
-    except ValueError as e:
+        out = prepare_folder(args.out or f"runs/{run_cfg.preset}_{run_cfg.model.arch}", name="--out")
+        with RunLock(out):
+            return _train_in(args, run_cfg.replace(checkpoint_dir=str(out)), out)
+    except (ValueError, RunLocked) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    out = Path(args.out or f"runs/{run_cfg.preset}_{run_cfg.model.arch}")
+
+
+def _train_in(args, run_cfg: RunConfig, out: Path) -> int:
+    """The run itself, with ``out`` locked for this process."""
     ckpt_path = out / CHECKPOINT_NAME
     if args.resume and not ckpt_path.is_file():
-        print(f"error: --resume needs {ckpt_path}, which does not exist", file=sys.stderr)
-        return 2
+        raise ValueError(f"--resume needs {ckpt_path}, which does not exist")
     if not args.resume and ckpt_path.exists():
-        print(f"error: {ckpt_path} exists; pass --resume to continue it or choose another --out",
-              file=sys.stderr)
-        return 2
-    run_cfg = run_cfg.replace(checkpoint_dir=str(out))
+        raise ValueError(f"{ckpt_path} exists; pass --resume to continue it or choose another "
+                         "--out")
     try:
         trainer = _trainer(args, run_cfg, out)
-    except (ValueError, OSError, CorpusUnavailable) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    except (OSError, CorpusUnavailable) as e:
+        raise ValueError(str(e)) from None
     n_params = sum(p.numel() for p in trainer.model.parameters())
     verb = f"resuming at step {trainer.step}" if args.resume else "training"
     print(f"{verb}: {run_cfg.model.arch} ({n_params / 1e6:.2f}M params), preset {run_cfg.preset}, "
@@ -173,19 +275,20 @@ def train_main(argv: list[str] | None = None) -> int:
           f"tokens on {trainer.device}; output in {out}", flush=True)
     try:
         history = trainer.fit()
-    except FloatingPointError as e:
-        print(f"error: {e}", file=sys.stderr)
+    except (FloatingPointError, CheckpointNotSaved) as e:
+        print(f"error: {e}\n{_save_history(trainer.history, out)}", file=sys.stderr)
         return 1
-    history.save_json(out / "history.json")
-    if trainer.val_dataset is not None:
+    saved = _save_history(history, out)
+    if trainer.val_dataset is not None and not history.interrupted:
         val = (history.val_loss[-1] if history.val_step and history.val_step[-1] == trainer.step
                else trainer.evaluate())
         print(f"final val loss {val:.4f} at step {trainer.step}")
-    print(f"wrote {ckpt_path} and {out / 'history.json'}")
-    sample = sample_text(trainer.model, trainer.train_dataset, trainer.device,
-                         run_cfg.train.tokenizer)
-    print(f"sample: {sample}")
-    return 130 if history.interrupted else 0
+    print(f"wrote {ckpt_path}; {saved}")
+    if not history.interrupted:
+        sample = sample_text(trainer.model, trainer.train_dataset, trainer.device,
+                             run_cfg.train.tokenizer, run_cfg.model.seq_len)
+        print(f"sample: {sample}")
+    return _exit_code(history)
 
 
 # --- bench -----------------------------------------------------------------------------------
@@ -215,8 +318,11 @@ def bench_parser() -> argparse.ArgumentParser:
     parser.add_argument("--phases", default="auto",
                         help="comma-separated: train, decode and the special benches of the "
                              "chosen mechanisms (auto: all of them)")
-    parser.add_argument("--warmup", type=int, default=3, help="untimed steps per model (>= 3)")
-    parser.add_argument("--repeats", type=int, default=5, help="timed steps per model (>= 5)")
+    parser.add_argument("--warmup", type=int, default=PROTOCOL_WARMUP,
+                        help="untimed steps per model (default and protocol minimum: 3; fewer "
+                             "makes a smoke test, and the run says so)")
+    parser.add_argument("--repeats", type=int, default=PROTOCOL_REPEATS,
+                        help="timed steps per model (default and protocol minimum: 5)")
     parser.add_argument("--decode-burst", type=int, default=32,
                         help="decoding steps per timed sample (default %(default)s)")
     parser.add_argument("--memory", default="saved,rss",
@@ -245,6 +351,11 @@ def bench_main(argv: list[str] | None = None) -> int:
     args = bench_parser().parse_args(argv)
     options = {opt.dest: getattr(args, opt.dest) for opt, _ in bench.shared_options().values()}
     try:
+        json_path = _json_target(args.json) if args.json else None
+        if args.warmup < PROTOCOL_WARMUP or args.repeats < PROTOCOL_REPEATS:
+            print(f"bench: warning: --warmup {args.warmup} --repeats {args.repeats} is below the "
+                  f"protocol's {PROTOCOL_WARMUP} and {PROTOCOL_REPEATS}: a smoke test, not a "
+                  "measurement", file=sys.stderr)
         records = bench.run_bench(
             archs=_split(args.arch), seq_lens=parse_int_list("--seq-len", args.seq_len),
             batch=args.batch, d_model=args.d_model, n_layer=args.n_layer, n_head=args.n_head,
@@ -256,6 +367,15 @@ def bench_main(argv: list[str] | None = None) -> int:
         print(f"bench: error: {err}", file=sys.stderr)
         return 2
     print(bench.format_table(records))
-    if args.json:
-        print(f"wrote {bench.write_json(records, args.json)}")
+    if json_path:
+        print(f"wrote {bench.write_json(records, json_path)}")
     return 0
+
+
+def _json_target(text: str) -> Path:
+    """The --json path, checked before any timing: its folder creatable, itself not a folder."""
+    path = Path(text)
+    if path.is_dir():
+        fail("--json", text, "expected a file path, not a folder")
+    prepare_folder(path.parent, name="--json folder")
+    return path

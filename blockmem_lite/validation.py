@@ -8,6 +8,8 @@ the field, the value and what is allowed::
 
 from __future__ import annotations
 
+import math
+
 
 def fail(field_name: str, value, allowed: str):
     """Raise the kit's standard error for a bad value of ``field_name``."""
@@ -22,9 +24,13 @@ def check_int(name: str, value, minimum: int) -> None:
 
 def check_float(name: str, value, low: float, high: float | None = None,
                 low_inclusive: bool = True) -> None:
-    """A number in [low, high] (or (low, high] with ``low_inclusive=False``)."""
+    """A finite number in [low, high] (or (low, high] with ``low_inclusive=False``)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         fail(name, value, "expected a number")
+    if not math.isfinite(value):
+        upper = f"{high}]" if high is not None else "inf)"
+        fail(name, value, f"expected a finite number in {'[' if low_inclusive else '('}{low}, "
+                          f"{upper}")
     too_low = value < low if low_inclusive else value <= low
     if too_low or (high is not None and value > high):
         bracket = "[" if low_inclusive else "("
@@ -42,14 +48,18 @@ def check_choice(name: str, value, allowed) -> None:
         fail(name, value, f"expected one of {', '.join(map(str, allowed))}")
 
 
+def _number(value) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+
+
 def check_positive(name: str, value) -> None:
-    """A number > 0 (FLOP formulas and sizes)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+    """A finite number > 0 (FLOP formulas and sizes)."""
+    if not _number(value) or value <= 0:
         fail(name, value, "expected a positive number")
 
 
 def check_non_negative(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+    if not _number(value) or value < 0:
         fail(name, value, "expected a number >= 0")
 
 

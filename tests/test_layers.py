@@ -19,7 +19,7 @@ LAYERS = (
     ("mechanisms", ("models.*",)),
     ("model zoo", ("models",)),
     ("data", ("corpora", "tasks")),
-    ("measuring and training", ("metrics", "train", "bench", "checks")),
+    ("measuring and training", ("checkpoints", "metrics", "train", "bench", "checks")),
     ("viz", ("viz", "viz.*")),
     ("tools and command line", ("cli", "exercises", "envcheck", "__main__", "")),
 )

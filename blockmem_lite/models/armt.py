@@ -379,7 +379,7 @@ class ARMT(LanguageModel):
         embedding = backbone.embed.weight.detach()
         self.memory_tokens = nn.Parameter(                                       # P: (M, D)
             torch.randn(cfg.n_mem_tokens, cfg.d_model, device=embedding.device,
-                        dtype=embedding.dtype) * embedding.float().std().item())
+                        dtype=embedding.dtype) * embedding.float().std())   # works on "meta"
         wrapped = range(cfg.n_layer) if cfg.memory_layers is None else sorted(cfg.memory_layers)
         self.memory = nn.ModuleDict({
             str(i): AssociativeMemoryLayer(cfg.d_model, cfg.d_mem, cfg.normalize_phi,
