@@ -24,6 +24,12 @@ the exercise notebooks and proves that every check cell fails on the stubs.
 (compared as parsed JSON, so key order and whitespace do not matter).
 ``strip`` clears outputs and execution counts in place (notebooks are
 committed without outputs).
+
+Every generated notebook carries ``metadata["blockmem_lite"]["generated_from"]``.
+``build`` refuses (exit 2, nothing written) an ``--out`` that is the solutions
+folder or holds a notebook without that mark, so ``--prune`` only deletes
+generated ones. A malformed notebook is a one-line error naming the file;
+nbformat 1-3 notebooks are upgraded to nbformat 4.
 """
 
 from __future__ import annotations
