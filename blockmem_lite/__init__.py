@@ -3,6 +3,12 @@
 Public API (light imports only; plotting, widgets and datasets load lazily)::
 
     from blockmem_lite import notebook_config, build_model, Trainer, trace
+
+A mechanism of your own plugs in like the built-in ones::
+
+    from blockmem_lite import Mechanism, Options, register_mechanism
+    register_mechanism(Mechanism(name="swa", model=MyModel, summary="..."))
+    # or, from a file: load_plugin("my_mechanism.py")  /  --plugin my_mechanism.py
 """
 
 from blockmem_lite.config import (
@@ -14,7 +20,9 @@ from blockmem_lite.config import (
     notebook_config,
     preset,
 )
-from blockmem_lite.models import LanguageModel, ModelOutput, available_archs, build_model
+from blockmem_lite.models import LanguageModel, ModelOutput, State, available_archs, build_model
+from blockmem_lite.registry import BenchOption, Mechanism, Options, SpecialBench, load_plugin
+from blockmem_lite.registry import register as register_mechanism
 from blockmem_lite.trace import trace
 
 __version__ = "0.1.0"
@@ -29,6 +37,7 @@ def __getattr__(name):
     raise AttributeError(f"module 'blockmem_lite' has no attribute {name!r}")
 
 
-__all__ = ["PRESET_NAMES", "LanguageModel", "ModelConfig", "ModelOutput", "RunConfig",
-           "TrainConfig", "Trainer", "available_archs", "build_model", "fast_mode",
-           "notebook_config", "preset", "trace", "__version__"]
+__all__ = ["PRESET_NAMES", "BenchOption", "LanguageModel", "Mechanism", "ModelConfig",
+           "ModelOutput", "Options", "RunConfig", "SpecialBench", "State", "TrainConfig",
+           "Trainer", "available_archs", "build_model", "fast_mode", "load_plugin",
+           "notebook_config", "preset", "register_mechanism", "trace", "__version__"]

@@ -1,7 +1,8 @@
 """Command line: ``python -m blockmem_lite {envcheck,train,bench,exercises} ...``.
 
-Each subcommand lives in its own module with a ``main(argv)`` function and is
-imported only when used, so ``envcheck`` works even when extras are missing.
+Each subcommand is a ``main(argv)`` function in its own module (``cli.py`` for
+train and bench), imported only when used, so ``envcheck`` works even when
+extras are missing.
 """
 
 from __future__ import annotations
@@ -9,17 +10,20 @@ from __future__ import annotations
 import importlib
 import sys
 
-COMMANDS = {
-    "envcheck": ("blockmem_lite.envcheck", "check dependencies and widgets (OK/FAIL per item)"),
-    "train": ("blockmem_lite.train", "train a model from a preset, with checkpoints and resume"),
-    "bench": ("blockmem_lite.bench", "throughput / memory / state bytes vs dense, same run"),
-    "exercises": ("blockmem_lite.exercises", "build|check|strip student notebooks"),
+COMMANDS = {   # name: (module, function, help)
+    "envcheck": ("blockmem_lite.envcheck", "main",
+                 "check dependencies and widgets (OK/FAIL per item)"),
+    "train": ("blockmem_lite.cli", "train_main",
+              "train a model from a preset, with checkpoints and resume"),
+    "bench": ("blockmem_lite.cli", "bench_main",
+              "throughput / memory / state bytes vs dense, same run"),
+    "exercises": ("blockmem_lite.exercises", "main", "build|check|strip student notebooks"),
 }
 
 
 def usage() -> str:
     lines = ["usage: python -m blockmem_lite COMMAND [options]", "", "commands:"]
-    lines += [f"  {name:<10} {help_}" for name, (_, help_) in COMMANDS.items()]
+    lines += [f"  {name:<10} {help_}" for name, (_, _, help_) in COMMANDS.items()]
     lines += ["", "`python -m blockmem_lite COMMAND --help` shows a command's options."]
     return "\n".join(lines)
 
@@ -34,8 +38,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"unknown command {name!r}: expected one of {', '.join(COMMANDS)}\n", file=sys.stderr)
         print(usage(), file=sys.stderr)
         return 2
-    module = importlib.import_module(COMMANDS[name][0])
-    return int(module.main(rest) or 0)
+    module_name, function, _ = COMMANDS[name]
+    return int(getattr(importlib.import_module(module_name), function)(rest) or 0)
 
 
 if __name__ == "__main__":

@@ -10,17 +10,23 @@ what was expected, what was got and where they differ::
 
 Failures are meant for a learner: they name the tensor, the index of the
 worst element and the values there, or the earliest position that leaked.
+Tensors, numpy arrays, numbers and nested lists are all read as values. A bad
+argument (a negative tolerance, a str where a bool is needed) is a ValueError
+``name=value is not allowed: expected ...``, not a CheckFailed.
 """
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Callable, Iterable, Sequence
 
+import numpy
 import torch
 
-# Config fields whose value is a block / segment / chunk length: their
-# boundaries are where causal mechanisms most often leak, so they are probed.
-BOUNDARY_FIELDS = ("block_size", "segment_size", "chunk_size", "chunk_sizes", "routing_window")
+from blockmem_lite import registry
+
+NEEDS_NUMBERS = "a tensor, array or number"
 
 
 class CheckFailed(AssertionError):
@@ -46,18 +52,68 @@ def _shape_text(shape: Iterable) -> str:
     return "(" + ", ".join(dims) + ("," if len(dims) == 1 else "") + ")"
 
 
+# --- describing and validating arguments ----------------------------------------------------
+
+
+def _is_array(value) -> bool:
+    """A torch tensor or a numpy array / scalar (anything with ``__array__`` and a shape)."""
+    return isinstance(value, torch.Tensor) or (hasattr(value, "__array__")
+                                               and hasattr(value, "shape"))
+
+
+def _describe(value) -> str:
+    """``Tensor of shape (2, 3), dtype float32`` for arrays, the short repr otherwise."""
+    if _is_array(value) and not isinstance(value, numbers.Number):
+        dtype = str(value.dtype).replace("torch.", "")
+        return f"{type(value).__name__} of shape {_shape_text(value.shape)}, dtype {dtype}"
+    return _short(value, 60)
+
+
+def _kind(value) -> str:
+    """What a value is, for 'got ...': ``str 'abc'``, ``float 0.5``, ``ndarray of shape (2,)...``."""
+    text = _describe(value)
+    return text if _is_array(value) and not isinstance(value, numbers.Number) \
+        else f"{type(value).__name__} {text}"
+
+
+def _not_allowed(arg: str, value, expected: str) -> ValueError:
+    """The kit's error for a bad argument: ``arg=value is not allowed: expected ...``."""
+    return ValueError(f"{arg}={_describe(value)} is not allowed: expected {expected}")
+
+
+def _require_text(arg: str, value, empty_ok: bool = False) -> None:
+    if not isinstance(value, str) or not (value or empty_ok):
+        raise _not_allowed(arg, value, "a string" if empty_ok else "a non-empty string")
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _tolerance(arg: str, value, positive: bool = False) -> float:
+    """``value`` as a float; ValueError unless it is a finite real number >= 0 (> 0)."""
+    ok = (isinstance(value, numbers.Real) and not isinstance(value, bool)
+          and math.isfinite(value) and (value > 0 if positive else value >= 0))
+    if not ok:
+        raise _not_allowed(arg, value, f"a finite number {'> 0' if positive else '>= 0'}")
+    return float(value)
+
+
 def _as_tensor(value, name: str, role: str) -> torch.Tensor:
-    """A detached CPU tensor from a tensor, array, number or nested list; clear error otherwise."""
+    """A detached CPU tensor from a tensor, array, number or nested list; CheckFailed otherwise."""
+    got = "got" if role == "got" else "the expected value is"
     if value is None:
-        raise _failure(name, f"{role} is None",
+        raise _failure(name, f"{got} None, not {NEEDS_NUMBERS}",
                        "did the cell forget to return or assign the result?")
     if isinstance(value, torch.Tensor):
         return value.detach().cpu()
+    if isinstance(value, (str, bytes, dict, set)):
+        raise _failure(name, f"{got} {_kind(value)}, not {NEEDS_NUMBERS}")
     try:
-        return torch.as_tensor(value)
+        return torch.as_tensor(numpy.array(value) if _is_array(value) else value)
     except (TypeError, ValueError, RuntimeError) as err:
-        raise _failure(name, f"{role} of type {type(value).__name__} cannot be read as numbers",
-                       str(err)) from None
+        raise _failure(name, f"{got} {_kind(value)}, which cannot be read as numbers",
+                       f"expected {NEEDS_NUMBERS}; {str(err).splitlines()[0]}") from None
 
 
 def _index_text(flat_index: int, shape: torch.Size) -> str:
@@ -70,18 +126,29 @@ def _index_text(flat_index: int, shape: torch.Size) -> str:
     return str(tuple(reversed(index)))
 
 
+# --- shape, values, truth -------------------------------------------------------------------
+
+
+def _expected_shape(expected) -> tuple:
+    """``expected`` as a tuple of ints / None; ValueError for anything else."""
+    if _is_int(expected):
+        expected = (expected,)
+    rule = "a tuple of sizes, each an integer >= 0 or None / -1 for 'any size'"
+    if not isinstance(expected, (tuple, list, torch.Size)):
+        raise _not_allowed("expected", expected, rule)
+    if not all(d is None or (_is_int(d) and d >= -1) for d in expected):
+        raise _not_allowed("expected", tuple(expected), rule)
+    return tuple(None if d is None else int(d) for d in expected)
+
+
 def check_shape(x, expected: Sequence[int | None], name: str = "tensor") -> None:
     """``x.shape`` equals ``expected``; ``None`` or ``-1`` in ``expected`` match any size."""
-    if isinstance(expected, int):
-        expected = (expected,)
-    for d in expected:
-        if d is not None and (isinstance(d, bool) or not isinstance(d, int) or d < -1):
-            raise ValueError(f"expected={tuple(expected)!r} is not allowed: every entry must be "
-                             "an integer >= 0, or None / -1 for 'any size'")
+    expected = _expected_shape(expected)
+    _require_text("name", name)
     if x is None:
         raise _failure(name, "got None, expected a tensor of shape " + _shape_text(expected),
               "did the cell forget to return or assign the result?")
-    if not hasattr(x, "shape"):
+    if not _is_array(x):
         raise _failure(name, f"got an object of type {type(x).__name__}, which has no shape",
               f"expected a tensor of shape {_shape_text(expected)}")
     got = tuple(int(d) for d in x.shape)
@@ -103,11 +170,12 @@ def check_close(got, expected, name: str = "values", atol: float = 1e-5,
                 rtol: float = 1e-4) -> None:
     """Elementwise ``|got - expected| <= atol + rtol * |expected|``; NaN only where expected is NaN.
 
-    On failure the message gives the number of bad elements, the max abs diff,
-    its index and both values there, plus the dtypes.
+    Complex values are compared as complex numbers. On failure the message gives
+    the number of bad elements, the max abs diff, its index and both values
+    there, plus the dtypes.
     """
-    if atol < 0 or rtol < 0:
-        raise ValueError(f"atol={atol}, rtol={rtol} are not allowed: tolerances must be >= 0")
+    atol, rtol = _tolerance("atol", atol), _tolerance("rtol", rtol)
+    _require_text("name", name)
     g = _as_tensor(got, name, "got")
     e = _as_tensor(expected, name, "expected")
     dtypes = f"dtypes: got {str(g.dtype).replace('torch.', '')}, " \
@@ -119,7 +187,8 @@ def check_close(got, expected, name: str = "values", atol: float = 1e-5,
     if g.numel() == 0:
         _ok(f"{name}: close (empty, shape {_shape_text(g.shape)})")
         return
-    g64, e64 = g.to(torch.float64), e.to(torch.float64)
+    wide = torch.complex128 if g.is_complex() or e.is_complex() else torch.float64
+    g64, e64 = g.to(wide), e.to(wide)
     close = torch.isclose(g64, e64, rtol=rtol, atol=atol, equal_nan=True)
     diff = (g64 - e64).abs()
     diff = torch.where(close & diff.isnan(), torch.zeros_like(diff), diff)  # NaN == NaN is fine
@@ -137,33 +206,68 @@ def check_close(got, expected, name: str = "values", atol: float = 1e-5,
         f"shape {_shape_text(g.shape)}")
 
 
+def _check_equal_tensors(got, expected, name: str) -> None:
+    """Same shape and every element equal (NaN matches NaN)."""
+    g = _as_tensor(got, name, "got")
+    e = _as_tensor(expected, name, "expected")
+    if g.shape != e.shape:
+        raise _failure(name, "shapes differ", f"expected shape {_shape_text(e.shape)}",
+              f"got shape      {_shape_text(g.shape)}")
+    differ = ((g != e) & ~(g.isnan() & e.isnan())).flatten()
+    if bool(differ.any()):
+        first = int(differ.nonzero()[0])
+        raise _failure(name, f"{int(differ.sum())} of {g.numel()} elements differ",
+              f"first at index {_index_text(first, g.shape)}: got "
+              f"{g.flatten()[first].item()!r}, expected {e.flatten()[first].item()!r}")
+    _ok(f"{name}: equal, shape {_shape_text(g.shape)}")
+
+
+def _plain_equal(got, expected, name: str) -> bool:
+    """``got == expected`` as one bool (NaN matches NaN); CheckFailed if it is not one."""
+    if isinstance(got, float) and isinstance(expected, float) and math.isnan(got) \
+            and math.isnan(expected):
+        return True
+    try:
+        return bool(got == expected)
+    except (TypeError, ValueError, RuntimeError) as err:
+        raise _failure(name, f"cannot compare got {_kind(got)} with expected {_kind(expected)}",
+                       f"{str(err).splitlines()[0]}; pass tensors or arrays to compare them "
+                       "element by element") from None
+
+
 def check_equal(got, expected, name: str = "value") -> None:
-    """Exact equality: tensors (same shape, every element) or plain Python values."""
-    if isinstance(got, torch.Tensor) or isinstance(expected, torch.Tensor):
-        g = _as_tensor(got, name, "got")
-        e = _as_tensor(expected, name, "expected")
-        if g.shape != e.shape:
-            raise _failure(name, "shapes differ", f"expected shape {_shape_text(e.shape)}",
-                  f"got shape      {_shape_text(g.shape)}")
-        differ = (g != e).flatten()
-        if bool(differ.any()):
-            first = int(differ.nonzero()[0])
-            raise _failure(name, f"{int(differ.sum())} of {g.numel()} elements differ",
-                  f"first at index {_index_text(first, g.shape)}: got "
-                  f"{g.flatten()[first].item()!r}, expected {e.flatten()[first].item()!r}")
-        _ok(f"{name}: equal, shape {_shape_text(g.shape)}")
+    """Exact equality: tensors and numpy arrays (same shape, every element) or plain values."""
+    _require_text("name", name)
+    if _is_array(got) or _is_array(expected):
+        _check_equal_tensors(got, expected, name)
         return
-    if not bool(got == expected):
-        raise _failure(name, "not equal", f"expected {_short(expected)}", f"got      {_short(got)}")
+    if not _plain_equal(got, expected, name):
+        hint = ["did the cell forget to return or assign the result?"] if got is None else []
+        raise _failure(name, "not equal", f"expected {_short(expected)}", f"got      {_short(got)}",
+                       *hint)
     _ok(f"{name}: equal to {_short(expected, 60)}")
 
 
+def _truth(condition) -> bool:
+    """A bool, or a one-element bool tensor / array, as a bool; ValueError for anything else."""
+    if isinstance(condition, bool):
+        return condition
+    if _is_array(condition) and str(condition.dtype) in ("torch.bool", "bool"):
+        if math.prod(condition.shape) != 1:
+            raise _not_allowed("condition", condition, "a bool or a one-element tensor "
+                               "(use .all() or .any())")
+        return bool(condition)
+    hint = "; did the expression forget to return a value?" if condition is None else ""
+    raise _not_allowed("condition", condition,
+                       f"a bool such as a comparison (loss < 1.0) or bool((x == 0).all()){hint}")
+
+
 def check_true(condition, message: str, detail: str = "") -> None:
-    """``condition`` holds; ``message`` says what it means (printed after ``OK``)."""
-    if isinstance(condition, torch.Tensor) and condition.numel() != 1:
-        raise ValueError(f"condition of shape {tuple(condition.shape)} is not allowed: expected "
-                         "a bool or a one-element tensor (use .all() or .any())")
-    if not bool(condition):
+    """``condition`` (a bool or a one-element bool tensor / array) holds; ``message`` says what
+    it means (printed after ``OK``)."""
+    _require_text("message", message)
+    _require_text("detail", detail, empty_ok=True)
+    if not _truth(condition):
         raise _failure("check", f"expected: {message}", *([detail] if detail else []))
     _ok(message)
 
@@ -172,13 +276,38 @@ def check_true(condition, message: str, detail: str = "") -> None:
 
 
 def _block_sizes(model, block_sizes) -> list[int]:
-    if block_sizes is None:
-        cfg = getattr(model, "cfg", None)
-        found = [getattr(cfg, f) for f in BOUNDARY_FIELDS if cfg is not None and hasattr(cfg, f)]
-        block_sizes = [s for v in found for s in (v if isinstance(v, (list, tuple)) else [v])]
-    elif isinstance(block_sizes, int):
-        block_sizes = [block_sizes]
-    return [int(s) for s in block_sizes if s]
+    """The lengths whose boundaries to probe: given, or the mechanism's ``boundary_fields``."""
+    if block_sizes is not None:
+        return _int_list("block_sizes", block_sizes, minimum=1)
+    cfg = getattr(model, "cfg", None)
+    arch = getattr(cfg, "arch", None)
+    fields = registry.get(arch).boundary_fields if arch in registry.names() else \
+        {f for m in registry.mechanisms() for f in m.boundary_fields}    # a duck-typed model
+    found = [getattr(cfg, f) for f in sorted(fields) if hasattr(cfg, f)]
+    return [int(s) for v in found for s in (v if isinstance(v, (list, tuple)) else [v]) if s]
+
+
+def _int_list(arg: str, value, minimum: int) -> list[int]:
+    """An int or a sequence of ints, each >= ``minimum``, as a list; ValueError otherwise."""
+    values = [value] if _is_int(value) else value
+    if not isinstance(values, (list, tuple, range)) or \
+            not all(_is_int(v) and v >= minimum for v in values):
+        raise _not_allowed(arg, value, f"an integer >= {minimum} or a list of them")
+    return [int(v) for v in values]
+
+
+def _as_tokens(tokens) -> torch.Tensor:
+    """``tokens`` (tensor, array or nested list) as a tensor (B, T) of ids or (B, T, D) floats."""
+    rule = "a tensor (B, T) of integer ids or (B, T, D) of floats"
+    if not isinstance(tokens, torch.Tensor) and (_is_array(tokens) or isinstance(tokens, list)):
+        try:
+            tokens = torch.as_tensor(numpy.array(tokens))
+        except (TypeError, ValueError, RuntimeError):
+            raise _not_allowed("tokens", tokens, rule) from None
+    if not isinstance(tokens, torch.Tensor) or tokens.dim() < 2 or tokens.dtype == torch.bool \
+            or tokens.is_complex():
+        raise _not_allowed("tokens", tokens, rule)
+    return tokens
 
 
 def default_probes(seq_len: int, block_sizes: Iterable[int] = ()) -> list[int]:
@@ -198,7 +327,7 @@ def _outputs(model_or_fn: Callable, tokens: torch.Tensor) -> torch.Tensor:
     if not isinstance(out, torch.Tensor):
         raise ValueError(f"model_or_fn returned {type(out).__name__}: expected a tensor "
                          "(B, T, ...), a tuple starting with one, or an output with .logits")
-    return out
+    return torch.view_as_real(out) if out.is_complex() else out
 
 
 def _perturb_after(tokens: torch.Tensor, p: int, vocab_size: int | None,
@@ -232,21 +361,24 @@ def check_causal(model_or_fn: Callable, tokens: torch.Tensor,
     ``block_sizes`` (default: the model config's block/segment/chunk sizes).
     Runs in eval mode under ``no_grad``; the training flag is restored.
     """
-    if not isinstance(tokens, torch.Tensor) or tokens.dim() < 2:
-        raise ValueError("tokens must be a tensor (B, T) of ids or (B, T, D) of floats; got "
-                         f"{tuple(tokens.shape) if isinstance(tokens, torch.Tensor) else tokens!r}")
+    if not callable(model_or_fn):
+        raise _not_allowed("model_or_fn", model_or_fn, "a model or a function mapping tokens "
+                           "(B, T) to outputs (B, T, ...)")
+    tokens = _as_tokens(tokens)
+    atol = _tolerance("atol", atol, positive=True)
+    if vocab_size is not None and not (_is_int(vocab_size) and vocab_size >= 2):
+        raise _not_allowed("vocab_size", vocab_size, "an integer >= 2 (or None: from the model)")
     seq_len = tokens.shape[1]
     if seq_len < 2:
         raise ValueError(f"tokens with T={seq_len} are not allowed: check_causal needs T >= 2")
     if not tokens.dtype.is_floating_point:
         cfg_vocab = getattr(getattr(model_or_fn, "cfg", None), "vocab_size", None)
         vocab_size = vocab_size or cfg_vocab or max(int(tokens.max()) + 1, 2)
-    probes = sorted(set(positions)) if positions is not None else \
+    in_range = f"a non-empty list of positions in [0, {seq_len - 2}]"
+    probes = sorted(set(_int_list("positions", positions, 0))) if positions is not None else \
         default_probes(seq_len, _block_sizes(model_or_fn, block_sizes))
-    bad = [p for p in probes if not 0 <= p <= seq_len - 2]
-    if bad or not probes:
-        raise ValueError(f"positions={list(positions or [])} is not allowed: expected a non-empty "
-                         f"list of positions in [0, {seq_len - 2}]")
+    if not probes or probes[-1] > seq_len - 2:
+        raise _not_allowed("positions", positions, in_range)
     module = model_or_fn if isinstance(model_or_fn, torch.nn.Module) else None
     if module is not None:
         params = next(module.parameters(), None)
@@ -262,6 +394,7 @@ def check_causal(model_or_fn: Callable, tokens: torch.Tensor,
                 raise ValueError(f"outputs of shape {tuple(base.shape)} are not allowed: "
                                  f"check_causal needs (B, T, ...) = ({tokens.shape[0]}, {seq_len}, "
                                  "...) with time on dim 1; wrap the function to move it there")
+            _refuse_nan(base)
             moved = []
             for p in probes:
                 changed = _outputs(model_or_fn, _perturb_after(tokens, p, vocab_size, generator))
@@ -271,6 +404,16 @@ def check_causal(model_or_fn: Callable, tokens: torch.Tensor,
         if module is not None:
             module.train(was_training)
     _judge_causality(probes, moved, atol, require_teeth)
+
+
+def _refuse_nan(base: torch.Tensor) -> None:
+    """CheckFailed if the unperturbed outputs hold NaN: no change could then be measured."""
+    nan_at = base.float().isnan().transpose(0, 1).reshape(base.shape[1], -1).any(dim=1)
+    if bool(nan_at.any()):
+        first = int(nan_at.nonzero()[0])
+        raise _failure("causality", f"the outputs are NaN at position {first} before any input "
+                       "was changed", "expected finite outputs; fix the NaN first, then the "
+                       "check can tell whether a later input leaks")
 
 
 def _judge_causality(probes: list[int], moved: list[torch.Tensor], atol: float,

@@ -8,6 +8,10 @@ which returns the ``fast`` preset instead when the environment variable
 ``BLOCKMEM_FAST=1`` is set (CI). Invalid values raise a ``ValueError`` that
 names the field, the value and what is allowed.
 
+``ModelConfig`` holds what every model has; each mechanism declares its own
+fields, their validation and their sizes per preset in its module (see
+``registry.Mechanism``), so this module names no mechanism.
+
 Presets (kit scale, see MECHANISMS.md "Kit decisions"):
 
 ========  ===========================  =========================================
@@ -26,35 +30,23 @@ import dataclasses
 import os
 from dataclasses import dataclass, field, fields
 
-BLOCK_ARCHS = ("bcmt", "honly")      # architectures that use block_size / alpha
+from blockmem_lite import registry
+from blockmem_lite.registry import PRESET_NAMES, Options
+from blockmem_lite.validation import check_float, check_int, fail
 
 
-def _fail(field_name: str, value, allowed: str) -> None:
-    raise ValueError(f"{field_name}={value!r} is not allowed: {allowed}")
-
-
-def check_int(name: str, value, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        _fail(name, value, f"expected an integer >= {minimum}")
-
-
-def check_float(name: str, value, low: float, high: float | None = None,
-                 low_inclusive: bool = True) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        _fail(name, value, "expected a number")
-    too_low = value < low if low_inclusive else value <= low
-    if too_low or (high is not None and value > high):
-        bracket = "[" if low_inclusive else "("
-        upper = f"{high}]" if high is not None else "inf)"
-        _fail(name, value, f"expected a number in {bracket}{low}, {upper}")
-
-
-@dataclass
+@dataclass(init=False, repr=False)
 class ModelConfig:
-    """Shape of a language model. Mechanism modules add their own fields here.
+    """Shape of a language model: the fields every model has, plus its mechanism's options.
 
     The common backbone (kit decision): pre-norm blocks, RMSNorm, RoPE, SwiGLU
-    MLP, no biases, untied LM head.
+    MLP, no biases, untied LM head. Everything else belongs to the mechanism
+    named by ``arch`` and is declared in its module (an ``Options`` dataclass,
+    held in ``options``). Its fields read and write like the shared ones
+    (``cfg.block_size``) and are given flat: ``ModelConfig(arch="bcmt",
+    block_size=32)``, ``dataclasses.replace(cfg, block_size=16)``, ``--set
+    block_size=16``. Changing ``arch`` keeps the options both mechanisms share
+    by name (bcmt -> honly keeps ``block_size``) and drops the others.
     """
 
     arch: str = "dense"
@@ -68,101 +60,117 @@ class ModelConfig:
     norm_eps: float = 1e-5
     dropout: float = 0.0
     init_std: float = 0.02
-    # --- BCMT / HOnly (models/bcmt.py) ---
-    block_size: int = 64             # L: tokens per block (the tail is padded)
-    alpha: float = 0.8               # decay of the exponential block memory (fixed)
-    memory: bool = True              # False = the HOnly ablation (no block memory)
-    learn_alpha: bool = False        # exercises only: make alpha a parameter
-    # --- CAT (models/cat.py) ---
-    chunk_size: int = 16             # C: tokens per compressed chunk (the default knob setting)
-    chunk_sizes: tuple = ()          # () = fixed-C model; else the multi-chunk model's sizes
-    decoder_width: int = 2           # decoder width = decoder_width * d_model (paper: 2)
-    compressor_layers: int = 0       # 0 = max(1, n_layer // 4)
-    # --- ARMT (models/armt.py) ---
-    backbone: str = "dense"          # arch of the wrapped model when ARMT is built from a config
-    segment_size: int = 64           # tokens per segment
-    n_mem_tokens: int = 8            # M: memory (write) tokens appended to each segment
-    d_mem: int = 16                  # associative key width before DPFP (keep <= d_model / 4)
-    normalize_phi: bool = True       # L2-normalised DPFP features (False: the 2024 paper)
-    correction: bool = True          # delta rule with the v_bar / gamma correction
-    detach_every: int = 0            # truncated BPTT: detach memory every k segments (0 = full)
-    grad_checkpoint: bool = False    # recompute each segment in backward (ARMT)
-    # --- ARMT and MoC: which layers carry memory (None = the mechanism's default) ---
-    memory_layers: tuple | None = None
-    # --- MoC (models/moc.py) ---
-    n_chapters: int = 17             # chapters in the bank, chapter 0 always read (shared)
-    chapter_len: int = 8             # latent tokens per chapter
-    top_k: int = 2                   # routed chapters read per routing decision
-    routing: str = "block_causal"    # "block_causal" (default, causal) or "sequence" (paper)
-    routing_window: int = 32         # R: tokens per routing window (block_causal)
-    routed_scale: float = 2.5        # routed_scaling_factor of the chapter weights
-    lb_coef: float = 0.01            # load-balance loss coefficient
-    z_coef: float = 0.001            # router z-loss coefficient
-    freeze_bank: bool = False        # keep the bank fixed (fine-tuning experiments)
-    bank_lr_scale: float = 2.0       # bank lr = lr * this (paper: 6e-4 vs 3e-4)
-    memory_lr_scale: float = 2.0     # memory-layer lr = lr * this (paper: 6e-4 vs 3e-4)
+    options: Options = None          # the mechanism's own fields (see its module)
 
-    def __post_init__(self) -> None:
-        for name in ("chunk_sizes", "memory_layers"):        # JSON gives lists back
-            if isinstance(getattr(self, name), list):
-                setattr(self, name, tuple(getattr(self, name)))
+    def __init__(self, arch: str = "dense", *, options=None, **values):
+        mechanism = registry.get(arch)
+        option_names = mechanism.options.field_names()
+        values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
+        for name in values:
+            if name not in SHARED_FIELDS and name not in option_names:
+                fail(name, values[name], unknown_field_help(name, arch))
+        inherited = _inherited_options(options, option_names)
+        object.__setattr__(self, "arch", arch)
+        for name, default in SHARED_FIELDS.items():
+            object.__setattr__(self, name, values.get(name, default))
+        object.__setattr__(self, "options", mechanism.options(
+            **{**inherited, **{k: v for k, v in values.items() if k in option_names}}))
         self.validate()
+
+    # --- the options read like fields --------------------------------------------------------
+    def __getattr__(self, name: str):
+        options = self.__dict__.get("options")
+        if options is not None and name in options.field_names():
+            return getattr(options, name)
+        raise AttributeError(f"ModelConfig of arch={self.__dict__.get('arch')!r} has no field "
+                             f"{name!r}" + _owners_hint(name))
+
+    def __setattr__(self, name: str, value) -> None:
+        options = self.__dict__.get("options")
+        if name not in SHARED_FIELDS and name not in ("arch", "options") and options is not None \
+                and name in options.field_names():
+            setattr(options, name, value)
+        else:
+            object.__setattr__(self, name, value)
+
+    def __repr__(self) -> str:
+        return f"ModelConfig({', '.join(f'{k}={v!r}' for k, v in self.to_dict().items())})"
 
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_head
 
-    def validate(self) -> None:
-        from blockmem_lite.models.base import available_archs
+    @property
+    def option_names(self) -> tuple[str, ...]:
+        """The fields of this config's mechanism (``cfg.options``)."""
+        return self.options.field_names()
 
-        archs = available_archs()
-        if self.arch not in archs:
-            _fail("arch", self.arch, f"known architectures are {', '.join(archs)}")
+    def to_dict(self) -> dict:
+        """One flat dict: the shared fields, then the mechanism's options (JSON-ready)."""
+        shared = {name: getattr(self, name) for name in ("arch", *SHARED_FIELDS)}
+        return {**shared, **dataclasses.asdict(self.options)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> ModelConfig:
+        """Inverse of ``to_dict``; also reads the flat dicts of earlier releases, which held
+        every mechanism's fields (the ones of other mechanisms are dropped)."""
+        d = dict(d)
+        nested = d.pop("options", None) or {}
+        arch = d.pop("arch", "dense")
+        own = registry.get(arch).options.field_names()
+        foreign = {n for m in registry.mechanisms() for n in m.options.field_names()} - set(own)
+        values = {k: v for k, v in {**d, **nested}.items() if k not in foreign}
+        return cls(arch, **values)
+
+    def validate(self) -> None:
         check_int("vocab_size", self.vocab_size, 2)
         check_int("d_model", self.d_model, 2)
         check_int("n_layer", self.n_layer, 1)
         check_int("n_head", self.n_head, 1)
         if self.d_model % self.n_head:
-            _fail("n_head", self.n_head,
-                  f"must divide d_model={self.d_model} (divisors: "
-                  f"{', '.join(str(h) for h in range(1, self.d_model + 1) if self.d_model % h == 0)})")
+            fail("n_head", self.n_head,
+                 f"must divide d_model={self.d_model} (divisors: "
+                 f"{', '.join(str(h) for h in range(1, self.d_model + 1) if self.d_model % h == 0)})")
         if self.head_dim % 2:
-            _fail("n_head", self.n_head,
-                  f"d_model/n_head={self.head_dim} must be even for RoPE")
+            fail("n_head", self.n_head, f"d_model/n_head={self.head_dim} must be even for RoPE")
         check_int("seq_len", self.seq_len, 1)
         check_float("mlp_ratio", self.mlp_ratio, 0.0, low_inclusive=False)
         check_float("rope_base", self.rope_base, 1.0, low_inclusive=False)
         check_float("norm_eps", self.norm_eps, 0.0, low_inclusive=False)
         check_float("dropout", self.dropout, 0.0, 1.0)
         check_float("init_std", self.init_std, 0.0, low_inclusive=False)
-        if self.arch in BLOCK_ARCHS:
-            check_int("block_size", self.block_size, 1)
-            if self.block_size > self.seq_len:
-                _fail("block_size", self.block_size,
-                      f"must be between 1 and seq_len={self.seq_len} (the context)")
-            check_float("alpha", self.alpha, 0.0, 1.0)
-        if self.arch == "cat":
-            self._validate_cat()
-        if self.arch == "armt":
-            self._validate_armt()
-        if self.arch == "moc":
-            self._validate_moc()
+        self.options.validate(self)
 
-    # Each mechanism validates its own fields (the module owning them documents them).
-    def _validate_cat(self) -> None:
-        from blockmem_lite.models.cat import validate_config
 
-        validate_config(self)
+SHARED_FIELDS = {f.name: f.default for f in fields(ModelConfig) if f.name not in ("arch", "options")}
 
-    def _validate_armt(self) -> None:
-        from blockmem_lite.models.armt import validate_config
 
-        validate_config(self)
+def _inherited_options(options, option_names: tuple[str, ...]) -> dict:
+    """The values of ``options`` (an Options instance or a dict) that ``option_names`` share."""
+    if options is None:
+        return {}
+    values = dataclasses.asdict(options) if dataclasses.is_dataclass(options) else dict(options)
+    return {k: tuple(v) if isinstance(v, list) else v
+            for k, v in values.items() if k in option_names}
 
-    def _validate_moc(self) -> None:
-        from blockmem_lite.models.moc import validate_config
 
-        validate_config(self)
+def _owners_hint(name: str) -> str:
+    owners = registry.option_owners(name)
+    return f" (an option of {', '.join(owners)})" if owners else ""
+
+
+def unknown_field_help(name: str, arch: str, train_fields=()) -> str:
+    """What to say about a field ``arch`` does not have: whose option it is, what exists."""
+    owners = registry.option_owners(name)
+    own = registry.get(arch).options.field_names()
+    if owners:
+        return (f"an option of {', '.join(owners)}, not of arch={arch!r} (set arch as well, "
+                f"e.g. arch={owners[0]!r})")
+    listing = f"unknown field; shared fields are {', '.join(SHARED_FIELDS)}; {arch} options are " \
+              f"{', '.join(own) or 'none'}"
+    if train_fields:
+        listing += f"; TrainConfig has {', '.join(sorted(train_fields))}"
+    return listing
 
 
 @dataclass
@@ -189,6 +197,7 @@ class TrainConfig:
     num_workers: int = 0             # DataLoader workers; 0 keeps 2-core machines responsive
     val_fraction: float = 0.1
     corpus: str = "offline"          # see corpora.load_corpus
+    tokenizer: str = "bytes"         # "bytes" or a Hugging Face tokenizer in the local cache
 
     def __post_init__(self) -> None:
         self.validate()
@@ -209,11 +218,14 @@ class TrainConfig:
         check_int("checkpoint_every", self.checkpoint_every, 0)
         check_int("seed", self.seed, 0)
         if self.device not in ("auto", "cpu", "cuda", "mps") and not self.device.startswith("cuda:"):
-            _fail("device", self.device, "expected 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'")
+            fail("device", self.device, "expected 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'")
         if self.precision not in ("auto", "fp32", "bf16"):
-            _fail("precision", self.precision, "expected 'auto', 'fp32' or 'bf16'")
+            fail("precision", self.precision, "expected 'auto', 'fp32' or 'bf16'")
         check_int("num_workers", self.num_workers, 0)
         check_float("val_fraction", self.val_fraction, 0.0, 0.5, low_inclusive=False)
+        if not isinstance(self.tokenizer, str) or not self.tokenizer:
+            fail("tokenizer", self.tokenizer, "expected 'bytes' or the name of a Hugging Face "
+                                              "tokenizer in the local cache")
 
 
 @dataclass
@@ -229,65 +241,68 @@ class RunConfig:
         return self.preset in ("tiny", "fast")
 
     def replace(self, **overrides) -> RunConfig:
-        """A copy with fields of ``model`` or ``train`` replaced (validated)."""
-        model_names = {f.name for f in fields(ModelConfig)}
+        """A copy with fields of ``model`` or ``train`` replaced (validated).
+
+        A new ``arch`` starts from that mechanism's sizes for this preset.
+        """
         train_names = {f.name for f in fields(TrainConfig)}
-        model_kw, train_kw = {}, {}
-        for key, value in overrides.items():
-            if key in model_names:
-                model_kw[key] = value
-            elif key in train_names:
-                train_kw[key] = value
-            else:
-                _fail(key, value,
-                      "unknown field; ModelConfig has " + ", ".join(sorted(model_names))
-                      + "; TrainConfig has " + ", ".join(sorted(train_names)))
+        train_kw = {k: v for k, v in overrides.items() if k in train_names}
+        model_kw = {k: v for k, v in overrides.items() if k not in train_names}
+        arch = model_kw.pop("arch", self.model.arch)
+        mechanism = registry.get(arch)
+        for key, value in model_kw.items():
+            if key not in SHARED_FIELDS and key not in mechanism.options.field_names():
+                fail(key, value, unknown_field_help(key, arch, train_names))
+        if arch != self.model.arch:
+            model_kw = {**mechanism.presets.get(self.preset, {}), **model_kw}
         return RunConfig(
-            model=dataclasses.replace(self.model, **model_kw),
+            model=dataclasses.replace(self.model, arch=arch, **model_kw),
             train=dataclasses.replace(self.train, **train_kw),
             preset=self.preset,
         )
 
     def to_dict(self) -> dict:
-        return {"preset": self.preset, "model": dataclasses.asdict(self.model),
+        return {"preset": self.preset, "model": self.model.to_dict(),
                 "train": dataclasses.asdict(self.train)}
 
     @classmethod
     def from_dict(cls, d: dict) -> RunConfig:
-        return cls(model=ModelConfig(**d["model"]), train=TrainConfig(**d["train"]),
+        return cls(model=ModelConfig.from_dict(d["model"]), train=TrainConfig(**d["train"]),
                    preset=d.get("preset", "custom"))
 
 
-# preset name -> (ModelConfig fields, TrainConfig fields). Mechanism sizes follow MECHANISMS.md
-# "Kit scale": BCMT block, ARMT segment, MoC bank (chapters x tokens, top-k) per preset.
+# preset name -> (shared ModelConfig fields, TrainConfig fields). Each mechanism sizes its own
+# options per preset (``Mechanism.presets``: BCMT blocks, ARMT segments, MoC banks...).
 _PRESETS = {
-    "tiny": (dict(d_model=32, n_layer=2, n_head=2, seq_len=32, block_size=8, segment_size=8,
-                  routing_window=8),
+    "tiny": (dict(d_model=32, n_layer=2, n_head=2, seq_len=32),
              dict(steps=20, batch_size=4, lr=3e-3, warmup_steps=2, eval_every=10,
                   eval_batches=2, log_every=5)),
-    "fast": (dict(d_model=32, n_layer=2, n_head=2, seq_len=64, block_size=16, segment_size=16,
-                  routing_window=16),
+    "fast": (dict(d_model=32, n_layer=2, n_head=2, seq_len=64),
              dict(steps=60, batch_size=8, lr=5e-3, warmup_steps=5, eval_every=20,
                   eval_batches=2, log_every=10)),
-    "class": (dict(d_model=128, n_layer=4, n_head=4, seq_len=256, block_size=64,
-                   segment_size=64, n_chapters=257, chapter_len=16, top_k=8),
+    "class": (dict(d_model=128, n_layer=4, n_head=4, seq_len=256),
               dict(steps=600, batch_size=16, lr=3e-3, warmup_steps=30, eval_every=100,
                    eval_batches=8, log_every=10)),
-    "gpu": (dict(d_model=384, n_layer=8, n_head=6, seq_len=1024, block_size=128,
-                 segment_size=256, n_chapters=4097, chapter_len=64, top_k=64,
-                 routing_window=128),
+    "gpu": (dict(d_model=384, n_layer=8, n_head=6, seq_len=1024),
             dict(steps=5000, batch_size=32, lr=1e-3, warmup_steps=200, eval_every=250,
                  eval_batches=20, log_every=25, corpus="wikitext-103")),
 }
-PRESET_NAMES = tuple(_PRESETS)
+assert tuple(_PRESETS) == PRESET_NAMES
 
 
 def preset(name: str, **overrides) -> RunConfig:
-    """The named preset (tiny, fast, class, gpu), with optional field overrides."""
+    """The named preset (tiny, fast, class, gpu), with optional field overrides.
+
+    ``arch`` picks the mechanism, whose own sizes for this preset apply before
+    the overrides.
+    """
     if name not in _PRESETS:
-        _fail("preset", name, f"expected one of {', '.join(PRESET_NAMES)}")
+        fail("preset", name, f"expected one of {', '.join(PRESET_NAMES)}")
     model_kw, train_kw = _PRESETS[name]
-    cfg = RunConfig(model=ModelConfig(**model_kw), train=TrainConfig(**train_kw), preset=name)
+    arch = overrides.pop("arch", registry.BASELINE)
+    sizes = registry.get(arch).presets.get(name, {})
+    cfg = RunConfig(model=ModelConfig(arch, **model_kw, **sizes), train=TrainConfig(**train_kw),
+                    preset=name)
     return cfg.replace(**overrides) if overrides else cfg
 
 

@@ -16,9 +16,9 @@
   ``cache_dir()``; or from a local copy of the Hub repository's parquet files
   (``local_path``). Offline and not cached: ``CorpusUnavailable``, or, with
   ``allow_fallback=True``, a warning and the offline corpus.
-* ``"files"``: your own text files (``paths``), read by the ``datasets`` text builder.
+* ``"files"``: your own text files (``paths``, any ``encoding``), each ending in a newline.
 
-``datasets`` is imported only inside the WikiText and files loaders.
+``datasets`` is imported only inside the WikiText loaders.
 
 Kit design choices: windows do not overlap (each holds ``seq_len + 1`` tokens,
 so no token is shared between two windows and any split of windows is
@@ -40,8 +40,9 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from blockmem_lite.config import check_int
-from blockmem_lite.tokenizer import ByteTokenizer
+from blockmem_lite.runtime import usable_workers
+from blockmem_lite.tokenizer import ByteTokenizer, get_tokenizer
+from blockmem_lite.validation import check_int
 
 CORPUS_NAMES = ("offline", "pydoc", "longrange", "wikitext-2", "wikitext-103", "files")
 WIKITEXT_REPO = "Salesforce/wikitext"
@@ -101,10 +102,12 @@ def cache_dir() -> Path:
 
 # --- loading -----------------------------------------------------------------------------
 def load_corpus(name: str = "offline", *, paths=None, local_path=None,
-                allow_fallback: bool = False, max_chars: int | None = None) -> Corpus:
+                allow_fallback: bool = False, max_chars: int | None = None,
+                encoding: str = "utf-8") -> Corpus:
     """Load a corpus by name (see the module docstring for the names).
 
-    paths: text files for ``name="files"``. local_path: a folder holding the
+    paths: text files for ``name="files"``, read with ``encoding`` (e.g. "latin-1"
+    for older text; the command line's ``--paths`` / ``--encoding``). local_path: a folder holding the
     WikiText parquet files, laid out like the Hub repository
     (``<local_path>/wikitext-2-raw-v1/train-*.parquet`` and likewise for
     ``validation`` and ``test``; pointing straight at the config folder works too).
@@ -118,6 +121,9 @@ def load_corpus(name: str = "offline", *, paths=None, local_path=None,
     if paths is not None and name != "files":
         raise ValueError(f"paths={paths!r} is not allowed with name={name!r}: "
                          "paths is used only with name='files'")
+    if encoding != "utf-8" and name != "files":
+        raise ValueError(f"encoding={encoding!r} is not allowed with name={name!r}: "
+                         "encoding is used only with name='files'")
     if local_path is not None and name not in WIKITEXT_CONFIGS:
         raise ValueError(f"local_path={local_path!r} is not allowed with name={name!r}: "
                          f"local_path is used only with {' or '.join(WIKITEXT_CONFIGS)}")
@@ -126,7 +132,7 @@ def load_corpus(name: str = "offline", *, paths=None, local_path=None,
     elif name == "longrange":
         corpus = longrange_corpus()
     elif name == "files":
-        corpus = _files_corpus(paths)
+        corpus = _files_corpus(paths, encoding)
     else:
         corpus = _wikitext_or_fallback(name, local_path, allow_fallback)
     return _truncated(corpus, max_chars)
@@ -173,22 +179,43 @@ def _load_dataset(*args, **kwargs):
     return load_dataset(*args, cache_dir=str(cache_dir()), **kwargs)
 
 
-def _files_corpus(paths) -> Corpus:
+def _files_corpus(paths, encoding: str = "utf-8") -> Corpus:
     if paths is None or (not isinstance(paths, (str, os.PathLike)) and len(paths) == 0):
         raise ValueError(f"paths={paths!r} is not allowed: name='files' needs a text file path "
-                         "or a list of them")
+                         "or a list of them (--paths FILE ... on the command line)")
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
+    try:
+        "".encode(encoding)
+    except LookupError:
+        raise ValueError(f"encoding={encoding!r} is not allowed: not a codec Python knows "
+                         "(e.g. utf-8, latin-1, cp1252)") from None
     files = [Path(p).expanduser().resolve() for p in paths]
     missing = [str(f) for f in files if not f.is_file()]
     if missing:
         raise FileNotFoundError(f"text files not found: {', '.join(missing)}")
-    dataset = _load_dataset("text", data_files={"train": [str(f) for f in files]},
-                            keep_linebreaks=True)
+    texts = [_read_text_file(f, encoding) for f in files]
     names = ", ".join(f.name for f in files)
-    return Corpus(name="files", text=_join_lines(dataset["train"]["text"]),
+    return Corpus(name="files", text="".join(t if t.endswith("\n") else t + "\n" for t in texts),
                   source=f"local text files: {', '.join(str(f) for f in files)}",
                   description=f"{len(files)} text file(s) ({names}), joined in the order given")
+
+
+def _read_text_file(path: Path, encoding: str) -> str:
+    """One file's text; a ValueError names the file and what is wrong with it."""
+    data = path.read_bytes()
+    if not data.strip():
+        raise ValueError(f"text file {path} is not usable: it is empty")
+    if b"\x00" in data[:65536] and encoding.replace("-", "").lower().startswith("utf8"):
+        raise ValueError(f"text file {path} is not usable: it holds NUL bytes, so it looks "
+                         "binary rather than text")
+    try:
+        return data.decode(encoding)
+    except UnicodeDecodeError as err:
+        raise ValueError(f"text file {path} is not usable as {encoding}: byte "
+                         f"0x{data[err.start]:02x} at offset {err.start} is not valid there; "
+                         "if it is older text, read it with encoding='latin-1' (or cp1252; "
+                         "--encoding on the command line)") from None
 
 
 def _wikitext_or_fallback(name: str, local_path, allow_fallback: bool) -> Corpus:
@@ -245,7 +272,8 @@ def _wikitext_from_hub(name: str, config: str):
         return _load_dataset(WIKITEXT_REPO, config)
     except ImportError as e:
         raise CorpusUnavailable(f"{name} needs Hugging Face `datasets`: {e}. Pass "
-                                "allow_fallback=True to fall back to the offline corpus.") from e
+                                "allow_fallback=True (--allow-fallback) to fall back to the "
+                                "offline corpus.") from e
     except (ConnectionError, FileNotFoundError) as e:
         raise CorpusUnavailable(_unavailable_message(name, config, e)) from e
 
@@ -258,8 +286,8 @@ def _unavailable_message(name: str, config: str, error: Exception) -> str:
     return (f"{name} ({WIKITEXT_REPO}, {config}) is not in the local cache {cache_dir()} and "
             f"{why}. To get it: run load_corpus({name!r}) once with network access (it is then "
             f"cached), or download the repository's parquet files and pass "
-            f"local_path=<folder holding {config}/>. Pass allow_fallback=True to fall back to "
-            "the offline corpus.")
+            f"local_path=<folder holding {config}/> (--local-path on the command line). Pass "
+            "allow_fallback=True (--allow-fallback) to fall back to the offline corpus.")
 
 
 # --- the generated long-range corpus -----------------------------------------------------
@@ -477,11 +505,7 @@ def _one_thread_worker(worker_id: int) -> None:
 
 
 def _worker_options(num_workers: int) -> dict:
-    available = max((os.cpu_count() or 1) - 1, 0)
-    if num_workers > available:
-        warnings.warn(f"num_workers={num_workers} is more than this machine's {available} spare "
-                      f"core(s); using {available}", UserWarning, stacklevel=3)
-        num_workers = available
+    num_workers = usable_workers(num_workers)
     if num_workers == 0:
         return {"num_workers": 0}
     return {"num_workers": num_workers, "worker_init_fn": _one_thread_worker,
@@ -492,13 +516,14 @@ def make_loaders(run_cfg, corpus: Corpus | str | None = None, tokenizer=None, *,
                  allow_fallback: bool = False) -> tuple[DataLoader, DataLoader]:
     """(train_loader, val_loader) of (x, y) int64 batches, both (B, T), T = run_cfg.model.seq_len.
 
-    corpus: a Corpus, a corpus name, or None for ``run_cfg.train.corpus``.
+    corpus: a Corpus, a corpus name, or None for ``run_cfg.train.corpus``; tokenizer:
+    None for ``get_tokenizer(run_cfg.train.tokenizer)`` (bytes unless set).
     The train loader shuffles with a generator seeded by ``run_cfg.train.seed``
     and drops the last partial batch; the validation loader keeps the order
     and runs in the main process. Workers (``num_workers``) get one thread each.
     """
     model_cfg, train_cfg = run_cfg.model, run_cfg.train
-    tokenizer = tokenizer or ByteTokenizer()
+    tokenizer = tokenizer or get_tokenizer(train_cfg.tokenizer)
     if tokenizer.vocab_size > model_cfg.vocab_size:
         raise ValueError(f"vocab_size={model_cfg.vocab_size} is not allowed: the tokenizer has "
                          f"{tokenizer.vocab_size} ids; expected vocab_size >= "

@@ -24,6 +24,12 @@ the exercise notebooks and proves that every check cell fails on the stubs.
 (compared as parsed JSON, so key order and whitespace do not matter).
 ``strip`` clears outputs and execution counts in place (notebooks are
 committed without outputs).
+
+Every generated notebook carries ``metadata["blockmem_lite"]["generated_from"]``.
+``build`` refuses (exit 2, nothing written) an ``--out`` that is the solutions
+folder or holds a notebook without that mark, so ``--prune`` only deletes
+generated ones. A malformed notebook is a one-line error naming the file;
+nbformat 1-3 notebooks are upgraded to nbformat 4.
 """
 
 from __future__ import annotations
@@ -93,10 +99,10 @@ def solution_notebooks(solutions: Path) -> list[Path]:
 
 def _fill_missing_ids(raw: dict) -> None:
     """Give cells without an id a deterministic one, so builds never differ by random ids."""
-    if (raw.get("nbformat", 0), raw.get("nbformat_minor", 0)) < (4, 5):
+    if not isinstance(raw.get("nbformat_minor"), int) or raw["nbformat_minor"] < 5:
         return
-    used = {c.get("id") for c in raw.get("cells", [])}
-    for i, cell in enumerate(raw.get("cells", [])):
+    used = {c.get("id") for c in raw["cells"]}
+    for i, cell in enumerate(raw["cells"]):
         if not _CELL_ID.match(str(cell.get("id", ""))):
             candidate, n = f"cell-{i}", 0
             while candidate in used:
@@ -106,15 +112,65 @@ def _fill_missing_ids(raw: dict) -> None:
             used.add(candidate)
 
 
-def read_notebook(path: Path):
-    """Read a notebook (nbformat 4 node); clear error if it is not valid JSON."""
-    nbformat = _nbformat()
+def _short(value, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _read_json(path: Path) -> dict:
+    """The parsed JSON object in ``path``; one-line error if unreadable, not UTF-8 or not an object."""
     try:
-        raw = json.loads(Path(path).read_text(encoding="utf-8"))
+        raw = json.loads(Path(path).read_bytes().decode("utf-8"))
+    except OSError as err:
+        raise ExerciseError(f"{path} cannot be read: {err.strerror or err}") from err
+    except UnicodeDecodeError as err:
+        raise ExerciseError(f"{path} is not UTF-8 (byte {err.object[err.start]:#x} at offset "
+                            f"{err.start}): notebooks are UTF-8 JSON; re-save it as UTF-8") from err
     except json.JSONDecodeError as err:
         raise ExerciseError(f"{path} is not a valid notebook: {err}") from err
+    if not isinstance(raw, dict):
+        raise ExerciseError(f"{path} is not a valid notebook: expected a JSON object with "
+                            f"'cells' and 'metadata', got a JSON {type(raw).__name__}")
+    return raw
+
+
+def _upgrade(raw: dict, path: Path) -> dict:
+    """``raw`` as nbformat 4; older versions are converted (cells get ids later, not random ones)."""
+    version = raw.get("nbformat")
+    if version == 4:
+        return raw
+    if type(version) is not int or not 1 <= version < 4:
+        raise ExerciseError(f"{path} is not a valid notebook: nbformat={version!r} is not "
+                            "supported: expected 4 (versions 1-3 are upgraded)")
+    nbformat = _nbformat()
+    try:
+        upgraded = nbformat.convert(nbformat.from_dict(raw), 4)
+    except Exception as err:  # nbformat's converters raise many kinds on malformed input
+        raise ExerciseError(f"{path} is not a valid nbformat {version} notebook and cannot be "
+                            f"upgraded to nbformat 4: {str(err).splitlines()[0]}") from err
+    for cell in upgraded.get("cells", []):
+        cell.pop("id", None)
+    return upgraded
+
+
+def read_notebook(path: Path):
+    """Read and validate a notebook as an nbformat 4 node; one-line ExerciseError naming the file."""
+    nbformat = _nbformat()
+    raw = _upgrade(_read_json(path), path)
+    cells = raw.get("cells")
+    if not isinstance(cells, list) or not all(isinstance(c, dict) for c in cells):
+        raise ExerciseError(f"{path} is not a valid notebook: expected 'cells' to be a list of "
+                            f"cell objects, got {_short(cells)}")
     _fill_missing_ids(raw)
-    return nbformat.reads(json.dumps(raw), as_version=4)
+    nb = nbformat.from_dict(raw)
+    try:
+        nbformat.validate(nb, relax_add_props=True)  # unknown keys are harmless
+    except nbformat.ValidationError as err:
+        where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err.absolute_path)
+        raise ExerciseError(f"{path} is not a valid notebook: {err.message}"
+                            + (f" (at {where.lstrip('.')})" if where else "")) from err
+    rwbase = nbformat.v4.rwbase
+    return rwbase.strip_transient(rwbase.rejoin_lines(nb))  # as nbformat.reads would
 
 
 def write_notebook(nb, path: Path) -> None:
@@ -243,6 +299,15 @@ def check_cell_indices(nb) -> list[int]:
             if c.cell_type == "code" and CHECK_TAG in c.metadata.get("tags", [])]
 
 
+def is_generated(path: Path) -> bool:
+    """True if ``path`` is a readable notebook that ``build`` marked as generated."""
+    try:
+        mark = read_notebook(path).metadata.get("blockmem_lite")
+    except ExerciseError:
+        return False
+    return isinstance(mark, dict) and "generated_from" in mark
+
+
 def make_exercise(solution, name: str = "notebook"):
     """The student version of a solution notebook (a new node; the input is not changed)."""
     nb = copy.deepcopy(solution)
@@ -300,8 +365,31 @@ def _display(path: Path) -> str:
         return str(path)
 
 
+def _refuse_unsafe_out(solutions: Path, out: Path) -> None:
+    """Refuse an ``out`` that is the solutions folder or holds notebooks ``build`` did not make."""
+    if out.exists() and not out.is_dir():
+        raise ExerciseError(f"--out {out} is not a folder: expected a folder for the exercises")
+    if out.resolve() == solutions.resolve():
+        raise ExerciseError(f"--out {out} is the solutions folder {solutions}: building there "
+                            "would overwrite the solutions with stubs; pass another folder")
+    foreign = [p.name for p in sorted(out.glob("*.ipynb")) if not is_generated(p)] \
+        if out.is_dir() else []
+    if foreign:
+        raise ExerciseError(f"--out {out} holds {len(foreign)} notebook(s) that exercises build "
+                            f"did not generate ({', '.join(foreign[:3])}"
+                            f"{', ...' if len(foreign) > 3 else ''}): refusing to overwrite or "
+                            "delete them; pass an empty folder or one made by exercises build")
+
+
 def build(solutions: Path | None = None, out: Path | None = None, prune: bool = False) -> Plan:
-    """Write every exercise that is new or out of date; with ``prune`` delete stray ones."""
+    """Write every exercise that is new or out of date; with ``prune`` delete stray ones.
+
+    Nothing is written when ``out`` is unsafe (see ``_refuse_unsafe_out``), so ``prune``
+    only ever deletes notebooks that carry the generated mark.
+    """
+    solutions = Path(solutions) if solutions else solutions_dir()
+    out = Path(out) if out else exercises_dir()
+    _refuse_unsafe_out(solutions, out)
     result = plan(solutions, out)
     for note in result.notes:
         print(f"note: {note}")

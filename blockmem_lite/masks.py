@@ -48,6 +48,23 @@ def block_causal_mask(seq_len: int, block_size: int, device=None) -> torch.Tenso
     return same_block & causal_mask(seq_len, device=device)
 
 
+def sliding_window_mask(q_len: int, kv_len: int | None = None, *, window: int,
+                        device=None) -> torch.Tensor:
+    """Sliding-window causal mask, bottom-right aligned: (q_len, kv_len).
+
+    Query i sits at absolute position ``kv_len - q_len + i`` and sees the ``window``
+    newest keys up to itself: key k iff ``0 <= q - k < window``. ``window >= kv_len``
+    is the causal mask. Notebook 11 builds a mechanism on it (kit decision: the kit
+    ships the mask, not a sliding-window mechanism; tests register one as a plugin).
+    """
+    kv_len = q_len if kv_len is None else kv_len
+    _check_positive("window", window)
+    allowed = causal_mask(q_len, kv_len, device=device)             # checks q_len, kv_len
+    q_pos = torch.arange(kv_len - q_len, kv_len, device=device)[:, None]  # (q, 1)
+    k_pos = torch.arange(kv_len, device=device)[None, :]                  # (1, k)
+    return allowed & (q_pos - k_pos < window)
+
+
 def mask_density(mask: torch.Tensor) -> float:
     """Fraction of allowed (query, key) pairs: the share of attention work done."""
     return mask.float().mean().item()

@@ -2,11 +2,11 @@
 
 Everything here follows the protocol in ``PERFORMANCE.md``:
 
-* **FLOP model** (forward, per token, per layer; a multiply-add counts 2).
-  ``FlopCounterMode`` counts 0 for CPU SDPA, so the kit uses formulas:
-  dense ``24·d² + 2·T·d`` (``24·d²`` = the q/k/v/out projections, 8·d², plus
-  the SwiGLU MLP, 16·d²; ``2·T·d`` = QKᵀ and AV over the causal half), and
-  one function per mechanism. Training costs 3× the forward.
+* **FLOP model** (forward, per token; a multiply-add counts 2):
+  ``flops_per_token(cfg)`` asks the registry for the mechanism's own formula
+  (each mechanism module holds one; ``flops.py`` the shared dense pieces).
+  Training costs 3× the forward. ``iso_flop_dense_config`` matches a dense
+  model's depth to any mechanism's FLOPs.
 * **Timing**: threads pinned, ≥ 3 warm-up steps, median of ≥ 5 timed steps,
   the device synchronised before each clock reading; several workloads are
   timed interleaved (A B A B …) so machine drift hits them all alike.
@@ -20,7 +20,9 @@ Everything here follows the protocol in ``PERFORMANCE.md``:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -32,315 +34,44 @@ from typing import Callable, Iterable
 
 import torch
 
-from blockmem_lite.runtime import autocast_context, synchronize
+from blockmem_lite import registry
+from blockmem_lite.config import ModelConfig
+from blockmem_lite.flops import dense_layer_flops
+from blockmem_lite.models.base import build_model
+from blockmem_lite.runtime import autocast_context, seed_everything, synchronize
+from blockmem_lite.validation import check_positive
 
 # --------------------------------------------------------------------------------------
-# FLOP model (PERFORMANCE.md, "FLOP model"): forward FLOPs per token per layer.
+# FLOP model: each mechanism registers its own formula (``flops.py`` holds the shared parts)
 # --------------------------------------------------------------------------------------
 
-FLOP_ARCHS = ("dense", "block_local", "bcmt", "cat", "armt", "moc")
-DECODE_FLOP_ARCHS = ("dense", "block_local", "bcmt", "cat", "armt")   # with decode=True
-TRAIN_FLOP_FACTOR = 3  # forward + backward = 3 x forward (backward = 2 x forward)
+def flops_per_token(cfg: ModelConfig, seq_len: int | None = None,
+                    decode: bool = False) -> float | None:
+    """Forward FLOPs per token of the model ``cfg`` describes, LM head included.
 
-
-def _positive(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        raise ValueError(f"{name}={value!r} is not allowed: expected a positive number")
-
-
-def _non_negative(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-        raise ValueError(f"{name}={value!r} is not allowed: expected a number >= 0")
-
-
-def layer_matmul_flops(d_model: int) -> float:
-    """``24·d²``: q/k/v/out projections (2·4·d²) + SwiGLU MLP (2·3·(8/3)·d²), per token."""
-    _positive("d_model", d_model)
-    return 24.0 * d_model * d_model
-
-
-def dense_layer_flops(d_model: int, seq_len: int) -> float:
-    """Dense causal layer, training/prefill: ``24·d² + 2·T·d`` per token.
-
-    ``2·T·d``: QKᵀ and AV cost 4·d per key, and causal attention (the kernel
-    skips the masked half) sees T/2 keys on average.
+    ``seq_len``: the context (default ``cfg.seq_len``); ``decode=True``: one
+    decoding step at that context. None where the mechanism has no FLOP model
+    (or none for decoding). Training costs ``flops.training_flops_per_token``.
     """
-    _positive("seq_len", seq_len)
-    return layer_matmul_flops(d_model) + 2.0 * seq_len * d_model
+    cfg = getattr(cfg, "model", cfg)
+    mechanism = registry.get(cfg.arch)
+    if mechanism.flops is None:
+        return None
+    return mechanism.flops(cfg, seq_len or cfg.seq_len, decode)
 
 
-def dense_decode_layer_flops(d_model: int, context_len: int) -> float:
-    """Dense layer, one decoding step at context ``t``: ``24·d² + 4·t·d``.
+def iso_flop_dense_config(cfg: ModelConfig) -> ModelConfig:
+    """A dense config with more layers and (nearly) the forward FLOPs per token of ``cfg``.
 
-    Not in PERFORMANCE.md's list but derived the same way: the single new
-    query attends to all t cached keys (no causal half), 4·d per key.
+    Dense layers n = n_layer + (what ``cfg`` costs beyond a dense model of its depth)
+    / (one dense layer's FLOPs), rounded to the nearest integer (halves up); width,
+    heads, seq_len and vocabulary are kept. Works for any mechanism with a FLOP model.
     """
-    _positive("context_len", context_len)
-    return layer_matmul_flops(d_model) + 4.0 * context_len * d_model
-
-
-def block_local_layer_flops(d_model: int, block_len: int) -> float:
-    """Block-local causal layer (BCMT, HOnly): ``24·d² + 2·L·d`` per token.
-
-    The summary/decay term is negligible and left out, as in PERFORMANCE.md.
-    Per token this is also the average cost of decoding inside a block.
-    """
-    _positive("block_len", block_len)
-    return layer_matmul_flops(d_model) + 2.0 * block_len * d_model
-
-
-def bcmt_layer_flops(d_model: int, block_len: int, seq_len: int) -> float:
-    """BCMT layer: block-local attention plus the memory path, per token.
-
-    ``24·d² + 2·L·d`` (block-local) ``+ 2·d²`` (gate on U; the gate's P half, the
-    memory projection W_p and the summary pooling cost ``4·d²/L + 4·d`` per token)
-    ``+ 2·N·d/L`` (the N x N decay mix over N = T/L summaries). The gate is not
-    negligible: it is the kit's design choice (MECHANISMS.md 1.2 step 6) and
-    costs about 8% of the layer, which lowers BCMT's ceiling below block-local's.
-    """
-    _positive("block_len", block_len)
-    _positive("seq_len", seq_len)
-    n_blocks = -(-seq_len // block_len)
-    memory_path = (2.0 * d_model ** 2 + 4.0 * d_model ** 2 / block_len + 4.0 * d_model
-                   + 2.0 * n_blocks * d_model / block_len)
-    return block_local_layer_flops(d_model, block_len) + memory_path
-
-
-def cat_decoder_layer_flops(d_decoder: int, chunk_size: int, seq_len: int) -> float:
-    """CAT decoder layer of width D: ``(1 + 1/C)·[24·D² + 2·D·(C + T/C)]`` per token.
-
-    (1 + 1/C): one compressed slot per chunk of C tokens; each query sees its
-    own chunk (C) and the T/C chunk vectors.
-    """
-    _positive("chunk_size", chunk_size)
-    _positive("seq_len", seq_len)
-    return (1.0 + 1.0 / chunk_size) * (
-        layer_matmul_flops(d_decoder) + 2.0 * d_decoder * (chunk_size + seq_len / chunk_size))
-
-
-def cat_decode_layer_flops(d_decoder: int, chunk_size: int, context_len: int) -> float:
-    """CAT decoder layer, one decoding step at context ``t``:
-    ``(1 + 1/C)·[24·D² + 4·D·(t/C + C/2)]``.
-
-    Derived like ``dense_decode_layer_flops``: the new query sees every cached
-    chunk vector (t/C) and on average half of its own chunk, 4·D per key; the
-    compressed slot written once per chunk adds the 1/C.
-    """
-    _positive("chunk_size", chunk_size)
-    _positive("context_len", context_len)
-    return (1.0 + 1.0 / chunk_size) * (
-        layer_matmul_flops(d_decoder)
-        + 4.0 * d_decoder * (context_len / chunk_size + chunk_size / 2.0))
-
-
-def cat_compressor_flops(d_compressor: int, chunk_size: int, depth_ratio: float) -> float:
-    """CAT compressor, per token per decoder layer: ``ρ·[24·d² + 4·d·(C+1)]``.
-
-    ρ = compressor depth / decoder depth; attention is bidirectional over the
-    C + 1 slots of a chunk (no causal half, hence 4·d per key).
-    """
-    _positive("chunk_size", chunk_size)
-    _non_negative("depth_ratio", depth_ratio)
-    return depth_ratio * (layer_matmul_flops(d_compressor) + 4.0 * d_compressor * (chunk_size + 1))
-
-
-def cat_projection_flops(d_compressor: int, d_decoder: int) -> float:
-    """CAT projection W_f (D × C·d_f, once per chunk of C tokens): ``2·D·d_f`` per token.
-
-    Paid once per model, not per layer.
-    """
-    _positive("d_compressor", d_compressor)
-    _positive("d_decoder", d_decoder)
-    return 2.0 * d_decoder * d_compressor
-
-
-def cat_layer_flops(d_model: int, chunk_size: int, seq_len: int, *,
-                    d_decoder: int | None = None, depth_ratio: float = 0.25) -> float:
-    """CAT per decoder layer: decoder + compressor (projection excluded, see above).
-
-    ``d_decoder`` defaults to ``d_model`` (same-width CAT); ``depth_ratio`` ρ
-    defaults to 1/4 (compressor depth = decoder depth / 4).
-    """
-    width = d_model if d_decoder is None else d_decoder
-    return (cat_decoder_layer_flops(width, chunk_size, seq_len)
-            + cat_compressor_flops(d_model, chunk_size, depth_ratio))
-
-
-def armt_layer_flops(d_model: int, segment_len: int, n_mem_tokens: int, d_mem: int) -> float:
-    """ARMT layer, per token:
-    ``(1 + m/S)·[24·d² + 2·d·(S + m)] + 14·d·d_mem + (m/S)·(2·d² + 26·d·d_mem)``.
-
-    m memory tokens per segment of S tokens; the read (W_Q, qᵀA with DPFP ν=3,
-    so d_key = 6·d_mem) runs for every token, the write once per memory token.
-    """
-    _positive("segment_len", segment_len)
-    _non_negative("n_mem_tokens", n_mem_tokens)
-    _positive("d_mem", d_mem)
-    extra = n_mem_tokens / segment_len
-    layer = (1.0 + extra) * (layer_matmul_flops(d_model)
-                             + 2.0 * d_model * (segment_len + n_mem_tokens))
-    read = 14.0 * d_model * d_mem
-    write = extra * (2.0 * d_model * d_model + 26.0 * d_model * d_mem)
-    return layer + read + write
-
-
-def armt_decode_layer_flops(d_model: int, segment_len: int, n_mem_tokens: int,
-                            d_mem: int) -> float:
-    """ARMT layer, one decoding step, averaged over a segment of S tokens:
-    ``24·d² + 2·d·(S + 1) + 14·d·d_mem + (m/S)·[26·d² + 2·d·(2S + m + 1) + 40·d·d_mem]``.
-
-    A segment token at in-segment position p attends to p + 1 cached keys
-    (4·d each; the mean over p = 0..S-1 is 2·d·(S + 1)) and reads the memory
-    (14·d·d_mem). Once per segment the m memory tokens run through the cache
-    to write: token j sees S + j + 1 keys (mean 4·d·S + 2·d·(m + 1)), reads,
-    and writes (2·d² + 26·d·d_mem), amortised over the S tokens. This is the
-    steady state past the first segment: it does not depend on the context.
-    """
-    _positive("d_model", d_model)
-    _positive("segment_len", segment_len)
-    _non_negative("n_mem_tokens", n_mem_tokens)
-    _positive("d_mem", d_mem)
-    d, s, m = d_model, segment_len, n_mem_tokens
-    token = layer_matmul_flops(d) + 2.0 * d * (s + 1) + 14.0 * d * d_mem
-    write = 26.0 * d * d + 2.0 * d * (2 * s + m + 1) + 40.0 * d * d_mem
-    return token + (m / s) * write
-
-
-def armt_memory_flops(d_model: int, segment_len: int, n_mem_tokens: int, d_mem: int,
-                      decode: bool = False) -> float:
-    """The memory path inside ``armt_layer_flops`` (or ``armt_decode_layer_flops``), per token:
-    ``14·d·d_mem + (m/S)·(2·d² + 26·d·d_mem)`` (decode: ``40·d·d_mem`` in the write term,
-    since the m memory tokens also read). An unwrapped layer costs the ARMT layer minus this.
-    """
-    _positive("d_model", d_model)
-    _positive("segment_len", segment_len)
-    _non_negative("n_mem_tokens", n_mem_tokens)
-    _positive("d_mem", d_mem)
-    d, per_write = d_model, (40.0 if decode else 26.0) * d_model * d_mem
-    return 14.0 * d * d_mem + (n_mem_tokens / segment_len) * (2.0 * d * d + per_write)
-
-
-def moc_extra_flops(d_model: int, n_chapters: int, top_k: int, chapter_len: int,
-                    route_every: int = 1) -> float:
-    """What a MoC memory layer adds per token:
-    ``4·d² + 4·d·(k+1)·T_ch + [2·d·n_chapters + 4·d²·(k+1)·T_ch] / route_every``.
-
-    W_Q and W_O on every token (4·d²), the non-causal read over the shared + k
-    routed chapters of ``chapter_len`` tokens (4·d per key), and, once per
-    routing decision of ``route_every`` tokens (the routing window R, or T for
-    the paper's per-sequence routing; 1 = per-token routing), the router and the
-    K/V projection of the (k+1)·T_ch gathered memory tokens. PERFORMANCE.md's
-    shorter formula charges the router per token and omits that projection,
-    which dominates at kit scale when routes are short (R = 32).
-    """
-    _positive("d_model", d_model)
-    _positive("n_chapters", n_chapters)
-    _positive("top_k", top_k)
-    _positive("chapter_len", chapter_len)
-    _positive("route_every", route_every)
-    read_tokens = (top_k + 1) * chapter_len
-    per_route = 2.0 * d_model * n_chapters + 4.0 * d_model * d_model * read_tokens
-    return 4.0 * d_model * d_model + 4.0 * d_model * read_tokens + per_route / route_every
-
-
-def lm_head_flops(d_model: int, vocab_size: int) -> float:
-    """The LM head: ``2·d·V`` per token, for every architecture."""
-    _positive("d_model", d_model)
-    _positive("vocab_size", vocab_size)
-    return 2.0 * d_model * vocab_size
-
-
-def _require(arch: str, **params) -> None:
-    for name, value in params.items():
-        if value is None:
-            raise ValueError(f"{name}=None is not allowed for arch={arch!r}: "
-                             f"the {arch} FLOP model needs {', '.join(params)}")
-
-
-def model_flops_per_token(arch: str, *, d_model: int, n_layer: int, seq_len: int,
-                          vocab_size: int = 256, include_head: bool = True,
-                          decode: bool = False,
-                          block_len: int | None = None,
-                          chunk_size: int | None = None, d_decoder: int | None = None,
-                          compressor_layers: int | None = None,
-                          segment_len: int | None = None, n_mem_tokens: int | None = None,
-                          d_mem: int | None = None,
-                          n_chapters: int | None = None, top_k: int | None = None,
-                          chapter_len: int | None = None, n_memory_layers: int | None = None,
-                          route_every: int = 1) -> float:
-    """Forward FLOPs per token of a whole model: ``n_layer · layer (+ extras) + head``.
-
-    ``arch`` is a FLOP-model family (``FLOP_ARCHS``), not a registry name:
-    dense; block_local (``block_len``); cat (``chunk_size``, optional
-    ``d_decoder`` and ``compressor_layers``, default max(1, n_layer // 4); the
-    W_f projection is added once and the head is at decoder width); armt
-    (``segment_len``, ``n_mem_tokens``, ``d_mem``; ``n_memory_layers`` wrapped
-    layers, default all, the others pay no read or write); moc (dense layers plus
-    ``n_memory_layers`` × ``moc_extra_flops``, one route per ``route_every``
-    tokens). ``decode=True`` gives one decoding step at context ``seq_len`` (the ``DECODE_FLOP_ARCHS``).
-    Window sizes are capped at ``seq_len`` (a block longer than the sequence
-    is the whole sequence).
-    """
-    if arch not in FLOP_ARCHS:
-        raise ValueError(f"arch={arch!r} is not allowed: FLOP models exist for "
-                         f"{', '.join(FLOP_ARCHS)}")
-    _positive("n_layer", n_layer)
-    _positive("seq_len", seq_len)
-    if decode and arch not in DECODE_FLOP_ARCHS:
-        raise ValueError(f"decode=True is not allowed for arch={arch!r}: a decoding FLOP "
-                         f"model exists for {', '.join(DECODE_FLOP_ARCHS)} only")
-    head_width = d_model
-    if arch == "dense":
-        layer = (dense_decode_layer_flops(d_model, seq_len) if decode
-                 else dense_layer_flops(d_model, seq_len))
-        total = n_layer * layer
-    elif arch == "block_local":
-        _require(arch, block_len=block_len)
-        total = n_layer * block_local_layer_flops(d_model, min(block_len, seq_len))
-    elif arch == "bcmt":
-        _require(arch, block_len=block_len)
-        total = n_layer * bcmt_layer_flops(d_model, min(block_len, seq_len), seq_len)
-    elif arch == "cat":
-        _require(arch, chunk_size=chunk_size)
-        head_width = d_model if d_decoder is None else d_decoder
-        depth = max(1, n_layer // 4) if compressor_layers is None else compressor_layers
-        decoder = (cat_decode_layer_flops(head_width, chunk_size, seq_len) if decode
-                   else cat_decoder_layer_flops(head_width, chunk_size, seq_len))
-        total = (n_layer * decoder + depth * cat_compressor_flops(d_model, chunk_size, 1.0)
-                 + cat_projection_flops(d_model, head_width))
-    elif arch == "armt":
-        _require(arch, segment_len=segment_len, n_mem_tokens=n_mem_tokens, d_mem=d_mem)
-        segment = segment_len if decode else min(segment_len, seq_len)
-        layer = (armt_decode_layer_flops(d_model, segment, n_mem_tokens, d_mem) if decode
-                 else armt_layer_flops(d_model, segment, n_mem_tokens, d_mem))
-        wrapped = n_layer if n_memory_layers is None else n_memory_layers
-        if isinstance(wrapped, bool) or not isinstance(wrapped, int) or not 0 <= wrapped <= n_layer:
-            raise ValueError(f"n_memory_layers={n_memory_layers!r} is not allowed for arch='armt':"
-                             f" expected None (all layers) or 0..n_layer={n_layer}")
-        total = n_layer * layer - (n_layer - wrapped) * armt_memory_flops(
-            d_model, segment, n_mem_tokens, d_mem, decode=decode)
-    else:
-        _require(arch, n_chapters=n_chapters, top_k=top_k, chapter_len=chapter_len,
-                 n_memory_layers=n_memory_layers)
-        total = (n_layer * dense_layer_flops(d_model, seq_len)
-                 + n_memory_layers * moc_extra_flops(d_model, n_chapters, top_k, chapter_len,
-                                                     min(route_every, seq_len)))
-    if include_head:
-        total += lm_head_flops(head_width, vocab_size)
-    return total
-
-
-def training_flops_per_token(forward_flops: float) -> float:
-    """Forward + backward = 3 × forward (the backward pass costs twice the forward)."""
-    _non_negative("forward_flops", forward_flops)
-    return TRAIN_FLOP_FACTOR * forward_flops
-
-
-def flop_ceiling(dense_flops: float, variant_flops: float) -> float:
-    """Best possible speed-up over dense if time were proportional to FLOPs: dense / variant."""
-    _positive("dense_flops", dense_flops)
-    _positive("variant_flops", variant_flops)
-    return dense_flops / variant_flops
+    cfg = getattr(cfg, "model", cfg)
+    dense = dataclasses.replace(cfg, arch=registry.BASELINE)
+    extra = flops_per_token(cfg) - flops_per_token(dense)
+    n_layer = cfg.n_layer + math.floor(extra / dense_layer_flops(cfg.d_model, cfg.seq_len) + 0.5)
+    return dataclasses.replace(dense, n_layer=max(1, n_layer))
 
 
 # --------------------------------------------------------------------------------------
@@ -416,7 +147,7 @@ def measure_tokens_per_s(step_fn: Callable[[], object], tokens_per_step: int, *,
                          warmup: int = 3, repeats: int = 5, device: torch.device | str = "cpu",
                          threads: int | None = None) -> Timing:
     """Throughput of one workload: threads pinned, warm-up, median of timed steps."""
-    _positive("tokens_per_step", tokens_per_step)
+    check_positive("tokens_per_step", tokens_per_step)
     with pinned_threads(threads):
         (times,) = time_interleaved([step_fn], warmup=warmup, repeats=repeats, device=device)
     return summarize_times(times, tokens_per_step)
@@ -485,8 +216,8 @@ def make_decode_step(model, batch: int, context_len: int, *, n_calls: int, burst
     The state is sized for ``n_calls * burst`` further tokens, so the timed
     steps run at contexts ``context_len .. context_len + n_calls·burst``.
     """
-    _positive("n_calls", n_calls)
-    _positive("burst", burst)
+    check_positive("n_calls", n_calls)
+    check_positive("burst", burst)
     device = model.device
     state = prefill_state(model, batch, context_len, capacity=context_len + n_calls * burst,
                           precision=precision, seed=seed)
@@ -624,7 +355,8 @@ def _check_rss_spec(spec: dict) -> None:
 def peak_rss_subprocess(spec: dict, timeout: float = 600.0) -> RssReading:
     """Run one measured phase in a fresh Python process and read its peak RSS.
 
-    ``spec``: ``model`` (ModelConfig fields as a dict), ``phase`` ("train":
+    ``spec``: ``model`` (``ModelConfig.to_dict()``), ``plugins`` (files the child
+    loads first, for plugin mechanisms; optional), ``phase`` ("train":
     forward+backward steps; "decode": prefill of ``seq_len`` tokens then
     decoding steps; "infer": ``make_infer_step`` calls), ``batch``,
     ``seq_len``, and optionally ``steps`` (2), ``burst`` (decode steps per
@@ -658,17 +390,15 @@ def peak_rss_subprocess(spec: dict, timeout: float = 600.0) -> RssReading:
 
 def _rss_child_main() -> None:
     """Child side of ``peak_rss_subprocess``: spec JSON on stdin, reading JSON on stdout."""
-    from blockmem_lite.config import ModelConfig
-    from blockmem_lite.models import build_model
-    from blockmem_lite.runtime import seed_everything
-
     spec = json.loads(sys.stdin.read())
+    for path in spec.get("plugins", []):
+        registry.load_plugin(path)
     if spec.get("threads"):
         torch.set_num_threads(int(spec["threads"]))
     seed = int(spec.get("seed", 0))
     steps = int(spec.get("steps", 2))
     seed_everything(seed)
-    model = build_model(ModelConfig(**spec["model"]))
+    model = build_model(ModelConfig.from_dict(spec["model"]))
     base = max_rss_bytes()
     if spec["phase"] == "train":
         step = make_train_step(model, spec["batch"], spec["seq_len"], seed=seed)

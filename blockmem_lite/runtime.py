@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import warnings
 
 import torch
 
@@ -72,6 +73,33 @@ def process_rss_bytes() -> int:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+def available_memory_bytes(device) -> int | None:
+    """Memory a new allocation can use: free CUDA memory, or the RAM available to this
+    process (the smaller of the system's and a cgroup limit's headroom); None if unknown."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        import psutil
+
+        available = int(psutil.virtual_memory().available)
+    except ImportError:
+        return None
+    limit = _cgroup_headroom()
+    return min(available, limit) if limit is not None else available
+
+
+def _cgroup_headroom() -> int | None:
+    """cgroup v2 ``memory.max - memory.current`` of this process's group, if limited."""
+    root = "/sys/fs/cgroup"
+    try:
+        limit = open(f"{root}/memory.max").read().strip()
+        used = int(open(f"{root}/memory.current").read().strip())
+    except OSError:
+        return None
+    return None if limit == "max" else max(int(limit) - used, 0)
+
+
 def reset_peak_memory(device: torch.device) -> None:
     if torch.device(device).type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -92,3 +120,14 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
     elif device.type == "mps":
         torch.mps.synchronize()
+
+
+def usable_workers(requested: int) -> int:
+    """Data-loader workers to start: ``requested``, capped (with a warning saying so) at the
+    machine's spare cores, so the training process keeps one."""
+    spare = max((os.cpu_count() or 1) - 1, 0)
+    if requested > spare:
+        warnings.warn(f"num_workers={requested} is more than this machine's {spare} spare "
+                      f"core(s); using {spare}", UserWarning, stacklevel=3)
+        return spare
+    return requested

@@ -29,8 +29,8 @@ from typing import Callable
 import torch
 from torch.utils.data import TensorDataset
 
-from blockmem_lite.config import check_int
-from blockmem_lite.models.base import IGNORE_INDEX
+from blockmem_lite.tokenizer import IGNORE_INDEX
+from blockmem_lite.validation import check_int
 
 SPECIAL_TOKENS = ("key", "query", "sep", "fill")   # ids vocab_size - 4 ... vocab_size - 1
 PASSKEY_FILLERS = ("random", "text")

@@ -2,12 +2,15 @@
 
 Bytes keep the vocabulary (and the LM head) tiny, so kit-scale models spend
 their parameters on the mechanisms being taught. A Hugging Face tokenizer can
-be used instead when one is already in the local cache (``hf_tokenizer``).
+be used instead when one is already in the local cache: ``get_tokenizer(name)``,
+which the trainer calls with ``TrainConfig.tokenizer`` (``--set tokenizer=NAME``).
 """
 
 from __future__ import annotations
 
 import torch
+
+IGNORE_INDEX = -100          # target id the loss skips (padding, prompt positions)
 
 
 class ByteTokenizer:
@@ -42,7 +45,7 @@ class HFTokenizer:
         try:
             from transformers import AutoTokenizer
         except ImportError as e:
-            raise ImportError("hf_tokenizer needs the 'hf' extra: pip install -e '.[hf]'") from e
+            raise ImportError("a Hugging Face tokenizer needs the 'hf' extra: pip install -e '.[hf]'") from e
         try:
             self._tok = AutoTokenizer.from_pretrained(name, local_files_only=True)
         except OSError as e:
@@ -67,4 +70,7 @@ class HFTokenizer:
 
 def get_tokenizer(name: str = "bytes"):
     """``"bytes"`` (default) or the name of a locally cached HF tokenizer."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"tokenizer={name!r} is not allowed: expected 'bytes' or the name of "
+                         "a Hugging Face tokenizer in the local cache")
     return ByteTokenizer() if name == "bytes" else HFTokenizer(name)

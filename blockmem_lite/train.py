@@ -15,42 +15,55 @@
   interrupts at once. A ``KeyboardInterrupt`` raised anywhere in the loop (for
   instance by a callback) is handled the same way.
 * Device: ``runtime.pick_device`` (cuda > mps > cpu); bf16 autocast only on CUDA.
+* Orchestration lives here too: ``train_curriculum`` (stages of growing data,
+  ARMT's 2 -> 4 -> 8 segments) and ``load_model`` (a checkpoint's model, e.g.
+  to wrap it). The command line is ``cli.py``.
 """
 
 from __future__ import annotations
 
-import argparse
+import contextlib
 import dataclasses
 import json
 import math
-import os
 import random
+import shutil
 import signal
-import sys
 import threading
 import time
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable, Sequence
 
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, default_collate
 
-from blockmem_lite.config import PRESET_NAMES, ModelConfig, RunConfig, TrainConfig, preset
+from blockmem_lite.checkpoints import (
+    CHECKPOINT_FORMAT,
+    CHECKPOINT_NAME,
+    RunLock,
+    atomic_write,
+    atomic_write_bytes,
+    is_disk_full,
+    load_checkpoint_file,
+    prepare_folder,
+)
+from blockmem_lite.config import ModelConfig, RunConfig, TrainConfig
 from blockmem_lite.models.base import IGNORE_INDEX, build_model
 from blockmem_lite.runtime import (
     autocast_context,
+    available_memory_bytes,
     peak_memory,
     pick_device,
     reset_peak_memory,
     seed_everything,
     synchronize,
+    usable_workers,
 )
-from blockmem_lite.units import format_progress
+from blockmem_lite.units import format_progress, human_bytes
 
-CHECKPOINT_NAME = "checkpoint.pt"
-CHECKPOINT_FORMAT = "blockmem_lite.checkpoint/1"
 PRINT_INTERVAL_S = 2.0           # the default progress printer writes at most one line per 2 s
 
 STEP_KEYS = ("step", "total_steps", "loss", "ce_loss", "aux_loss", "lr", "grad_norm",
@@ -78,6 +91,7 @@ class History:
     memory_method: str = ""
     total_steps: int = 0
     interrupted: bool = False
+    stopped_by: str = ""                               # the signal that stopped the run, if any
 
     def append_step(self, rec: dict) -> None:
         for name in ("step", "loss", "ce_loss", "aux_loss", "lr", "grad_norm", "tokens_per_s",
@@ -109,7 +123,7 @@ class History:
 
     def save_json(self, path) -> Path:
         path = Path(path)
-        _atomic_write_bytes(path, json.dumps(self.to_dict(), indent=1).encode("utf-8"))
+        atomic_write_bytes(path, json.dumps(self.to_dict(), indent=1).encode("utf-8"))
         return path
 
 
@@ -353,51 +367,7 @@ def _sequential_batches(dataset, batch_size: int):
                                                                         len(dataset)))])
 
 
-# --- checkpoint files ------------------------------------------------------------------------
-def _atomic_write_bytes(path: Path, payload: bytes) -> None:
-    _atomic_write(path, lambda f: f.write(payload))
-
-
-def _atomic_write(path: Path, write) -> None:
-    """Write via a temp file in the same folder, fsync, then ``os.replace`` (never half a file)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    _fsync_dir(path.parent)
-
-
-def _fsync_dir(folder: Path) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:  # Windows cannot open folders; os.replace is already durable enough there
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def load_checkpoint_file(path) -> dict:
-    """The checkpoint dict at ``path``, loaded on CPU with ``weights_only=True``."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no checkpoint at {path}")
-    ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    if not isinstance(ckpt, dict) or ckpt.get("format") != CHECKPOINT_FORMAT:
-        raise ValueError(f"checkpoint {path} is not allowed: not a {CHECKPOINT_FORMAT} file")
-    return ckpt
-
-
+# --- RNG states ------------------------------------------------------------------------------
 def _rng_state(device: torch.device) -> dict:
     version, internal, gauss_next = random.getstate()
     state = {"torch": torch.get_rng_state(),
@@ -420,32 +390,46 @@ def _set_rng_state(state: dict) -> None:
 
 
 # --- the stop button -------------------------------------------------------------------------
-class _StopButton:
-    """While active, the first SIGINT (Ctrl-C, the notebook stop button) only sets
-    ``requested`` so the loop stops between steps; a second one raises KeyboardInterrupt.
+class CheckpointNotSaved(OSError):
+    """The end-of-run checkpoint could not be written (the model is still in memory)."""
 
-    Installed only in the main thread and only over Python's default handler.
+
+STOP_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")
+
+
+class _StopButton:
+    """While active, the first SIGINT (Ctrl-C, the notebook stop button), SIGTERM or SIGHUP
+    only sets ``requested`` (and ``signal_name``) so the loop stops between steps and saves;
+    a second one raises KeyboardInterrupt.
+
+    Installed only in the main thread, and only over a signal's default handler.
     """
 
     def __init__(self):
         self.requested = False
-        self._previous = None
+        self.signal_name: str | None = None
+        self._previous: dict[int, object] = {}
 
     def _handle(self, signum, frame) -> None:
         if self.requested:
             raise KeyboardInterrupt
         self.requested = True
+        self.signal_name = signal.Signals(signum).name
 
     def __enter__(self) -> _StopButton:
-        if (threading.current_thread() is threading.main_thread()
-                and signal.getsignal(signal.SIGINT) is signal.default_int_handler):
-            self._previous = signal.signal(signal.SIGINT, self._handle)
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        for name in STOP_SIGNALS:
+            number = getattr(signal, name, None)           # SIGHUP does not exist on Windows
+            default = signal.default_int_handler if name == "SIGINT" else signal.SIG_DFL
+            if number is not None and signal.getsignal(number) is default:
+                self._previous[number] = signal.signal(number, self._handle)
         return self
 
     def __exit__(self, *exc) -> None:
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
-            self._previous = None
+        for number, previous in self._previous.items():
+            signal.signal(number, previous)
+        self._previous.clear()
 
 
 # --- the trainer -----------------------------------------------------------------------------
@@ -481,10 +465,11 @@ class Trainer:
         self.history = History()
         self.step = 0
         self._stream = _BatchStream(self.train_dataset, cfg.batch_size, cfg.seed,
-                                    cfg.num_workers, pin_memory=self.device.type == "cuda")
+                                    usable_workers(cfg.num_workers), pin_memory=self.device.type == "cuda")
         self._params = [p for p in self.model.parameters() if p.requires_grad]
         self._seeded = False
         self._mid_update = False
+        self._saved_step: int | None = None           # step of the last checkpoint written here
 
     # --- public API ---------------------------------------------------------------------------
     def fit(self, steps: int | None = None) -> History:
@@ -495,11 +480,22 @@ class Trainer:
         total = self.cfg.steps if steps is None else steps
         if isinstance(total, bool) or not isinstance(total, int) or total < 1:
             raise ValueError(f"steps={steps!r} is not allowed: expected None or an integer >= 1")
+        if total < self.step:
+            raise ValueError(f"steps={total} is not allowed: this trainer is already at step "
+                             f"{self.step}; expected at least {self.step}")
+        folder = self.cfg.checkpoint_dir
+        if folder:
+            prepare_folder(folder, self.checkpoint_bytes())
+        with RunLock(folder) if folder else contextlib.nullcontext():
+            return self._fit(total)
+
+    def _fit(self, total: int) -> History:
         if not self._seeded:
             seed_everything(self.cfg.seed)
             self._seeded = True
         self.history.total_steps = total
         self.history.interrupted = False
+        self.history.stopped_by = ""
         self.model.train()
         reset_peak_memory(self.device)
         clock = _Clock(self.history.elapsed_s[-1] if self.history.elapsed_s else 0.0, self.step)
@@ -513,6 +509,7 @@ class Trainer:
                 interrupted = True
             finally:
                 self._stream.close()
+            self.history.stopped_by = stop.signal_name or ("SIGINT" if interrupted else "")
             if interrupted:
                 self._end_interrupted(total)
             else:
@@ -531,14 +528,33 @@ class Trainer:
         return Path(self.cfg.checkpoint_dir) / CHECKPOINT_NAME if self.cfg.checkpoint_dir else None
 
     def save_checkpoint(self, path=None) -> Path:
-        """Write everything needed to resume exactly (atomically); returns the path."""
+        """Write everything needed to resume exactly (atomically); returns the path.
+
+        Refuses (FloatingPointError) to write weights that are not finite, so a
+        checkpoint on disk is always a good state.
+        """
         path = Path(path) if path is not None else self.checkpoint_path()
         if path is None:
             raise ValueError("path=None is not allowed when cfg.checkpoint_dir is None: pass a "
                              "path or set checkpoint_dir")
+        broken = self._non_finite_tensors()
+        if broken:
+            raise FloatingPointError(f"not saving a checkpoint at step {self.step}: {broken} of "
+                                     "the model's tensors are not finite")
         state = self._checkpoint_state()
-        _atomic_write(path, lambda f: torch.save(state, f))
+        atomic_write(path, lambda f: torch.save(state, f))
+        self._saved_step = self.step
         return path
+
+    def checkpoint_bytes(self) -> int:
+        """About the size of one checkpoint: the weights and AdamW's two moments."""
+        return 3 * sum(p.numel() * p.element_size() for p in self.model.parameters())
+
+    def _non_finite_tensors(self) -> str:
+        """'3/17' when 3 of the 17 floating-point tensors of the model are not finite, else ''."""
+        tensors = [t for t in self.model.state_dict().values() if t.is_floating_point()]
+        bad = sum(not bool(torch.isfinite(t).all()) for t in tensors)
+        return f"{bad}/{len(tensors)}" if bad else ""
 
     def load_checkpoint(self, path) -> None:
         """Restore model, optimizer, step, data position, history and RNG states."""
@@ -546,9 +562,12 @@ class Trainer:
 
     @classmethod
     def from_checkpoint(cls, path, train_data, val_data=None, callbacks=(), *,
-                        model: torch.nn.Module | None = None, device: str | None = None) -> Trainer:
+                        model: torch.nn.Module | None = None, device: str | None = None,
+                        checkpoint_dir: str | None = None) -> Trainer:
         """A Trainer restored from ``path``; the model is rebuilt from the stored run config
-        unless ``model`` is given. ``device`` overrides the stored one (e.g. "cpu")."""
+        unless ``model`` is given. ``device`` overrides the stored one (e.g. "cpu").
+        Later checkpoints go beside ``path`` (the folder it was loaded from, wherever it was
+        moved to), or to ``checkpoint_dir``."""
         ckpt = load_checkpoint_file(path)
         run_dict = ckpt.get("run_config")
         run_cfg = RunConfig.from_dict(run_dict) if run_dict is not None else None
@@ -556,9 +575,10 @@ class Trainer:
             raise ValueError(f"model=None is not allowed: checkpoint {path} stores no run config "
                              "to rebuild the model from; pass model=")
         train_cfg = run_cfg.train if run_cfg is not None else TrainConfig(**ckpt["train_config"])
-        if device is not None:
-            train_cfg = dataclasses.replace(train_cfg, device=device)
-            run_cfg = dataclasses.replace(run_cfg, train=train_cfg) if run_cfg else None
+        folder = str(checkpoint_dir if checkpoint_dir is not None else Path(path).parent)
+        train_cfg = dataclasses.replace(train_cfg, checkpoint_dir=folder,
+                                        **({"device": device} if device is not None else {}))
+        run_cfg = dataclasses.replace(run_cfg, train=train_cfg) if run_cfg else None
         trainer = cls(model if model is not None else build_model(run_cfg), train_cfg,
                       train_data, val_data, callbacks, run_cfg=run_cfg)
         trainer._restore(ckpt)
@@ -582,6 +602,10 @@ class Trainer:
         x = x.to(self.device, non_blocking=True)
         y = y.to(self.device, non_blocking=True)
         lr = lr_at(self.step, self.cfg, total)
+        if not math.isfinite(lr):
+            raise FloatingPointError(f"the learning rate of step {self.step + 1} is {lr}: check "
+                                     f"lr={self.cfg.lr}, min_lr_ratio={self.cfg.min_lr_ratio}, "
+                                     f"warmup_steps={self.cfg.warmup_steps}")
         for group in self.optimizer.param_groups:
             group["lr"] = lr * group.get("lr_scale", 1.0)
         with autocast_context(self.device, self.cfg.precision):
@@ -625,12 +649,20 @@ class Trainer:
         return torch.linalg.vector_norm(torch.stack(norms))
 
     def _fail_non_finite(self, loss: float, grad_norm: float, total: int) -> None:
-        saved = ""
-        if self.cfg.checkpoint_dir:
+        broken = self._non_finite_tensors()
+        if broken:
+            last = (f"the checkpoint of step {self._saved_step} in {self.cfg.checkpoint_dir} is "
+                    "the last good state" if self._saved_step is not None
+                    else "no checkpoint was written in this run")
+            saved = (f" The weights themselves are no longer finite ({broken} tensors: an "
+                     f"earlier update broke them), so nothing was saved; {last}.")
+        elif self.cfg.checkpoint_dir:
             saved = f" The last good state was saved to {self.save_checkpoint()}."
+        else:
+            saved = ""
         raise FloatingPointError(
             f"non-finite training signal at step {self.step + 1}/{total} (loss={loss}, "
-            f"grad_norm={grad_norm}); the weights were not updated.{saved} Try a lower lr "
+            f"grad_norm={grad_norm}); the weights were not updated by it.{saved} Try a lower lr "
             f"(now {self.cfg.lr}), grad_clip > 0 (now {self.cfg.grad_clip}) or precision='fp32'.")
 
     def _after_step(self, total: int, clock: _Clock) -> None:
@@ -638,7 +670,13 @@ class Trainer:
             self._run_eval(total, clock)
         if self.cfg.checkpoint_every and self.step % self.cfg.checkpoint_every == 0 \
                 and self.cfg.checkpoint_dir and self.step < total:
-            self.save_checkpoint()
+            try:
+                self.save_checkpoint()
+            except (OSError, RuntimeError) as err:          # a full disk must not end the run
+                if not is_disk_full(err):
+                    raise
+                warnings.warn(f"the checkpoint of step {self.step} was not written: "
+                              f"{self._disk_full_advice()}; training goes on", stacklevel=2)
 
     def _run_eval(self, total: int, clock: _Clock) -> None:
         rec = {"step": self.step, "total_steps": total, "val_loss": self.evaluate(),
@@ -651,19 +689,51 @@ class Trainer:
         last_eval = self.history.val_step[-1] if self.history.val_step else None
         if self.val_dataset is not None and last_eval != self.step:
             self._run_eval(total, clock)
-        if self.cfg.checkpoint_dir:
-            self.save_checkpoint()
+        failure = self._save_at_end() if self.cfg.checkpoint_dir else None
         self._emit("on_end", self.history)
+        if failure:
+            raise failure
 
     def _end_interrupted(self, total: int) -> None:
         self.history.interrupted = True
-        where = self.save_checkpoint() if self.cfg.checkpoint_dir else "none (no checkpoint_dir)"
+        failure = self._save_at_end() if self.cfg.checkpoint_dir else None
+        where = ("not written (see below)" if failure else self.checkpoint_path()) \
+            if self.cfg.checkpoint_dir else "none (no checkpoint_dir)"
         note = " (the interrupt hit an optimizer update: weights may mix two steps)" \
             if self._mid_update else ""
         self._mid_update = False
-        print(f"interrupted at step {self.step}/{total}; model and history kept; "
-              f"checkpoint: {where}{note}", flush=True)
+        print(f"stopped by {self.history.stopped_by} at step {self.step}/{total}; model and "
+              f"history kept; checkpoint: {where}{note}", flush=True)
         self._emit("on_end", self.history)
+        if failure:
+            raise failure
+
+    def _save_at_end(self) -> CheckpointNotSaved | None:
+        """Save the final checkpoint; a full disk or broken weights come back as the error to
+        raise once the callbacks have seen the end (the model stays in memory)."""
+        try:
+            self.save_checkpoint()
+        except FloatingPointError as err:
+            return CheckpointNotSaved(f"{err}; {self._last_good()}")
+        except (OSError, RuntimeError) as err:
+            if not is_disk_full(err):
+                raise
+            return CheckpointNotSaved(f"the checkpoint of step {self.step} was not written: "
+                                      f"{self._disk_full_advice()}; the model and history are "
+                                      f"still in memory (save_checkpoint() once there is room); "
+                                      f"{self._last_good()}")
+        return None
+
+    def _last_good(self) -> str:
+        if self._saved_step is None:
+            return "no checkpoint was written in this run"
+        return f"the checkpoint on disk (step {self._saved_step}) is intact"
+
+    def _disk_full_advice(self) -> str:
+        folder = Path(self.cfg.checkpoint_dir)
+        free = shutil.disk_usage(folder).free if folder.exists() else 0
+        return (f"the disk is full ({free / 2**20:.0f} MiB free in {folder}; a checkpoint needs "
+                f"about {self.checkpoint_bytes() / 2**20:.0f} MiB): free that much space")
 
     def _emit(self, event: str, payload) -> None:
         for cb in self.callbacks:
@@ -677,7 +747,7 @@ class Trainer:
             return {**self.run_cfg.to_dict(), "train": dataclasses.asdict(self.cfg)}
         model_cfg = getattr(self.model, "cfg", None)
         if isinstance(model_cfg, ModelConfig):
-            return {"preset": "custom", "model": dataclasses.asdict(model_cfg),
+            return {"preset": "custom", "model": model_cfg.to_dict(),
                     "train": dataclasses.asdict(self.cfg)}
         return None
 
@@ -724,127 +794,82 @@ class _Clock:
         return mean_step * max(0, total - step)
 
 
-# --- command line ----------------------------------------------------------------------------
-def _cli_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m blockmem_lite train",
-        description="Train a model from a preset; writes checkpoint.pt and history.json to --out.")
-    p.add_argument("--preset", choices=PRESET_NAMES, default="class",
-                   help="model + training preset (default: class)")
-    p.add_argument("--arch", default=None, help="architecture (default: the preset's)")
-    p.add_argument("--steps", type=int, default=None, help="total optimizer steps")
-    p.add_argument("--corpus", default=None, help="corpus name (default: the preset's)")
-    p.add_argument("--out", default=None, help="output folder (default: runs/PRESET_ARCH)")
-    p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
-    p.add_argument("--device", default=None, help="auto, cpu, cuda, cuda:N or mps")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override any ModelConfig/TrainConfig field (repeatable)")
-    return p
+# --- orchestration: staged training, models from checkpoints --------------------------------
+def train_curriculum(model: torch.nn.Module, stages: Sequence[int] = (2, 4, 8), *,
+                     make_data: Callable[[int], tuple], train_cfg,
+                     steps_per_stage: int | Sequence[int], callbacks=(),
+                     checkpoint_dir: str | Path | None = None) -> list:
+    """Train in stages of growing data (e.g. ARMT's 2 -> 4 -> 8 segments), each stage starting
+    from the last one's weights.
+
+    ``make_data(n_segments) -> (train_data, val_data)`` (val may be None) builds a
+    stage's data, e.g. sequences of n_segments * segment_size tokens.
+    ``train_cfg``: a TrainConfig (or RunConfig) whose steps / checkpoint_dir are
+    replaced per stage.
+    ``steps_per_stage``: one count for all stages or one per stage. Each stage
+    gets a fresh optimiser and LR schedule (a new ``train.Trainer``); with
+    ``checkpoint_dir`` stage k is saved to ``<dir>/stage{k}_{n}seg/checkpoint.pt``.
+    An interrupted stage ends the curriculum. Returns one History per stage run.
+    """
+    train_cfg = getattr(train_cfg, "train", train_cfg)          # a RunConfig's TrainConfig
+    stages = list(stages)
+    if not stages or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in stages):
+        raise ValueError(f"stages={stages!r} is not allowed: expected a non-empty list of "
+                         "segment counts >= 1, e.g. (2, 4, 8)")
+    steps = [steps_per_stage] * len(stages) if isinstance(steps_per_stage, int) \
+        else list(steps_per_stage)
+    if len(steps) != len(stages) or any(isinstance(s, bool) or not isinstance(s, int) or s < 1
+                                        for s in steps):
+        raise ValueError(f"steps_per_stage={steps_per_stage!r} is not allowed: expected an "
+                         f"integer >= 1 or one per stage ({len(stages)} stages)")
+    if not callable(make_data):
+        raise ValueError(f"make_data={make_data!r} is not allowed: expected a function "
+                         "n_segments -> (train_data, val_data)")
+    histories = []
+    for k, (n_segments, n_steps) in enumerate(zip(stages, steps, strict=True)):
+        folder = (str(Path(checkpoint_dir) / f"stage{k}_{n_segments}seg")
+                  if checkpoint_dir is not None else None)
+        cfg = dataclasses.replace(train_cfg, steps=n_steps, checkpoint_dir=folder)
+        train_data, val_data = make_data(n_segments)
+        history = Trainer(model, cfg, train_data, val_data, callbacks).fit(n_steps)
+        histories.append(history)
+        if history.interrupted:
+            break
+    return histories
 
 
-def _parse_value(text: str):
-    """'3' -> 3, '1e-3' -> 0.001, 'true' -> True, 'none' -> None, '4,8,16' -> (4, 8, 16)."""
-    if "," in text:
-        return tuple(_parse_value(part) for part in text.split(",") if part.strip())
-    lowered = text.strip().lower()
-    if lowered in ("true", "false"):
-        return lowered == "true"
-    if lowered in ("none", "null"):
-        return None
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text
+TRAIN_BYTES_PER_PARAM = 16       # fp32 weights + gradients + AdamW's two moments
 
 
-def _cli_overrides(args) -> dict:
-    overrides = {}
-    for item in args.overrides:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise ValueError(f"--set {item!r} is not allowed: expected KEY=VALUE, e.g. --set lr=1e-3")
-        overrides[key.strip()] = _parse_value(value)
-    explicit = {"arch": args.arch, "steps": args.steps, "corpus": args.corpus,
-                "device": args.device}
-    overrides.update({k: v for k, v in explicit.items() if v is not None})
-    return overrides
+def count_parameters(cfg) -> int:
+    """Parameters of the model ``cfg`` describes, counted on the meta device (nothing is
+    allocated, so it is safe for configs far too large to build)."""
+    with torch.device("meta"):
+        return build_model(cfg).num_params()
 
 
-def _sample_text(model, dataset, device: torch.device) -> str:
-    """Continue the first 16 tokens of ``dataset[0]`` by 80 sampled tokens."""
-    prompt = dataset[0][0][:16][None].to(device)                          # (1, 16)
-    gen = torch.Generator(device=device).manual_seed(0)
-    out = model.generate(prompt, 80, temperature=0.8, top_k=20, generator=gen)[0].cpu()
-    if getattr(model.cfg, "vocab_size", None) != 256:
-        return f"{out[:16].tolist()} -> {out[16:].tolist()}"
-    from blockmem_lite.tokenizer import ByteTokenizer
-
-    tok = ByteTokenizer()
-    return f"{tok.decode(out[:16])!r} -> {tok.decode(out[16:])!r}"
-
-
-def _model_mismatch(ckpt: dict, run_cfg: RunConfig) -> list[str]:
-    stored = (ckpt.get("run_config") or {}).get("model", {})
-    wanted = dataclasses.asdict(run_cfg.model)
-    return [f"{k}={stored.get(k)!r} (checkpoint) vs {v!r} (this command)"
-            for k, v in wanted.items() if k in stored and stored[k] != v]
+def check_fits_in_memory(cfg, device) -> int:
+    """Refuse (ValueError) a model whose weights, gradients and AdamW state alone exceed the
+    memory available on ``device``; returns that estimate in bytes."""
+    params = count_parameters(cfg)
+    need = TRAIN_BYTES_PER_PARAM * params
+    available = available_memory_bytes(device)
+    if available is not None and need > available:
+        raise ValueError(f"this model is too large for this machine: {params / 1e6:,.1f}M "
+                         f"parameters need about {human_bytes(need)} for weights, gradients and "
+                         f"AdamW state alone, and {human_bytes(available)} is available on "
+                         f"{torch.device(device).type}; choose a smaller d_model or n_layer")
+    return need
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m blockmem_lite train ...``; returns the exit status."""
-    try:
-        args = _cli_parser().parse_args(argv)
-    except SystemExit as exit_:            # --help (0) or a bad argument (2, message printed)
-        return exit_.code if isinstance(exit_.code, int) else 2
-    try:
-        run_cfg = preset(args.preset, **_cli_overrides(args))
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    out = Path(args.out or f"runs/{run_cfg.preset}_{run_cfg.model.arch}")
-    ckpt_path = out / CHECKPOINT_NAME
-    if args.resume and not ckpt_path.is_file():
-        print(f"error: --resume needs {ckpt_path}, which does not exist", file=sys.stderr)
-        return 2
-    if not args.resume and ckpt_path.exists():
-        print(f"error: {ckpt_path} exists; pass --resume to continue it or choose another --out",
-              file=sys.stderr)
-        return 2
-    run_cfg = run_cfg.replace(checkpoint_dir=str(out))
-
-    from blockmem_lite.corpora import CorpusUnavailable, make_loaders
-
-    try:
-        train_loader, val_loader = make_loaders(run_cfg)
-        trainer = Trainer(build_model(run_cfg), run_cfg.train, train_loader, val_loader,
-                          run_cfg=run_cfg)
-        if args.resume:
-            ckpt = load_checkpoint_file(ckpt_path)
-            mismatch = _model_mismatch(ckpt, run_cfg)
-            if mismatch:
-                raise ValueError("--resume with a different model is not allowed: "
-                                 + "; ".join(mismatch))
-            trainer._restore(ckpt)
-    except (ValueError, CorpusUnavailable) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    n_params = sum(p.numel() for p in trainer.model.parameters())
-    verb = f"resuming at step {trainer.step}" if args.resume else "training"
-    print(f"{verb}: {run_cfg.model.arch} ({n_params / 1e6:.2f}M params), preset {run_cfg.preset}, "
-          f"{run_cfg.train.steps} steps of {run_cfg.train.batch_size}x{run_cfg.model.seq_len} "
-          f"tokens on {trainer.device}; output in {out}", flush=True)
-    try:
-        history = trainer.fit()
-    except FloatingPointError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    history.save_json(out / "history.json")
-    if trainer.val_dataset is not None:
-        val = (history.val_loss[-1] if history.val_step and history.val_step[-1] == trainer.step
-               else trainer.evaluate())
-        print(f"final val loss {val:.4f} at step {trainer.step}")
-    print(f"wrote {ckpt_path} and {out / 'history.json'}")
-    print(f"sample: {_sample_text(trainer.model, trainer.train_dataset, trainer.device)}")
-    return 130 if history.interrupted else 0
+def load_model(path, device: str | None = None) -> torch.nn.Module:
+    """The model stored in a Trainer checkpoint at ``path``, rebuilt from its run config and
+    with its weights loaded (e.g. to wrap a pretrained dense model: ``ARMT.wrap(load_model(p))``)."""
+    ckpt = load_checkpoint_file(path)
+    run = ckpt.get("run_config")
+    if run is None:
+        raise ValueError(f"checkpoint {path} stores no run config, so its model cannot be "
+                         "rebuilt: build the model yourself, then load_state_dict(ckpt['model'])")
+    model = build_model(ModelConfig.from_dict(run["model"]))
+    model.load_state_dict(ckpt["model"])
+    return model.to(pick_device(device)) if device else model

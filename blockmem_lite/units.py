@@ -125,3 +125,8 @@ def format_progress(rec: dict) -> str:
     if timing:
         parts.append(", ".join(timing))
     return " | ".join(parts)
+
+
+def fmt(value, spec: str, missing: str = "-") -> str:
+    """``format(value, spec)``, or ``missing`` for None (table cells)."""
+    return missing if value is None else format(value, spec)

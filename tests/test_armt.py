@@ -5,21 +5,27 @@ import math
 import pytest
 import torch
 
-from blockmem_lite import bench, build_model, metrics, preset
+from blockmem_lite import ModelConfig, bench, build_model, metrics, preset
 from blockmem_lite.checks import check_causal
 from blockmem_lite.config import TrainConfig
 from blockmem_lite.models.armt import (
     ARMT,
     EPS,
+    armt_decode_layer_flops,
     associative_read,
     associative_write,
     dpfp,
     novelty,
-    train_curriculum,
 )
 from blockmem_lite.models.base import IGNORE_INDEX
 from blockmem_lite.trace import trace
-from blockmem_lite.train import Callback, Trainer, load_checkpoint_file
+from blockmem_lite.train import (
+    Callback,
+    Trainer,
+    load_checkpoint_file,
+    load_model,
+    train_curriculum,
+)
 
 S, M, D_MEM = 8, 2, 4          # segment size, memory tokens, d_mem (key width 6 * 4 = 24)
 T = 30                         # crosses 3 segment boundaries, not a multiple of S
@@ -348,17 +354,17 @@ def _dataset(n, length):
     return torch.utils.data.TensorDataset(x[:, :-1], x[:, 1:])
 
 
-def test_wrap_checkpoint_wraps_the_trained_dense_model(tmp_path):
+def test_wrap_a_checkpoint_wraps_the_trained_dense_model(tmp_path):
     dense = build_model(preset("tiny").model)
     cfg = TrainConfig(steps=1, batch_size=2, warmup_steps=0, device="cpu")
     path = Trainer(dense, cfg, _dataset(4, 16), callbacks=[Callback()]).save_checkpoint(
         tmp_path / "dense.pt")
-    model = ARMT.wrap_checkpoint(path, segment_size=S, n_mem_tokens=M, d_mem=D_MEM)
+    model = ARMT.wrap(load_model(path), segment_size=S, n_mem_tokens=M, d_mem=D_MEM)
     x = _tokens(S)
     assert torch.equal(model.eval()(x).logits, dense.eval()(x).logits)
-    with pytest.raises(ValueError, match="arch='armt'"):
-        ARMT.wrap_checkpoint(Trainer(_model(), cfg, _dataset(4, 16), callbacks=[Callback()])
-                             .save_checkpoint(tmp_path / "armt.pt"))
+    with pytest.raises(ValueError, match="backbone of type ARMT is not allowed"):
+        ARMT.wrap(load_model(Trainer(_model(), cfg, _dataset(4, 16), callbacks=[Callback()])
+                             .save_checkpoint(tmp_path / "armt.pt")))
 
 
 def test_curriculum_grows_segments_and_resumes_from_the_last_stage(tmp_path):
@@ -395,17 +401,17 @@ def test_decode_flop_model_is_the_mean_of_the_per_step_counts():
     write_tokens = [24 * d * d + 4 * d * (s + j + 1) + 14 * d * dm + 2 * d * d + 26 * d * dm
                     for j in range(m)]
     mean = (sum(token_steps) + sum(write_tokens)) / s
-    assert metrics.armt_decode_layer_flops(d, s, m, dm) == pytest.approx(mean)
-    kw = dict(d_model=d, n_layer=2, seq_len=4096, vocab_size=256, segment_len=s,
-              n_mem_tokens=m, d_mem=dm)
-    assert metrics.model_flops_per_token("armt", decode=True, **kw) == pytest.approx(
+    assert armt_decode_layer_flops(d, s, m, dm) == pytest.approx(mean)
+    cfg = ModelConfig("armt", d_model=d, n_layer=2, n_head=2, seq_len=4096, segment_size=s,
+                      n_mem_tokens=m, d_mem=dm)
+    assert metrics.flops_per_token(cfg, decode=True) == pytest.approx(
         2 * mean + 2 * d * 256)
 
 
 def test_bench_runs_armt_variants_with_ceilings():
     records = bench.run_bench(["armt"], [32], d_model=32, n_layer=1, n_head=2, batch=1,
                               threads=1, warmup=1, repeats=1, decode_burst=2,
-                              memory=("none",), options={"segment": "8,16", "infer_len": "none"},
+                              memory=("none",), options={"segment_size": "8,16", "infer_len": "none"},
                               progress=False)
     armt = [r for r in records if r["arch"] == "armt"]
     assert {(r["variant"], r["phase"]) for r in armt} == {

@@ -3,7 +3,9 @@
 import pytest
 import torch
 
-from blockmem_lite import bench, build_model, metrics, preset
+from blockmem_lite import ModelConfig, bench, build_model, metrics, preset
+from blockmem_lite.cli import bench_main
+from blockmem_lite.models import armt
 from blockmem_lite.models.armt import ARMTState
 from blockmem_lite.models.dense import DenseState
 
@@ -95,23 +97,28 @@ def test_make_infer_step_streams_armt_and_prefills_dense():
 
 
 def test_sweep_options_parse():
-    assert bench.parse_infer_lengths("none") == []
-    assert bench.parse_infer_lengths("2048,65536") == [2048, 65536]
-    assert bench.dense_infer_limit("auto", "cpu") == bench.CPU_DENSE_INFER_MAX
-    assert bench.dense_infer_limit("auto", "cuda") is None
-    assert bench.dense_infer_limit("4096", "cpu") == 4096
+    assert armt.parse_infer_lengths("none") == []
+    assert armt.parse_infer_lengths("2048,65536") == [2048, 65536]
+    assert armt.dense_infer_limit("auto", "cpu") == armt.CPU_DENSE_INFER_MAX
+    assert armt.dense_infer_limit("auto", "cuda") is None
+    assert armt.dense_infer_limit("4096", "cpu") == 4096
     with pytest.raises(ValueError, match="--infer-dense-max='1,2'"):
-        bench.dense_infer_limit("1,2", "cpu")
+        armt.dense_infer_limit("1,2", "cpu")
     with pytest.raises(ValueError, match="--infer-len='0'"):
-        bench.parse_infer_lengths("0")
+        armt.parse_infer_lengths("0")
 
 
-TINY = dict(d_model=32, n_layer=1, n_head=2, vocab_size=256, threads=1, warmup=1, repeats=1)
+TINY = dict(d_model=32, n_layer=1, n_head=2, vocab_size=256, threads=1, warmup=1, repeats=1,
+            phases=("infer",), progress=False)
+
+
+def _sweep(lengths, sizes, dense_max="auto", **kw):
+    options = {"infer_len": lengths, "segment_size": sizes, "infer_dense_max": dense_max}
+    return bench.run_bench(["armt"], [32], options=options, **{**TINY, **kw})
 
 
 def test_inference_sweep_records_and_the_dense_limit():
-    records = bench.bench_inference([128, 32, 64], [8, 16], memory=("none",), dense_max=64,
-                                    **TINY)
+    records = _sweep("128,32,64", "8,16", dense_max="64", memory=("none",))
     assert [(r["arch"], r["variant"], r["seq_len"]) for r in records] == [
         (arch, variant, t) for t in (32, 64, 128)
         for arch, variant in [("dense", ""), ("armt", "S=8"), ("armt", "S=16")]
@@ -130,12 +137,12 @@ def test_inference_sweep_records_and_the_dense_limit():
     longest = [r for r in records if r["seq_len"] == 128]
     assert all(r["ratio_vs_dense"] is None and "--infer-dense-max=64" in r["note"]
                for r in longest)
-    table = bench.format_infer_table(records)
+    table = bench.format_table(records)
     assert "ARMT S=8: peak(128) / peak(32)" in table and "dense not run at T=128" in table
 
 
 def test_inference_sweep_measures_peak_rss_in_a_subprocess():
-    records = bench.bench_inference([32], [16], memory=("rss",), **TINY)
+    records = _sweep("32", "16", memory=("rss",))
     assert [r["arch"] for r in records] == ["dense", "armt"]
     for r in records:
         assert r["memory_method"] == "rss_subprocess"
@@ -144,28 +151,30 @@ def test_inference_sweep_measures_peak_rss_in_a_subprocess():
 
 
 def test_cli_prints_the_inference_sweep(capsys):
-    code = bench.main(["--arch", "armt", "--seq-len", "32", "--phases", "train", "--d-model",
-                       "32", "--n-layer", "1", "--n-head", "2", "--warmup", "1", "--repeats",
-                       "1", "--memory", "none", "--segment", "16", "--infer-len", "32,64"])
+    code = bench_main(["--arch", "armt", "--seq-len", "32", "--phases", "train,infer",
+                       "--d-model", "32", "--n-layer", "1", "--n-head", "2", "--warmup", "1",
+                       "--repeats", "1", "--memory", "none", "--segment-size", "16",
+                       "--infer-len", "32,64"])
     out = capsys.readouterr().out
     assert code == 0
     assert "ARMT inference sweep" in out and "ARMT S=16: peak(64) / peak(32)" in out
-    assert bench.main(["--arch", "armt", "--infer-len", "2k"]) == 2
+    assert bench_main(["--arch", "armt", "--infer-len", "2k"]) == 2
     assert "--infer-len='2k'" in capsys.readouterr().err
 
 
 def test_flop_model_of_a_memory_subset():
-    kw = dict(d_model=64, n_layer=4, seq_len=4096, vocab_size=256, segment_len=16,
-              n_mem_tokens=4, d_mem=8)
     d, s, m, dm = 64, 16, 4, 8
-    plain = (1 + m / s) * (24 * d * d + 2 * d * (s + m))         # a layer that neither reads nor writes
+    plain = (1 + m / s) * (24 * d * d + 2 * d * (s + m))    # a layer that neither reads nor writes
     memory = 14 * d * dm + (m / s) * (2 * d * d + 26 * d * dm)
     head = 2 * d * 256
-    flops = [metrics.model_flops_per_token("armt", n_memory_layers=k, **kw) for k in range(5)]
+
+    def cfg(layers):
+        return ModelConfig("armt", d_model=d, n_layer=4, n_head=2, seq_len=4096, segment_size=s,
+                           n_mem_tokens=m, d_mem=dm, memory_layers=layers)
+
+    flops = [metrics.flops_per_token(cfg(tuple(range(k)))) for k in range(5)]
     assert flops == pytest.approx([4 * plain + k * memory + head for k in range(5)])
-    assert metrics.model_flops_per_token("armt", **kw) == flops[4]
-    decode = metrics.model_flops_per_token("armt", decode=True, n_memory_layers=1, **kw)
-    assert decode == pytest.approx(metrics.model_flops_per_token("armt", decode=True, **kw)
-                                   - 3 * metrics.armt_memory_flops(d, s, m, dm, decode=True))
-    with pytest.raises(ValueError, match="n_memory_layers=5.*0..n_layer=4"):
-        metrics.model_flops_per_token("armt", n_memory_layers=5, **kw)
+    assert metrics.flops_per_token(cfg(None)) == flops[4]
+    decode = metrics.flops_per_token(cfg((0,)), decode=True)
+    assert decode == pytest.approx(metrics.flops_per_token(cfg(None), decode=True)
+                                   - 3 * armt.armt_memory_flops(d, s, m, dm, decode=True))

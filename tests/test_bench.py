@@ -5,10 +5,13 @@ import json
 import pytest
 import torch
 
-from blockmem_lite import bench, metrics
-from blockmem_lite.models import base as models_base
+from blockmem_lite import ModelConfig, bench, metrics, registry
+from blockmem_lite.cli import bench_main, bench_parser
+from blockmem_lite.flops import flop_ceiling
+from blockmem_lite.models import bcmt
 from blockmem_lite.models.dense import DenseLM
 from blockmem_lite.units import human_bytes
+from blockmem_lite.validation import parse_int_list
 
 TINY = dict(d_model=32, n_layer=2, n_head=2, batch=2, threads=1, warmup=1, repeats=1,
             decode_burst=2, progress=False)
@@ -31,25 +34,28 @@ def dense_records():
     return bench.run_bench(["dense"], [16, 32], memory=("saved",), **TINY)
 
 
+def _block_local(d_model, n_layer, seq_len, vocab_size=256):
+    return metrics.flops_per_token(ModelConfig("honly", d_model=d_model, n_layer=n_layer,
+                                               n_head=2, seq_len=max(seq_len, 8),
+                                               vocab_size=vocab_size, block_size=8), seq_len)
+
+
 @pytest.fixture
-def twin_arch(monkeypatch):
-    """A second benchable arch (dense weights, block-local FLOP model) with an option."""
-    monkeypatch.setitem(models_base._REGISTRY, "twin", DenseLM)
-
+def twin_arch():
+    """A second benchable arch (dense weights, block-local FLOP model) with an option,
+    registered like a plugin and removed afterwards."""
     def variants(options):
-        return [(f"L={n}", {}) for n in bench.parse_int_list("twin_len", options["twin_len"])]
+        return [(f"L={n}", {}) for n in parse_int_list("--twin-len", options["twin_len"])]
 
-    def flops(cfg, seq_len, phase):
-        if phase == "decode":
-            return None
-        return metrics.model_flops_per_token("block_local", d_model=cfg.d_model,
-                                             n_layer=cfg.n_layer, seq_len=seq_len,
-                                             vocab_size=cfg.vocab_size, block_len=8)
+    def flops(cfg, seq_len, decode):
+        return None if decode else _block_local(cfg.d_model, cfg.n_layer, seq_len)
 
-    entry = bench.BenchArch("twin", variants, flops,
-                            (bench.BenchOption("--twin-len", "8,16", "twin block lengths"),))
-    monkeypatch.setitem(bench.BENCH_ARCHS, "twin", entry)
-    return entry
+    entry = registry.register(registry.Mechanism(
+        name="twin", model=DenseLM, summary="dense weights under another name", flops=flops,
+        bench_options=(registry.BenchOption("--twin-len", "8,16", "twin block lengths"),),
+        bench_variants=variants))
+    yield entry
+    registry.unregister("twin")
 
 
 def test_records_have_every_key_with_the_right_type(dense_records):
@@ -105,7 +111,7 @@ def test_decode_state_bytes_match_the_kv_cache(dense_records):
 
 def test_train_flops_are_three_forwards(dense_records):
     record = next(r for r in dense_records if r["phase"] == "train" and r["seq_len"] == 32)
-    forward = metrics.model_flops_per_token("dense", d_model=32, n_layer=2, seq_len=32)
+    forward = metrics.flops_per_token(ModelConfig(d_model=32, n_layer=2, n_head=2, seq_len=32))
     assert record["flops_per_token"] == pytest.approx(3 * forward)
 
 
@@ -128,10 +134,9 @@ def test_variants_are_interleaved_with_dense_and_get_ratios(twin_arch, monkeypat
         assert r["ratio_vs_dense"] == pytest.approx(expected)
         assert r["memory_method"] == "none" and r["memory_bytes"] is None
         if r["phase"] == "train":
-            ceiling = metrics.flop_ceiling(
-                metrics.model_flops_per_token("dense", d_model=32, n_layer=2, seq_len=32),
-                metrics.model_flops_per_token("block_local", d_model=32, n_layer=2, seq_len=32,
-                                              block_len=8))
+            ceiling = flop_ceiling(
+                metrics.flops_per_token(ModelConfig(d_model=32, n_layer=2, n_head=2, seq_len=32)),
+                _block_local(32, 2, 32))
             assert r["flop_ceiling"] == pytest.approx(ceiling) and ceiling > 1
             assert r["frac_of_ceiling"] == pytest.approx(r["ratio_vs_dense"] / ceiling)
         else:
@@ -140,36 +145,43 @@ def test_variants_are_interleaved_with_dense_and_get_ratios(twin_arch, monkeypat
 
 def test_arch_options_reach_the_variants_from_the_cli(twin_arch, tmp_path, capsys):
     path = tmp_path / "twin.json"
-    code = bench.main(["--arch", "twin", "--twin-len", "4", "--seq-len", "16", "--phases",
+    code = bench_main(["--arch", "twin", "--twin-len", "4", "--seq-len", "16", "--phases",
                        "train", "--memory", "none", "--json", str(path), *TINY_ARGS])
     assert code == 0
     records = json.loads(path.read_text())
     assert [(r["arch"], r["variant"]) for r in records] == [("dense", ""), ("twin", "L=4")]
-    assert "[twin] twin block lengths" in bench.build_parser().format_help()
+    assert "[twin] twin block lengths" in bench_parser().format_help()
 
 
 def test_unknown_arch_is_a_clear_error(capsys):
     with pytest.raises(ValueError, match=r"arch='nope' is not allowed: known architectures.*dense"):
         bench.run_bench(["nope"], [16], **TINY)
-    assert bench.main(["--arch", "dense,nope", "--seq-len", "16"]) == 2
+    assert bench_main(["--arch", "dense,nope", "--seq-len", "16"]) == 2
     assert "known architectures are" in capsys.readouterr().err
 
 
-def test_arch_without_bench_entry_is_a_clear_error(monkeypatch):
-    monkeypatch.setitem(models_base._REGISTRY, "unbenched", DenseLM)
-    with pytest.raises(ValueError, match="arch='unbenched' has no bench entry"):
-        bench.resolve_archs(["unbenched"])
+def test_an_arch_without_a_flop_model_benches_without_ceilings():
+    registry.register(registry.Mechanism(name="noflops", model=DenseLM, summary="no FLOP model"))
+    try:
+        records = bench.run_bench(["noflops"], [16], memory=("none",), phases=("train",), **TINY)
+    finally:
+        registry.unregister("noflops")
+    mine = [r for r in records if r["arch"] == "noflops"]
+    assert len(mine) == 1 and mine[0]["ratio_vs_dense"] > 0
+    assert mine[0]["flop_ceiling"] is None and mine[0]["flops_per_token"] is None
 
 
 def test_bad_arguments_are_clear_errors():
-    with pytest.raises(ValueError, match="phases"):
+    with pytest.raises(ValueError, match="phases=.*special phases come with"):
         bench.run_bench(["dense"], [16], phases=("infer",), **TINY)
+    with pytest.raises(ValueError, match="options=.*block_size"):
+        bench.run_bench(["dense"], [16], options={"block_len": "8"}, **TINY)
     with pytest.raises(ValueError, match="memory"):
         bench.run_bench(["dense"], [16], memory=("gpu",), **TINY)
-    with pytest.raises(ValueError, match="dtype='bf16' is not allowed on cpu"):
+    with pytest.raises(ValueError, match="dtype='bf16' is not allowed: bf16 autocast is used only on CUDA, not on cpu"):
         bench.run_bench(["dense"], [16], dtype="bf16", device="cpu", **TINY)
     with pytest.raises(ValueError, match="seq_len='16,x'"):
-        bench.parse_int_list("seq_len", "16,x")
+        parse_int_list("seq_len", "16,x")
 
 
 def test_table_has_the_columns_and_one_row_per_record(dense_records):
@@ -186,7 +198,7 @@ def test_table_has_the_columns_and_one_row_per_record(dense_records):
 
 def test_cli_writes_a_json_list_of_records(tmp_path, capsys):
     path = tmp_path / "out" / "bench.json"
-    code = bench.main(["--seq-len", "16", "--memory", "saved", "--json", str(path), *TINY_ARGS])
+    code = bench_main(["--seq-len", "16", "--memory", "saved", "--json", str(path), *TINY_ARGS])
     assert code == 0
     records = json.loads(path.read_text())
     assert isinstance(records, list) and len(records) == 2
@@ -203,15 +215,15 @@ def test_rss_subprocess_is_the_primary_cpu_memory_figure():
     assert record["saved_bytes"] > 0
 
 
-def test_bcmt_and_honly_share_the_block_len_option():
-    parser = bench.build_parser()
-    args = parser.parse_args(["--arch", "bcmt,honly", "--block-len", "8,16"])
-    assert args.block_len == "8,16"
-    assert bench._block_variants({"block_len": "8,16"}) == [("L=8", {"block_size": 8}),
-                                                            ("L=16", {"block_size": 16})]
+def test_bcmt_and_honly_share_the_block_size_option():
+    parser = bench_parser()
+    args = parser.parse_args(["--arch", "bcmt,honly", "--block-size", "8,16"])
+    assert args.block_size == "8,16"
+    assert bcmt.bench_variants({"block_size": "8,16"}) == [("L=8", {"block_size": 8}),
+                                                           ("L=16", {"block_size": 16})]
     records = bench.run_bench(["bcmt", "honly"], [32], d_model=32, n_layer=1, n_head=2,
                               warmup=1, repeats=1, memory=("saved",), phases=("decode",),
-                              options={"block_len": "8"}, progress=False)
+                              options={"block_size": "8"}, progress=False)
     state = {r["arch"]: r["state_bytes"] for r in records}
     assert state["dense"] > state["honly"] > 0
     assert {r["variant"] for r in records if r["arch"] != "dense"} == {"L=8"}

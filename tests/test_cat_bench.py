@@ -1,13 +1,15 @@
 """CAT in the bench: variants by chunk size and decoder width, decode state vs dense."""
 
 from blockmem_lite import bench
+from blockmem_lite.cli import bench_parser
+from blockmem_lite.models import cat
 
 TINY = dict(d_model=32, n_layer=2, n_head=2, batch=1, threads=1, warmup=1, repeats=1,
             decode_burst=4, progress=False, memory=("none",))
 
 
 def test_cat_variants_ratios_and_state_against_dense_in_one_run():
-    records = bench.run_bench(["dense", "cat"], [64], options={"chunk": "4,8",
+    records = bench.run_bench(["dense", "cat"], [64], options={"chunk_size": "4,8",
                                                                 "decoder_width": "1,2"}, **TINY)
     cat = [r for r in records if r["arch"] == "cat"]
     assert {r["variant"] for r in cat} == {"C=4 w=1", "C=8 w=1", "C=4 w=2", "C=8 w=2"}
@@ -26,9 +28,10 @@ def test_cat_variants_ratios_and_state_against_dense_in_one_run():
 
 
 def test_cat_cli_options_are_listed_and_parsed():
-    parser = bench.build_parser()
+    parser = bench_parser()
     help_text = parser.format_help()
-    assert "--chunk" in help_text and "--decoder-width" in help_text
-    args = parser.parse_args(["--arch", "dense,cat", "--chunk", "16", "--decoder-width", "1"])
-    assert bench._cat_variants({"chunk": args.chunk, "decoder_width": args.decoder_width}) == [
+    assert "--chunk-size" in help_text and "--decoder-width" in help_text
+    args = parser.parse_args(["--arch", "dense,cat", "--chunk-size", "16", "--decoder-width", "1"])
+    assert cat.bench_variants({"chunk_size": args.chunk_size,
+                               "decoder_width": args.decoder_width}) == [
         ("C=16 w=1", {"chunk_size": 16, "decoder_width": 1})]

@@ -3,6 +3,7 @@
 import math
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
@@ -202,7 +203,7 @@ def test_block_size_is_read_from_the_model_config():
     """A leak only across the first block boundary (position 16) is found by the L-1 probe."""
 
     class BoundaryLeak:
-        cfg = SimpleNamespace(vocab_size=256, block_size=16)
+        cfg = SimpleNamespace(vocab_size=256, arch="bcmt", block_size=16)
 
         def __call__(self, t):
             out = t.float()[..., None].clone()           # (B, T, 1)
@@ -237,3 +238,122 @@ def test_perturbation_changes_every_future_token(tokens):
     assert torch.equal(base[:, :6], changed[:, :6])
     assert bool((base[:, 6:] != changed[:, 6:]).all())
     assert int(changed.max()) < 256 and not math.isnan(float(changed.float().mean()))
+
+
+# --- every helper probed with wrong inputs: a clear message, never a raw error -----------------
+
+_ARR = np.zeros((2, 3))
+
+
+def _running_sum(t):
+    """A causal function: output i is the running sum of the inputs up to i."""
+    return torch.cumsum(t.float(), 1)[..., None]
+
+
+_TOK = torch.randint(0, 10, (1, 8))
+_EXPECT_ARGS = "expected a finite number"
+
+BAD_ARGUMENTS = {  # a teacher's or student's bad argument: ValueError `name=value is not allowed`
+    "shape expected None": (lambda: check_shape(_ARR, None), "expected=None is not allowed"),
+    "shape expected str": (lambda: check_shape(_ARR, "2"), "expected='2' is not allowed"),
+    "shape name None": (lambda: check_shape(_ARR, (2, 3), None), "name=None is not allowed"),
+    "close complex atol": (lambda: check_close(1.0, 1.0, atol=1j), "atol=1j is not allowed"),
+    "close atol nan": (lambda: check_close(1.0, 2.0, atol=math.nan), "atol=nan is not allowed"),
+    "close atol inf": (lambda: check_close(1.0, 2.0, atol=math.inf), "atol=inf is not allowed"),
+    "close rtol str": (lambda: check_close(1.0, 2.0, rtol="0.1"), "rtol='0.1' is not allowed"),
+    "close atol None": (lambda: check_close(1.0, 2.0, atol=None), _EXPECT_ARGS),
+    "close atol -1": (lambda: check_close(1.0, 1.0, atol=-1), "atol=-1 is not allowed: " +
+                      _EXPECT_ARGS + " >= 0"),
+    "equal name int": (lambda: check_equal(1, 1, 3), "name=3 is not allowed"),
+    "true numpy many": (lambda: check_true(np.array([True, False]), "x"), "one-element"),
+    "true None": (lambda: check_true(None, "x"), "condition=None is not allowed: expected a bool"),
+    "true str": (lambda: check_true("yes", "x"), "condition='yes' is not allowed"),
+    "true float": (lambda: check_true(0.5, "x"), "condition=0.5 is not allowed"),
+    "true nan": (lambda: check_true(math.nan, "x"), "condition=nan is not allowed"),
+    "true list": (lambda: check_true([False], "x"), "condition=[False] is not allowed"),
+    "true float tensor": (lambda: check_true(torch.tensor(0.5), "x"), "dtype float32 is not"),
+    "true message None": (lambda: check_true(True, None), "message=None is not allowed"),
+    "causal atol -1": (lambda: check_causal(_running_sum, _TOK, atol=-1), "atol=-1 is not allowed: " +
+                       _EXPECT_ARGS + " > 0"),
+    "causal atol 0": (lambda: check_causal(_running_sum, _TOK, atol=0), "atol=0 is not allowed"),
+    "causal atol nan": (lambda: check_causal(_running_sum, _TOK, atol=math.nan), "atol=nan"),
+    "causal atol str": (lambda: check_causal(_running_sum, _TOK, atol="x"), "atol='x' is not allowed"),
+    "causal tokens None": (lambda: check_causal(_running_sum, None), "tokens=None is not allowed"),
+    "causal tokens str": (lambda: check_causal(_running_sum, "abc"), "tokens='abc' is not allowed"),
+    "causal tokens 1-d": (lambda: check_causal(_running_sum, torch.arange(5)), "of shape (5,), dtype"),
+    "causal tokens complex": (lambda: check_causal(_running_sum, torch.ones(1, 5, dtype=torch.complex64)),
+                              "dtype complex64 is not allowed"),
+    "causal model None": (lambda: check_causal(None, _TOK), "model_or_fn=None is not allowed"),
+    "causal model str": (lambda: check_causal("model", _TOK), "model_or_fn='model'"),
+    "causal positions str": (lambda: check_causal(_running_sum, _TOK, positions="3"), "positions='3'"),
+    "causal positions float": (lambda: check_causal(_running_sum, _TOK, positions=[1.5]), "[1.5] is not"),
+    "causal vocab 1": (lambda: check_causal(_running_sum, _TOK, vocab_size=1), "vocab_size=1 is not"),
+    "causal vocab str": (lambda: check_causal(_running_sum, _TOK, vocab_size="x"), "vocab_size='x'"),
+    "causal blocks str": (lambda: check_causal(_running_sum, _TOK, block_sizes="4"), "block_sizes='4'"),
+    "causal blocks <0": (lambda: check_causal(_running_sum, _TOK, block_sizes=[-3]), "block_sizes=[-3]"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_ARGUMENTS, ids=list(BAD_ARGUMENTS))
+def test_bad_arguments_say_what_was_expected(case):
+    probe, text = BAD_ARGUMENTS[case]
+    with pytest.raises(ValueError) as err:
+        probe()
+    assert not isinstance(err.value, CheckFailed) and text in str(err.value)
+
+
+WRONG_ANSWERS = {  # what a student hands in: CheckFailed, expected vs got
+    "shape str": (lambda: check_shape("ab", (2,)), "got an object of type str"),
+    "shape float": (lambda: check_shape(1.5, ()), "type float, which has no shape"),
+    "shape numpy": (lambda: check_shape(_ARR, (2, 4)), "dim 1: expected 4, got 3"),
+    "close complex": (lambda: check_close(1 + 5j, 1.0), "max abs diff 5 at index (): got 1+5j"),
+    "close str": (lambda: check_close("1.0", 1.0), "got str '1.0', not a tensor, array or number"),
+    "close expected None": (lambda: check_close(1.0, None), "the expected value is None"),
+    "close ragged list": (lambda: check_close([[1], [1, 2]], [1]), "cannot be read as numbers"),
+    "close numpy": (lambda: check_close(np.ones(3), torch.zeros(3)), "3 of 3 values differ"),
+    "close nan": (lambda: check_close(math.nan, 1.0), "max abs diff nan"),
+    "close wrong shape": (lambda: check_close(torch.zeros(2, 3), _ARR.T), "shapes differ"),
+    "equal numpy": (lambda: check_equal(np.arange(3), np.zeros(3)), "2 of 3 elements differ"),
+    "equal numpy shape": (lambda: check_equal(np.arange(3), torch.arange(4)), "shapes differ"),
+    "equal None": (lambda: check_equal(None, 3), "got      None\n  did the cell forget"),
+    "equal None tensor": (lambda: check_equal(None, torch.arange(3)), "got None, not a tensor"),
+    "equal str tensor": (lambda: check_equal("abc", torch.arange(3)), "got str 'abc'"),
+    "equal list of arrays": (lambda: check_equal([_ARR], [_ARR + 1]), "cannot compare got list"),
+    "true false": (lambda: check_true(np.bool_(False), "x"), "expected: x"),
+    "causal nan outputs": (lambda: check_causal(lambda t: torch.full((1, 8, 1), math.nan), _TOK),
+                           "the outputs are NaN at position 0 before any input was changed"),
+}
+
+
+@pytest.mark.parametrize("case", WRONG_ANSWERS, ids=list(WRONG_ANSWERS))
+def test_wrong_answers_fail_with_expected_vs_got(case):
+    probe, text = WRONG_ANSWERS[case]
+    with pytest.raises(CheckFailed) as err:
+        probe()
+    assert text in str(err.value)
+
+
+RIGHT_ANSWERS = {
+    "shape numpy": lambda: check_shape(_ARR, (2, -1)),
+    "shape numpy ints": lambda: check_shape(_ARR, (np.int64(2), 3)),
+    "close numpy": lambda: check_close(np.ones(3)[::-1], torch.ones(3)),
+    "close complex": lambda: check_close(torch.tensor([1 + 5j]), [1 + 5j]),
+    "close ints": lambda: check_close(2, 2),
+    "equal numpy": lambda: check_equal(np.arange(3), np.arange(3)),
+    "equal numpy vs tensor": lambda: check_equal(np.arange(3), torch.arange(3)),
+    "equal nan": lambda: check_equal(math.nan, math.nan),
+    "equal nan tensors": lambda: check_equal(torch.tensor([1.0, math.nan]),
+                                             torch.tensor([1.0, math.nan])),
+    "true numpy bool": lambda: check_true(np.bool_(True), "x"),
+    "true one-element array": lambda: check_true(np.array([True]), "x"),
+    "causal numpy tokens": lambda: check_causal(_running_sum, _TOK.numpy()),
+    "causal list tokens": lambda: check_causal(_running_sum, _TOK.tolist()),
+    "causal int position": lambda: check_causal(_running_sum, _TOK, positions=3),
+    "causal complex outputs": lambda: check_causal(lambda t: _running_sum(t) * (1 + 1j), _TOK),
+}
+
+
+@pytest.mark.parametrize("case", RIGHT_ANSWERS, ids=list(RIGHT_ANSWERS))
+def test_right_answers_in_other_forms_pass(case, capsys):
+    RIGHT_ANSWERS[case]()
+    _one_ok_line(capsys)

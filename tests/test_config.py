@@ -58,3 +58,54 @@ def test_round_trip_through_dict():
     cfg = preset("fast", lr=1e-3)
     again = type(cfg).from_dict(cfg.to_dict())
     assert again == cfg
+
+
+# --- mechanism options: declared by each mechanism, reached like fields ------------------------
+
+def test_each_mechanism_owns_its_options():
+    import dataclasses
+
+    from blockmem_lite.models.bcmt import BCMTOptions
+
+    cfg = ModelConfig(arch="bcmt", seq_len=64, block_size=16, alpha=0.5)
+    assert isinstance(cfg.options, BCMTOptions) and cfg.block_size == 16 and cfg.alpha == 0.5
+    assert cfg.option_names == ("block_size", "alpha", "memory", "learn_alpha")
+    assert not hasattr(ModelConfig(), "block_size")                 # dense has no blocks
+    honly = dataclasses.replace(cfg, arch="honly")                  # shared names carry over
+    assert honly.block_size == 16 and not hasattr(honly, "alpha")
+    assert dataclasses.replace(cfg, arch="dense").option_names == ()
+    cfg.block_size = 8                                              # writes reach the options
+    assert cfg.options.block_size == 8 and cfg.to_dict()["block_size"] == 8
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(block_size=8), r"block_size=8 is not allowed: an option of bcmt, honly, not of "
+                         r"arch='dense' \(set arch as well, e.g. arch='bcmt'\)"),
+    (dict(arch="cat", segment_size=8), r"segment_size=8 is not allowed: an option of armt"),
+    (dict(arch="moc", blok=1), r"blok=1 is not allowed: unknown field; shared fields are "
+                               r"vocab_size.*moc options are n_chapters"),
+])
+def test_a_field_of_another_mechanism_names_its_owners(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        ModelConfig(**kwargs)
+
+
+def test_presets_size_each_mechanism():
+    assert preset("tiny", arch="bcmt").model.block_size == 8
+    assert preset("gpu", arch="armt").model.segment_size == 256
+    assert preset("class", arch="moc").model.n_chapters == 257
+    # switching arch on a preset's RunConfig takes the new mechanism's sizes for that preset
+    assert preset("fast").replace(arch="honly").model.block_size == 16
+    assert preset("fast", arch="bcmt").replace(arch="honly", block_size=4).model.block_size == 4
+
+
+def test_flat_dicts_round_trip_and_legacy_checkpoint_dicts_load():
+    cfg = preset("tiny", arch="cat", chunk_sizes=(4, 8), chunk_size=8).model
+    flat = cfg.to_dict()
+    assert "options" not in flat and flat["chunk_sizes"] == (4, 8)
+    assert ModelConfig.from_dict(flat) == cfg == ModelConfig(**flat)
+    # earlier releases stored every mechanism's fields in one flat dict
+    legacy = {**preset("tiny").model.to_dict(), "block_size": 8, "chunk_size": 16,
+              "memory_layers": None, "routing": "block_causal"}
+    assert ModelConfig.from_dict(legacy) == preset("tiny").model
+    assert "block_size=8" in repr(preset("tiny", arch="bcmt").model)

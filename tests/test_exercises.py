@@ -154,7 +154,7 @@ def test_check_ignores_json_formatting_and_reports_extra_files(folders, capsys):
     target = out / "01_scores.ipynb"
     target.write_text(target.read_text().replace("\n", "\n  "))  # whitespace only
     assert drift(solutions, out) == []
-    _write(new_notebook(), out / "09_stray.ipynb")
+    _write(make_exercise(_solution_notebook(), "09_stray.ipynb"), out / "09_stray.ipynb")
     assert drift(solutions, out) == [f"extra (no solution notebook): {out / '09_stray.ipynb'}"]
     build(solutions, out, prune=True)
     assert not (out / "09_stray.ipynb").exists() and drift(solutions, out) == []

@@ -1,17 +1,27 @@
 """metrics: the FLOP model reproduces PERFORMANCE.md's ceilings; timing and memory helpers."""
 
+import dataclasses
+
 import pytest
 import torch
 
 from blockmem_lite import ModelConfig, build_model
 from blockmem_lite import metrics as M
+from blockmem_lite.flops import (
+    dense_decode_layer_flops,
+    dense_layer_flops,
+    flop_ceiling,
+    lm_head_flops,
+    training_flops_per_token,
+)
+from blockmem_lite.models import armt, bcmt, cat, moc
 
 D = 256  # PERFORMANCE.md quotes its ceilings at d = 256, backbone only
 
 
 def ceilings(variant_layer_flops):
     """dense / variant per-layer FLOPs at T = 1k, 4k, 16k."""
-    return [M.flop_ceiling(M.dense_layer_flops(D, t), variant_layer_flops(t))
+    return [flop_ceiling(dense_layer_flops(D, t), variant_layer_flops(t))
             for t in (1024, 4096, 16384)]
 
 
@@ -19,125 +29,132 @@ def quoted(values, digits):
     return [round(v, d) for v, d in zip(values, digits, strict=True)]
 
 
+def cfg(arch="dense", **kw):
+    """A ModelConfig of the given arch (d=64, 3 layers, T=512 unless overridden)."""
+    return ModelConfig(arch, **{"d_model": 64, "n_layer": 3, "n_head": 2, "seq_len": 512, **kw})
+
+
 # --- FLOP model: PERFORMANCE.md's quoted ceilings ----------------------------------------
 
 def test_block_local_ceilings_match_performance_md():
-    got = ceilings(lambda t: M.block_local_layer_flops(D, 128))
+    got = ceilings(lambda t: bcmt.block_local_layer_flops(D, 128))
     assert quoted(got, (2, 2, 1)) == [1.28, 2.24, 6.1]
 
 
 def test_cat_same_width_ceilings_match_performance_md():
     # C = 64, decoder width = d, compressor depth = decoder depth / 4; the W_f
     # projection is per model, not per layer, so the backbone-only figure leaves it out.
-    got = ceilings(lambda t: M.cat_layer_flops(D, 64, t, d_decoder=D, depth_ratio=0.25))
+    got = ceilings(lambda t: cat.cat_layer_flops(D, 64, t, d_decoder=D, depth_ratio=0.25))
     assert quoted(got, (1, 2, 1)) == [1.0, 1.77, 4.6]
 
 
 @pytest.mark.parametrize("n_mem_tokens,d_mem", [(16, 32), (8, 64)])
 def test_armt_ceilings_match_performance_md(n_mem_tokens, d_mem):
     # PERFORMANCE.md does not state m and d_mem; both of these settings reproduce it.
-    got = ceilings(lambda t: M.armt_layer_flops(D, 128, n_mem_tokens, d_mem))
+    got = ceilings(lambda t: armt.armt_layer_flops(D, 128, n_mem_tokens, d_mem))
     assert quoted(got, (2, 2, 1)) == [1.04, 1.83, 5.0]
 
 
 def test_armt_ceiling_depends_on_memory_size():
-    big = ceilings(lambda t: M.armt_layer_flops(D, 128, 16, 64))
+    big = ceilings(lambda t: armt.armt_layer_flops(D, 128, 16, 64))
     assert quoted(big, (2, 2, 1)) != [1.04, 1.83, 5.0]
 
 
 # --- FLOP model: the formulas term by term ------------------------------------------------
 
 def test_dense_and_block_local_formulas():
-    assert M.dense_layer_flops(256, 1024) == 24 * 256**2 + 2 * 1024 * 256
-    assert M.dense_decode_layer_flops(256, 1024) == 24 * 256**2 + 4 * 1024 * 256
-    assert M.block_local_layer_flops(256, 128) == 24 * 256**2 + 2 * 128 * 256
+    assert dense_layer_flops(256, 1024) == 24 * 256**2 + 2 * 1024 * 256
+    assert dense_decode_layer_flops(256, 1024) == 24 * 256**2 + 4 * 1024 * 256
+    assert bcmt.block_local_layer_flops(256, 128) == 24 * 256**2 + 2 * 128 * 256
     # a block as long as the sequence is dense attention
-    assert M.block_local_layer_flops(64, 512) == M.dense_layer_flops(64, 512)
+    assert bcmt.block_local_layer_flops(64, 512) == dense_layer_flops(64, 512)
 
 
 def test_cat_armt_moc_head_formulas():
     d, c, t = 64, 8, 256
     decoder = (1 + 1 / c) * (24 * 128**2 + 2 * 128 * (c + t / c))
-    assert M.cat_decoder_layer_flops(128, c, t) == pytest.approx(decoder)
-    assert M.cat_compressor_flops(d, c, 0.5) == pytest.approx(0.5 * (24 * d**2 + 4 * d * (c + 1)))
-    assert M.cat_projection_flops(d, 128) == 2 * 128 * d
+    assert cat.cat_decoder_layer_flops(128, c, t) == pytest.approx(decoder)
+    assert cat.cat_compressor_flops(d, c, 0.5) == pytest.approx(
+        0.5 * (24 * d**2 + 4 * d * (c + 1)))
+    assert cat.cat_projection_flops(d, 128) == 2 * 128 * d
     s, m, dm = 32, 4, 16
-    armt = ((1 + m / s) * (24 * d**2 + 2 * d * (s + m)) + 14 * d * dm
-            + (m / s) * (2 * d**2 + 26 * d * dm))
-    assert M.armt_layer_flops(d, s, m, dm) == pytest.approx(armt)
+    layer = ((1 + m / s) * (24 * d**2 + 2 * d * (s + m)) + 14 * d * dm
+             + (m / s) * (2 * d**2 + 26 * d * dm))
+    assert armt.armt_layer_flops(d, s, m, dm) == pytest.approx(layer)
     per_route = 2 * d * 17 + 4 * d**2 * 3 * 8                  # router + K/V of 3 chapters
-    assert M.moc_extra_flops(d, 17, 2, 8) == 4 * d**2 + 4 * d * 3 * 8 + per_route
-    assert M.moc_extra_flops(d, 17, 2, 8, route_every=32) == pytest.approx(
+    assert moc.moc_extra_flops(d, 17, 2, 8) == 4 * d**2 + 4 * d * 3 * 8 + per_route
+    assert moc.moc_extra_flops(d, 17, 2, 8, route_every=32) == pytest.approx(
         4 * d**2 + 4 * d * 3 * 8 + per_route / 32)
-    assert M.lm_head_flops(d, 256) == 2 * d * 256
+    assert lm_head_flops(d, 256) == 2 * d * 256
 
 
-def test_model_flops_sum_layers_and_head():
-    kw = dict(d_model=64, n_layer=3, seq_len=512, vocab_size=256)
-    head = M.lm_head_flops(64, 256)
-    assert M.model_flops_per_token("dense", **kw) == 3 * M.dense_layer_flops(64, 512) + head
-    assert M.model_flops_per_token("dense", include_head=False, **kw) == pytest.approx(
-        3 * M.dense_layer_flops(64, 512))
-    assert M.model_flops_per_token("dense", decode=True, **kw) == (
-        3 * M.dense_decode_layer_flops(64, 512) + head)
-    assert M.model_flops_per_token("block_local", block_len=32, **kw) == (
-        3 * M.block_local_layer_flops(64, 32) + head)
-    assert M.model_flops_per_token("armt", segment_len=128, n_mem_tokens=4, d_mem=16, **kw) == (
-        pytest.approx(3 * M.armt_layer_flops(64, 128, 4, 16) + head))
-    assert M.model_flops_per_token("moc", n_chapters=17, top_k=2, chapter_len=8,
-                                   n_memory_layers=1, **kw) == pytest.approx(
-        3 * M.dense_layer_flops(64, 512) + M.moc_extra_flops(64, 17, 2, 8) + head)
+def test_model_flops_sum_layers_and_head_through_the_registry():
+    head = lm_head_flops(64, 256)
+    assert M.flops_per_token(cfg()) == 3 * dense_layer_flops(64, 512) + head
+    assert M.flops_per_token(cfg(), decode=True) == 3 * dense_decode_layer_flops(64, 512) + head
+    assert M.flops_per_token(cfg(), 128) == 3 * dense_layer_flops(64, 128) + head
+    assert M.flops_per_token(cfg("honly", block_size=32)) == (
+        3 * bcmt.block_local_layer_flops(64, 32) + head)
+    assert M.flops_per_token(cfg("armt", segment_size=128, n_mem_tokens=4, d_mem=16)) == (
+        pytest.approx(3 * armt.armt_layer_flops(64, 128, 4, 16) + head))
+    moc_cfg = cfg("moc", n_chapters=17, top_k=2, chapter_len=8, routing="sequence")
+    assert M.flops_per_token(moc_cfg) == pytest.approx(                # one memory layer, 1
+        3 * dense_layer_flops(64, 512) + moc.moc_extra_flops(64, 17, 2, 8, 512) + head)
+    assert M.flops_per_token(moc_cfg, decode=True) is None            # no decoding model
 
 
 def test_model_flops_cat_counts_compressor_depth_projection_and_wide_head():
-    got = M.model_flops_per_token("cat", d_model=64, n_layer=8, seq_len=256, vocab_size=256,
-                                  chunk_size=16, d_decoder=128)
-    expected = (8 * M.cat_decoder_layer_flops(128, 16, 256)
+    got = M.flops_per_token(cfg("cat", n_layer=8, seq_len=256, chunk_size=16, decoder_width=2))
+    expected = (8 * cat.cat_decoder_layer_flops(128, 16, 256)
                 + 2 * (24 * 64**2 + 4 * 64 * 17)          # compressor depth max(1, 8 // 4) = 2
-                + M.cat_projection_flops(64, 128) + M.lm_head_flops(128, 256))
+                + cat.cat_projection_flops(64, 128) + lm_head_flops(128, 256))
     assert got == pytest.approx(expected)
 
 
 def test_window_longer_than_sequence_is_capped():
-    kw = dict(d_model=64, n_layer=2, seq_len=100)
-    assert M.model_flops_per_token("block_local", block_len=128, **kw) == (
-        M.model_flops_per_token("dense", **kw))
+    long_block = cfg("honly", n_layer=2, seq_len=128, block_size=128)
+    assert M.flops_per_token(long_block, 100) == M.flops_per_token(cfg(n_layer=2), 100)
 
 
 def test_training_flops_and_ceiling():
-    assert M.training_flops_per_token(10.0) == 30.0
-    assert M.flop_ceiling(5.0, 5.0) == 1.0
-    assert M.flop_ceiling(6.0, 2.0) == 3.0
+    assert training_flops_per_token(10.0) == 30.0
+    assert flop_ceiling(5.0, 5.0) == 1.0
+    assert flop_ceiling(6.0, 2.0) == 3.0
 
 
 def test_cat_decode_flops_count_chunk_vectors_and_half_the_own_chunk():
     c, t, width = 16, 4096, 128
     layer = (1 + 1 / c) * (24 * width**2 + 4 * width * (t / c + c / 2))
-    assert M.cat_decode_layer_flops(width, c, t) == pytest.approx(layer)
-    total = M.model_flops_per_token("cat", d_model=64, n_layer=4, seq_len=t, vocab_size=256,
-                                    chunk_size=c, d_decoder=width, decode=True)
+    assert cat.cat_decode_layer_flops(width, c, t) == pytest.approx(layer)
+    wide = cfg("cat", n_layer=4, seq_len=t, chunk_size=c, decoder_width=2)
     compressor = 24 * 64**2 + 4 * 64 * (c + 1)                 # one layer (4 // 4)
-    assert total == pytest.approx(4 * layer + compressor + 2 * width * 64 + 2 * width * 256)
+    assert M.flops_per_token(wide, decode=True) == pytest.approx(
+        4 * layer + compressor + 2 * width * 64 + 2 * width * 256)
     # at long context the decode step costs far less than dense's 4·t·d per key
-    dense = M.model_flops_per_token("dense", d_model=64, n_layer=4, seq_len=t, decode=True)
-    same_width = M.model_flops_per_token("cat", d_model=64, n_layer=4, seq_len=t,
-                                         chunk_size=c, decode=True)
+    dense = M.flops_per_token(cfg(n_layer=4, seq_len=t), decode=True)
+    same_width = M.flops_per_token(cfg("cat", n_layer=4, seq_len=t, chunk_size=c,
+                                       decoder_width=1), decode=True)
     assert same_width < dense / 2
 
 
 def test_flop_model_errors_name_the_parameter():
-    kw = dict(d_model=64, n_layer=2, seq_len=100)
-    with pytest.raises(ValueError, match="arch='transformerxl'.*dense, block_local, bcmt"):
-        M.model_flops_per_token("transformerxl", **kw)
-    with pytest.raises(ValueError, match="block_len=None"):
-        M.model_flops_per_token("block_local", **kw)
-    with pytest.raises(ValueError, match="decode=True"):
-        M.model_flops_per_token("moc", decode=True, n_chapters=9, top_k=2, chapter_len=4,
-                                n_memory_layers=1, **kw)
     with pytest.raises(ValueError, match="seq_len=0"):
-        M.dense_layer_flops(64, 0)
+        dense_layer_flops(64, 0)
     with pytest.raises(ValueError, match="variant_flops=0"):
-        M.flop_ceiling(1.0, 0)
+        flop_ceiling(1.0, 0)
+    with pytest.raises(ValueError, match="block_size=0"):
+        bcmt.block_local_layer_flops(64, 0)
+    with pytest.raises(ValueError, match="route_every=0"):
+        moc.moc_extra_flops(64, 17, 2, 8, route_every=0)
+
+
+def test_iso_flop_dense_config_works_for_any_mechanism_with_a_flop_model():
+    wide = cfg("cat", n_layer=4, seq_len=256, chunk_size=16, decoder_width=2)
+    dense = M.iso_flop_dense_config(wide)
+    assert dense.arch == "dense" and dense.n_layer > wide.n_layer
+    gap = lambda n: abs(M.flops_per_token(dataclasses.replace(dense, n_layer=n))  # noqa: E731
+                        - M.flops_per_token(wide))
+    assert gap(dense.n_layer) <= min(gap(dense.n_layer - 1), gap(dense.n_layer + 1))
 
 
 # --- timing ----------------------------------------------------------------------------
@@ -274,13 +291,14 @@ def test_cuda_peak_bytes_refuses_cpu():
 
 def test_bcmt_flops_add_the_gate_to_block_local():
     d, L, T = 256, 128, 1024
-    extra = M.bcmt_layer_flops(d, L, T) - M.block_local_layer_flops(d, L)
+    extra = bcmt.bcmt_layer_flops(d, L, T) - bcmt.block_local_layer_flops(d, L)
     # the gate on U (2·d²) dominates; per-block terms and the N x N mix are small
     assert 2 * d * d < extra < 2.1 * d * d
-    dense = M.model_flops_per_token("dense", d_model=d, n_layer=4, seq_len=T, include_head=False)
-    bcmt = M.model_flops_per_token("bcmt", d_model=d, n_layer=4, seq_len=T, block_len=L,
-                                   include_head=False)
-    assert M.flop_ceiling(dense, bcmt) == pytest.approx(1.185, abs=0.005)
+    head = lm_head_flops(d, 256)
+    dense = M.flops_per_token(cfg(d_model=d, n_layer=4, n_head=4, seq_len=T)) - head
+    with_memory = M.flops_per_token(cfg("bcmt", d_model=d, n_layer=4, n_head=4, seq_len=T,
+                                        block_size=L)) - head
+    assert flop_ceiling(dense, with_memory) == pytest.approx(1.185, abs=0.005)
 
 
 def test_saved_tensor_bytes_frees_the_activations():

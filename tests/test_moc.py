@@ -1,19 +1,18 @@
 """MoC: MECHANISMS.md 4.7 (M1-M7, M9) plus routing modes, state, trace, config and errors."""
 
+import dataclasses
 import math
 
 import pytest
 import torch
 
-from blockmem_lite import ModelConfig, build_model, preset
+from blockmem_lite import ModelConfig, build_model, metrics, preset
 from blockmem_lite.checks import CheckFailed, check_causal
-from blockmem_lite.models import moc
 from blockmem_lite.models.moc import (
     MemoryRead,
     chapter_weights,
     default_memory_layers,
     gather_chapters,
-    iso_flop_dense_config,
     load_balance_loss,
     prefix_means,
     z_loss,
@@ -344,17 +343,14 @@ def test_bad_config_is_a_clear_error(field, value, message):
 
 
 def test_iso_flop_dense_config_matches_the_flops_to_the_nearest_layer():
-    from blockmem_lite import metrics
-
     cfg = ModelConfig(arch="moc", d_model=64, n_layer=8, n_head=4, seq_len=256,
                       n_chapters=257, chapter_len=16, top_k=8)       # memory layers 2 and 6
-    dense = iso_flop_dense_config(cfg)
+    dense = metrics.iso_flop_dense_config(cfg)
     assert dense.arch == "dense" and dense.d_model == 64 and dense.seq_len == 256
-    target = moc.flops_per_token(cfg)
+    target = metrics.flops_per_token(cfg)
 
     def gap(n_layer):
-        return abs(metrics.model_flops_per_token("dense", d_model=64, n_layer=n_layer,
-                                                 seq_len=256) - target)
+        return abs(metrics.flops_per_token(dataclasses.replace(dense, n_layer=n_layer)) - target)
 
     assert dense.n_layer > cfg.n_layer
     assert gap(dense.n_layer) <= min(gap(dense.n_layer - 1), gap(dense.n_layer + 1))

@@ -1,10 +1,12 @@
-"""bench: MoC variants (--bank, --topk) and the memory-read timing records."""
+"""bench: MoC variants (--bank-tokens, --top-k) and the memory-read timing records."""
 
 import json
 
 import pytest
+import torch
 
-from blockmem_lite import bench, metrics
+from blockmem_lite import ModelConfig, bench, metrics
+from blockmem_lite.cli import bench_main, bench_parser
 from blockmem_lite.models import moc
 
 TINY = dict(d_model=16, n_layer=1, n_head=2, batch=1, threads=1, warmup=1, repeats=1,
@@ -13,7 +15,7 @@ TINY = dict(d_model=16, n_layer=1, n_head=2, batch=1, threads=1, warmup=1, repea
 
 @pytest.fixture(scope="module")
 def records():
-    return bench.run_bench(["moc"], [16], options={"bank": "64,128", "topk": "1,2"}, **TINY)
+    return bench.run_bench(["moc"], [16], options={"bank_tokens": "64,128", "top_k": "1,2"}, **TINY)
 
 
 def test_moc_variants_are_benched_with_dense_in_train_and_decode(records):
@@ -23,9 +25,9 @@ def test_moc_variants_are_benched_with_dense_in_train_and_decode(records):
                      ("dense", "", "decode"), *[("moc", v, "decode") for v in variants]]
     train = next(r for r in records if r["variant"] == "bank=128 k=2" and r["phase"] == "train")
     assert train["overrides"] == {"n_chapters": 8, "chapter_len": 16, "top_k": 2}
-    cfg = bench.ModelConfig(arch="moc", d_model=16, n_layer=1, n_head=2, seq_len=16,
-                            **train["overrides"])
-    assert train["flops_per_token"] == pytest.approx(3 * moc.flops_per_token(cfg))
+    cfg = ModelConfig(arch="moc", d_model=16, n_layer=1, n_head=2, seq_len=16,
+                      **train["overrides"])
+    assert train["flops_per_token"] == pytest.approx(3 * metrics.flops_per_token(cfg))
     assert train["flop_ceiling"] < 1                              # MoC adds work
     decode = next(r for r in records if r["arch"] == "moc" and r["phase"] == "decode")
     assert decode["flop_ceiling"] is None and decode["state_bytes"] > 0
@@ -54,8 +56,8 @@ def test_read_records_compare_routed_and_whole_bank_reads(records):
 
 def test_read_table_and_cli(tmp_path, capsys):
     path = tmp_path / "moc.json"
-    code = bench.main(["--arch", "dense,moc", "--bank", "64", "--topk", "2", "--seq-len", "16",
-                       "--phases", "train", "--memory", "none", "--json", str(path),
+    code = bench_main(["--arch", "dense,moc", "--bank-tokens", "64", "--top-k", "2", "--seq-len",
+                       "16", "--phases", "train,read", "--memory", "none", "--json", str(path),
                        "--d-model", "16", "--n-layer", "1", "--n-head", "2", "--batch", "1",
                        "--threads", "1", "--warmup", "1", "--repeats", "1"])
     assert code == 0
@@ -63,27 +65,26 @@ def test_read_table_and_cli(tmp_path, capsys):
     assert "MoC memory read" in out and "speed-up vs full" in out
     saved = json.loads(path.read_text())
     assert [r["phase"] for r in saved] == ["train", "train", "read", "read"]
-    assert "[moc]" in bench.build_parser().format_help()
+    assert "[moc]" in bench_parser().format_help()
 
 
 def test_read_workloads_compute_the_reads_they_time():
-    import torch
-
-    read = moc.MemoryRead(16, 2, bench.MOC_CHAPTER_LEN, 1e-5)
+    read = moc.MemoryRead(16, 2, moc.BENCH_CHAPTER_LEN, 1e-5)
     bank, queries = torch.randn(64, 16), torch.randn(1, 16, 16)
-    full, routed = bench._read_workloads(read, bank, queries, [2], 8, torch.Generator())
+    full, routed = moc.read_workloads(read, bank, queries, [2], 8, torch.Generator())
     assert full().shape == routed()[0].shape == (1, 16, 16)
 
 
 @pytest.mark.parametrize("bank_tokens, top_k, message", [
-    (100, 1, r"--bank=100 is not allowed with --topk=1: expected a multiple of 16"),
-    (32, 2, r"--bank=32 is not allowed with --topk=2: .*>= 48 tokens"),
+    (100, 1, r"--bank-tokens=100 is not allowed: with --top-k=1 expected a multiple of 16"),
+    (32, 2, r"--bank-tokens=32 is not allowed: with --top-k=2 .*>= 48 tokens"),
 ])
 def test_bad_bank_options_are_clear_errors(bank_tokens, top_k, message):
     with pytest.raises(ValueError, match=message):
-        bench.moc_bank_overrides(bank_tokens, top_k)
-    with pytest.raises(ValueError, match=message):
-        bench.bench_memory_read([bank_tokens], [top_k], d_model=16, n_head=2, seq_len=8)
+        moc.bank_overrides(bank_tokens, top_k)
+    with pytest.raises(ValueError, match=message):        # before any timing starts
+        bench.run_bench(["moc"], [8], phases=("read",),
+                        options={"bank_tokens": str(bank_tokens), "top_k": str(top_k)}, **TINY)
 
 
 def test_read_timing_interleaves_routed_reads_then_whole_bank_reads(monkeypatch):
@@ -95,9 +96,10 @@ def test_read_timing_interleaves_routed_reads_then_whole_bank_reads(monkeypatch)
         return real(step_fns, **kw)
 
     monkeypatch.setattr(metrics, "time_interleaved", spy)
-    reads = bench.bench_memory_read([64, 128], [1, 2], d_model=16, n_head=2, seq_len=8,
-                                    warmup=1, repeats=1, routing_window=4)
+    reads = bench.run_bench(["moc"], [8], phases=("read",),
+                            options={"bank_tokens": "64,128", "top_k": "1,2"}, **TINY)
     assert counts == [4, 2]                      # routed reads (2 k x 2 banks), then full reads
-    assert {r["routing_window"] for r in reads} == {4}
+    assert {r["routing_window"] for r in reads} == {8}          # the default window, capped at T
     routed = reads[1]
-    assert routed["flops_per_token"] == pytest.approx(moc.read_flops_per_token(16, 32, 4))
+    assert routed["flops_per_token"] == pytest.approx(moc.read_flops_per_token(16, 32, 8))
+    assert routed["vs_smallest"] == 1.0 and reads[4]["vs_smallest"] > 0

@@ -38,6 +38,17 @@ def test_mask_errors_name_the_parameter(fn, args, name):
         fn(*args)
 
 
+def test_sliding_window_mask_matches_brute_force_and_bottom_right():
+    for q_len, kv_len, window in [(7, 7, 3), (2, 9, 4), (5, 5, 1), (6, 6, 10)]:
+        got = masks.sliding_window_mask(q_len, kv_len, window=window)
+        expected = torch.tensor([[0 <= (kv_len - q_len + i) - k < window for k in range(kv_len)]
+                                 for i in range(q_len)])
+        assert torch.equal(got, expected), (q_len, kv_len, window)
+    assert torch.equal(masks.sliding_window_mask(6, window=6), masks.causal_mask(6))
+    with pytest.raises(ValueError, match="window=0 is not allowed"):
+        masks.sliding_window_mask(4, window=0)
+
+
 def test_rmsnorm_unit_rms_and_keeps_fp64():
     x = torch.randn(3, 7, 16, dtype=torch.float64) * 5
     y = RMSNorm(16).double()(x)

@@ -13,6 +13,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from blockmem_lite import build_model, preset
+from blockmem_lite.cli import train_main as main
 from blockmem_lite.runtime import pick_device
 from blockmem_lite.train import (
     EVAL_KEYS,
@@ -22,7 +23,6 @@ from blockmem_lite.train import (
     Trainer,
     evaluate,
     lr_at,
-    main,
 )
 from blockmem_lite.units import format_progress
 
@@ -177,7 +177,7 @@ def test_interrupt_keeps_model_and_history_and_writes_a_checkpoint(tmp_path, cap
     assert history.interrupted and trainer.step == 3 and len(history.loss) == 3
     assert rec.ends == [history]
     path = tmp_path / "checkpoint.pt"
-    assert f"interrupted at step 3/12; model and history kept; checkpoint: {path}" in \
+    assert f"stopped by SIGINT at step 3/12; model and history kept; checkpoint: {path}" in \
         capsys.readouterr().out
     ckpt = torch.load(path, weights_only=True)
     assert ckpt["step"] == 3 and ckpt["history"]["interrupted"] is True
@@ -369,18 +369,35 @@ def test_auto_device_and_precision():
             make_trainer(run_cfg(precision="bf16"))
 
 
-def test_non_finite_loss_raises_naming_the_step(tmp_path):
-    class Poison(Callback):
+def test_non_finite_loss_saves_the_last_good_state(tmp_path):
+    class PoisonOutput(Callback):           # the loss goes NaN, the weights stay finite
         def on_step(self, trainer, rec):
             if rec["step"] == 2:
-                with torch.no_grad():
-                    trainer.model.head.weight.fill_(float("nan"))
+                trainer.model.head.register_forward_hook(lambda m, i, out: out * float("nan"))
 
-    trainer = make_trainer(run_cfg(checkpoint_dir=str(tmp_path)), callbacks=[Poison()])
-    with pytest.raises(FloatingPointError, match=r"at step 3/12.*lower lr"):
+    trainer = make_trainer(run_cfg(checkpoint_dir=str(tmp_path)), callbacks=[PoisonOutput()])
+    with pytest.raises(FloatingPointError, match=r"at step 3/12.*last good state was saved.*"
+                                                 r"lower lr"):
         trainer.fit()
     assert trainer.step == 2
     assert torch.load(tmp_path / "checkpoint.pt", weights_only=True)["step"] == 2
+
+
+def test_non_finite_weights_are_never_saved_as_a_good_state(tmp_path):
+    class PoisonWeights(Callback):
+        def on_step(self, trainer, rec):
+            if rec["step"] == 3:
+                with torch.no_grad():
+                    trainer.model.head.weight.fill_(float("nan"))
+
+    trainer = make_trainer(run_cfg(checkpoint_dir=str(tmp_path), checkpoint_every=2),
+                           callbacks=[PoisonWeights()])
+    with pytest.raises(FloatingPointError, match=r"at step 4/12.*no longer finite \(1/\d+ "
+                                                 r"tensors.*checkpoint of step 2 .*last good"):
+        trainer.fit()
+    assert torch.load(tmp_path / "checkpoint.pt", weights_only=True)["step"] == 2
+    with pytest.raises(FloatingPointError, match="not saving a checkpoint at step 3: 1/"):
+        trainer.save_checkpoint()
 
 
 def test_history_round_trips_through_dict_and_json(tmp_path):
@@ -437,6 +454,9 @@ def test_lr_values_are_finite_everywhere():
     (["--preset", "tiny", "--set", "bogus=1"], "bogus=1 is not allowed"),
     (["--preset", "tiny", "--set", "lr"], "expected KEY=VALUE"),
     (["--preset", "tiny", "--steps", "0"], "steps=0 is not allowed"),
+    (["--preset", "tiny", "--set", "block_size=8"], "an option of bcmt, honly"),
+    (["--preset", "tiny", "--set", "tokenizer=no-such/tokenizer"],
+     "not in the local Hugging Face cache"),
 ])
 def test_cli_rejects_bad_arguments(argv, message, capsys, tmp_path):
     assert main([*argv, "--out", str(tmp_path)]) == 2
@@ -460,4 +480,4 @@ def test_cli_trains_writes_outputs_and_resumes(tmp_path, capsys):
     assert main(["--preset", "tiny", "--steps", "5", "--out", str(out), "--resume"]) == 0
     assert json.loads((out / "history.json").read_text())["step"] == [1, 2, 3, 4, 5]
     assert main(["--preset", "tiny", "--out", str(out), "--resume", "--set", "d_model=64"]) == 2
-    assert "different model" in capsys.readouterr().err
+    assert "different settings is not allowed" in capsys.readouterr().err

@@ -356,3 +356,340 @@ def test_figure_before_the_end_uses_the_points_received(headless):
 def test_live_dashboard_takes_total_steps_from_a_config(headless, tiny_cfg):
     assert live_dashboard(tiny_cfg).total_steps == tiny_cfg.train.steps
     assert live_dashboard(tiny_cfg.train, total_steps=7).total_steps == 7
+
+
+# ----------------------------------------------------------------------------- generic charts
+
+from blockmem_lite.viz import widgets  # noqa: E402
+from blockmem_lite.viz.live import LiveMonitor, Throttle  # noqa: E402
+
+
+def test_line_chart_colours_dashes_references_and_log_ticks():
+    fig = figures.line_chart(
+        {"MoC": {"old": ([0, 1, 2], [0.9, 0.5, 0.2]), "new": ([0, 1, 2], [0.0, 0.4, 0.8])},
+         "dense": ([1, 10, 100], torch.tensor([1.0, 2.0, 3.0]))},
+        hlines={"chance": 0.1}, spans={"trained": (0, 50)}, vlines={"α": 5},
+        log_x=True, y_tickformat=".0%", dashed=("dense",))
+    assert [d.name for d in fig.data] == ["MoC: old", "MoC: new", "dense"]
+    assert fig.data[0].line.color == fig.data[1].line.color != fig.data[2].line.color
+    assert (fig.data[0].line.dash, fig.data[1].line.dash, fig.data[2].line.dash) == (
+        "solid", "dash", "dash")
+    assert tuple(fig.data[2].y) == (1.0, 2.0, 3.0)
+    kinds = sorted(s.type for s in fig.layout.shapes)
+    assert kinds == ["line", "line", "rect"]
+    assert fig.layout.xaxis.type == "log" and fig.layout.yaxis.tickformat == ".0%"
+    assert 100 in fig.layout.xaxis.tickvals and "100" in fig.layout.xaxis.ticktext
+
+
+def test_line_chart_rejects_mismatched_lengths_and_empty_series():
+    with pytest.raises(ValueError, match=r"series\['a'\].*x has 3 values and y 2"):
+        figures.line_chart({"a": ([1, 2, 3], [1, 2])})
+    with pytest.raises(ValueError, match="series=dict"):
+        figures.line_chart({})
+    with pytest.raises(ValueError, match="x, y"):
+        figures.line_chart({"a": [1, 2, 3]})
+
+
+def test_line_panels_keep_a_name_coloured_alike_and_in_the_legend_once():
+    panels = {"A": {"layer 0": ([1, 2], [1, 2]), "layer 1": ([1, 2], [2, 3])},
+              "B": {"layer 1": ([1, 2], [5, 6]), "layer 0": ([1, 2], [7, 8])}}
+    fig = figures.line_panels(panels, x_title=["step", "rank"], hlines={"B": {"uniform": 0.5}})
+    assert len(fig.data) == 4
+    by_name = {}
+    for d in fig.data:
+        by_name.setdefault(d.name, []).append(d)
+    assert all(len({d.line.color for d in ds}) == 1 for ds in by_name.values())
+    assert by_name["layer 0"][0].line.color != by_name["layer 1"][0].line.color
+    assert [d.showlegend for d in fig.data] == [True, True, False, False]
+    assert fig.data[2].xaxis == "x2"
+    assert fig.layout.xaxis.title.text == "step" and fig.layout.xaxis2.title.text == "rank"
+    assert len(fig.layout.shapes) == 1 and fig.layout.shapes[0].xref == "x2 domain"
+    with pytest.raises(ValueError, match="x_title has 3 entries"):
+        figures.line_panels(panels, x_title=["a", "b", "c"])
+
+
+def test_grouped_bars_and_scatter_points():
+    fig = figures.grouped_bars({"before": {"dense": 0.9, "MoC": 0.8},
+                                "after": {"dense": 0.2, "MoC": 0.7}},
+                               text_format=".0%", hlines={"floor": 0.05}, log_y=True)
+    assert [d.type for d in fig.data] == ["bar", "bar"] and fig.layout.barmode == "group"
+    assert tuple(fig.data[1].x) == ("dense", "MoC") and tuple(fig.data[1].y) == (0.2, 0.7)
+    assert fig.data[0].marker.color != fig.data[1].marker.color
+    assert fig.data[0].texttemplate == "%{y:.0%}" and fig.layout.yaxis.type == "log"
+    with pytest.raises(ValueError, match=r"groups\['x'\]"):
+        figures.grouped_bars({"x": {}})
+    pts = figures.scatter_points({"dense": (1000.0, 1.5), "bcmt": (3000.0, 1.7)})
+    assert [d.name for d in pts.data] == ["dense", "bcmt"]
+    assert tuple(pts.data[1].x) == (3000.0,) and tuple(pts.data[1].text) == ("bcmt",)
+
+
+def test_heatmap_labels_orientation_and_scale():
+    fig = figures.heatmap(torch.eye(3)[:2], x=["a", "b", "c"], y=[10, 20], colorscale="Greens",
+                          zmin=0)
+    hm = fig.data[0]
+    assert np.asarray(hm.z).shape == (2, 3) and tuple(hm.y) == ("10", "20")
+    assert hm.colorscale[0][1] != hm.colorscale[-1][1]      # a real scale, resolved by plotly
+    assert fig.layout.yaxis.autorange == "reversed" and hm.zmin == 0
+    with pytest.raises(ValueError, match="x has 2 labels"):
+        figures.heatmap(torch.eye(3), x=["a", "b"])
+    with pytest.raises(ValueError, match="z with shape"):
+        figures.heatmap(torch.ones(3))
+
+
+# ----------------------------------------------------------------------------- mechanism figures
+
+
+def decay(n, alpha):
+    i, j = np.arange(n)[:, None], np.arange(n)[None, :]
+    w = np.where(j <= i, alpha ** np.clip(i - j, 0, None), 0.0)
+    return w / w.sum(-1, keepdims=True)
+
+
+def test_decay_heatmap_one_titled_panel_per_alpha_on_one_scale():
+    fig = figures.decay_heatmap({0.5: decay(6, 0.5), 0.9: decay(6, 0.9)})
+    assert len(fig.data) == 2 and fig.data[1].xaxis == "x2"
+    assert [a.text for a in fig.layout.annotations] == ["α = 0.5", "α = 0.9"]
+    assert all(d.coloraxis == "coloraxis" for d in fig.data)
+    assert fig.layout.coloraxis.cmin == 0 and fig.layout.coloraxis.cmax == pytest.approx(1.0)
+    assert "α = 0.9" in fig.data[1].hovertemplate
+    np.testing.assert_allclose(np.asarray(fig.data[0].z), decay(6, 0.5))
+    assert len(figures.decay_heatmap(decay(4, 0.8)).data) == 1
+    with pytest.raises(ValueError, match=r"weights\[0.5\] with shape \(3, 4\)"):
+        figures.decay_heatmap({0.5: np.ones((3, 4))})
+
+
+def test_summary_weights_heatmap_writes_the_characters():
+    pi = torch.softmax(torch.randn(3, 4), -1)               # (N, L)
+    chars = [list("ab c"), list("defg"), list("h\nij")]
+    fig = figures.summary_weights_heatmap(pi, chars=chars)
+    hm = fig.data[0]
+    assert np.asarray(hm.z).shape == (3, 4) and hm.texttemplate == "%{text}"
+    assert hm.text[0][2] == "␣" and hm.text[2][1] == "⏎"
+    assert "0.250" in fig.layout.title.text                  # uniform 1/L
+    with pytest.raises(ValueError, match="chars"):
+        figures.summary_weights_heatmap(pi, chars=[list("ab")])
+
+
+def test_gate_histogram_one_overlaid_histogram_per_layer():
+    fig = figures.gate_histogram({"layer 0": torch.rand(10, 4), "layer 1": torch.rand(20)},
+                                 bins=20)
+    assert [d.type for d in fig.data] == ["histogram", "histogram"]
+    assert len(fig.data[0].x) == 40 and fig.data[0].nbinsx == 20
+    assert fig.layout.barmode == "overlay"
+    with pytest.raises(ValueError, match="bins=0"):
+        figures.gate_histogram({"a": [0.5]}, bins=0)
+
+
+def test_memory_matrices_share_a_symmetric_diverging_scale():
+    a1, a2 = torch.zeros(1, 4, 3), torch.zeros(4, 3)
+    a1[0, 0, 0], a2[1, 2] = 2.0, -0.5
+    fig = figures.memory_matrices({"before": a1, "after": a2}, row_labels=list("wxyz"))
+    assert len(fig.data) == 2 and np.asarray(fig.data[0].z).shape == (4, 3)
+    assert all(d.coloraxis == "coloraxis" for d in fig.data) and tuple(fig.data[0].y) == tuple("wxyz")
+    ca = fig.layout.coloraxis
+    assert (ca.cmin, ca.cmid, ca.cmax) == (-2.0, 0.0, 2.0)
+    assert ca.colorscale[0][1] != ca.colorscale[-1][1]
+    with pytest.raises(ValueError, match="row_labels has 2"):
+        figures.memory_matrices({"a": a2}, row_labels=["p", "q"])
+
+
+def test_routing_figures():
+    heat, share = torch.rand(5, 4), torch.tensor([0.4, 0.3, 0.2, 0.1])
+    fig = figures.routing_heatmap(heat, share, title="lb")
+    assert [d.type for d in fig.data] == ["heatmap", "bar"]
+    assert tuple(fig.data[1].x) == (1, 2, 3, 4) and fig.layout.shapes[0].y0 == 0.25
+    with pytest.raises(ValueError, match="share with shape"):
+        figures.routing_heatmap(heat, share[:3])
+    ids = torch.tensor([[[0, 2, 3], [0, 1, 2]]])            # (B=1, W=2, k+1=3)
+    w = torch.tensor([[[0.3, 0.5, 0.2], [0.3, 0.4, 0.3]]])
+    dec = figures.routing_decisions(ids, w, n_chapters=5)
+    z = np.asarray(dec.data[0].z)
+    assert z.shape == (2, 5) and z[0, 3] == pytest.approx(0.2) and z[0, 1] == 0
+    assert tuple(dec.data[0].y) == ("seq 0 · win 0", "seq 0 · win 1")
+    with pytest.raises(ValueError, match="n_chapters=3"):
+        figures.routing_decisions(ids, w, n_chapters=3)
+    bar = figures.chapter_weights_bar([0, 4, 2], [0.29, 0.5, 0.21])
+    assert tuple(bar.data[0].x) == ("ch 0", "ch 4", "ch 2")
+    colours = bar.data[0].marker.color
+    assert colours[0] != colours[1] == colours[2]
+    with pytest.raises(ValueError, match="n_shared=4"):
+        figures.chapter_weights_bar([0, 1], [0.5, 0.5], n_shared=4)
+
+
+# ----------------------------------------------------------------------------- live monitor
+
+
+class FakeTrainer:
+    model = "the model"
+
+
+def monitor_run(monitor, clock, total, dt):
+    for step in range(1, total + 1):
+        clock.now += dt
+        monitor.on_step(FakeTrainer(), {"step": step, "total_steps": total})
+    monitor.on_end(FakeTrainer(), {})
+
+
+def bars(data):
+    return figures.bar_compare({"a": data["a"], "b": data["b"]})
+
+
+def test_throttle_first_call_due_then_waits():
+    clock = FakeClock()
+    t = Throttle(0.5, clock)
+    assert t.take() and not t.take()
+    clock.now = 0.49
+    assert not t.due()
+    clock.now = 0.5
+    assert t.due() and t.take()
+
+
+def test_monitor_probes_every_n_steps_and_prints_throttled_text(headless, capsys):
+    clock, seen = FakeClock(), []
+
+    def probe(trainer, rec):
+        seen.append((trainer.model, rec["step"]))
+        return {"a": rec["step"], "b": 2.0}
+
+    mon = LiveMonitor(probe, bars, text=lambda d: f"a={d['a']}", every=10, title="probe",
+                      clock=clock, print_every_s=1.0)
+    assert mon.mode == "text"
+    monitor_run(mon, clock, total=95, dt=0.05)               # 4.75 s of fake time
+    assert mon.steps == [1, 10, 20, 30, 40, 50, 60, 70, 80, 90, 95]
+    assert seen[0] == ("the model", 1) and mon.data[-1] == {"a": 95, "b": 2.0}
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0] == "[probe] step 1/95: a=1"
+    assert lines[-1] == "[probe] step 95/95: a=95"          # the last step is always printed
+    assert 3 <= len(lines) <= 7 < len(mon.steps)             # ~1 line/s, not one per probe
+    assert mon.n_printed == len(lines)
+    fig = mon.figure()
+    assert tuple(fig.data[0].y) == (95, 2.0) and fig.layout.title.text == "probe: step 95/95"
+
+
+def test_monitor_record_adds_a_step_zero_and_a_new_run_starts_over(headless, capsys):
+    mon = LiveMonitor(lambda t, r: {"a": r["step"], "b": 0}, bars, every=5, clock=FakeClock(),
+                      print_every_s=0)
+    mon.record(0, {"a": -1, "b": 0})
+    monitor_run(mon, FakeClock(), total=10, dt=1)
+    assert mon.steps == [0, 1, 5, 10]
+    assert "step 0: a -1, b 0" in capsys.readouterr().out   # the default text line
+    mon.on_step(FakeTrainer(), {"step": 1, "total_steps": 3})
+    assert mon.steps == [1]
+    with pytest.raises(ValueError, match="every=0"):
+        LiveMonitor(lambda t, r: 0, bars, every=0)
+    with pytest.raises(ValueError, match="figure="):
+        LiveMonitor(lambda t, r: 0, "not a function")
+    with pytest.raises(ValueError, match="before the first snapshot"):
+        LiveMonitor(lambda t, r: 0, bars, mode="text").figure()
+
+
+def test_monitor_falls_back_to_text_when_figurewidget_fails(monkeypatch, capsys):
+    monkeypatch.delenv("BLOCKMEM_HEADLESS", raising=False)
+    monkeypatch.setattr(live, "_in_notebook_kernel", lambda: True)
+
+    def broken(*args, **kwargs):
+        raise ImportError("anywidget is missing")
+
+    monkeypatch.setattr(go, "FigureWidget", broken)
+    mon = LiveMonitor(lambda t, r: {"a": 1, "b": 2}, bars, title="m")
+    assert mon.mode == "text" and "anywidget" in mon.fallback_reason
+    mon.on_step(FakeTrainer(), {"step": 1, "total_steps": 5})
+    out = capsys.readouterr().out
+    assert "live monitor: widgets unavailable" in out and "[m] step 1/5: a 1, b 2" in out
+
+
+def test_monitor_widget_mode_redraws_at_most_4_per_second():
+    clock = FakeClock()
+    try:
+        mon = LiveMonitor(lambda t, r: {"a": r["step"], "b": 1.0}, bars, every=1, title="w",
+                          mode="widget", clock=clock)
+    except RuntimeError as exc:
+        pytest.skip(f"widgets cannot be built in this process: {exc}")
+    monitor_run(mon, clock, total=200, dt=0.01)              # 2 s, 200 probes
+    assert len(mon.steps) == 200
+    assert mon.n_updates <= 1 + math.ceil(2.0 * 4) + 1
+    assert tuple(mon.widget.data[0].y) == (200, 1.0)         # the last one is drawn
+    assert mon.widget.layout.title.text == "w: step 200/200"
+
+
+# ----------------------------------------------------------------------------- sliders
+
+
+def test_slider_figure_headless_builds_once_at_the_defaults(headless, capsys):
+    calls = []
+
+    def build(alpha, n):
+        calls.append((alpha, n))
+        return figures.decay_heatmap(decay(n, alpha))
+
+    view = widgets.slider_figure(build, title="decay", alpha=widgets.slider(0.8, 0.0, 1.0, 0.05),
+                                 n=(16, 2, 64))
+    assert view.mode == "text" and view.widget is None and calls == [(0.8, 16)]
+    assert isinstance(view.result, go.Figure)
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out == ["decay: shown at alpha=0.8, n=16; the sliders need a Jupyter front end"]
+
+
+def test_slider_specs_are_validated():
+    assert widgets.slider(3, 1, 9).is_int and not widgets.slider(0.5, 0, 1).is_int
+    assert widgets.choice([4, 8, 16], value=8).value == 8
+    with pytest.raises(ValueError, match="value=2 is not allowed"):
+        widgets.slider(2, 3, 9)
+    with pytest.raises(ValueError, match="value=5 is not allowed"):
+        widgets.choice([4, 8], value=5)
+    with pytest.raises(ValueError, match="at least one slider"):
+        widgets.slider_figure(lambda: None)
+    with pytest.raises(ValueError, match="alpha='x'"):
+        widgets.slider_figure(lambda alpha: None, mode="text", alpha="x")
+
+
+def test_slider_widget_mode_labels_are_not_cut_and_moving_rebuilds():
+    calls = []
+    try:
+        view = widgets.slider_figure(lambda chunk_size, beta: calls.append((chunk_size, beta)),
+                                     mode="widget", chunk_size=widgets.choice([4, 8, 16], 8,
+                                                                              label="chunk size C"),
+                                     beta=(0.5, 0.0, 1.0, 0.05))
+    except RuntimeError as exc:
+        pytest.skip(f"widgets cannot be built in this process: {exc}")
+    sel, beta = view.widget.children[:2]
+    assert type(sel).__name__ == "SelectionSlider" and type(beta).__name__ == "FloatSlider"
+    assert sel.description == "chunk size C" and sel.style.description_width == "initial"
+    assert calls == [(8, 0.5)]                               # run once at the defaults
+    sel.value = 16
+    assert calls[-1] == (16, 0.5) and view.values == {"chunk_size": 16, "beta": 0.5}
+
+
+def test_monitor_series_mode_draws_every_snapshot_so_far(headless, capsys):
+    mon = LiveMonitor(lambda t, r: {"a": r["step"] * 10}, series=True, every=2, print_every_s=0,
+                      figure=lambda snaps: figures.line_chart(
+                          {"a": ([s for s, _ in snaps], [d["a"] for _, d in snaps])}),
+                      text=lambda snaps: f"{len(snaps)} points", clock=FakeClock())
+    monitor_run(mon, FakeClock(), total=4, dt=1)
+    assert tuple(mon.figure().data[0].x) == (1, 2, 4) and tuple(mon.figure().data[0].y) == (10, 20, 40)
+    assert capsys.readouterr().out.strip().splitlines()[-1] == "step 4/4: 3 points"
+
+
+# ----------------------------------------------------------------------------- notebook rule
+
+INLINE_PLOTTING = ("go.Figure", "go.Heatmap", "go.Scatter", "go.Bar", "go.Histogram",
+                   "make_subplots", "FigureWidget", "widgets.interactive")
+
+
+def test_main_notebooks_plot_through_the_library_and_keep_cells_short():
+    import json
+    from pathlib import Path
+
+    paths = sorted((Path(__file__).parent.parent / "notebooks").glob("0[0-9]_*.ipynb"))
+    assert paths, "no main notebooks found"
+    problems = []
+    for path in paths:
+        for i, cell in enumerate(json.loads(path.read_text())["cells"]):
+            if cell["cell_type"] != "code":
+                continue
+            src = "".join(cell["source"])
+            if len(src.splitlines()) > 40:
+                problems.append(f"{path.name} cell {i}: {len(src.splitlines())} lines > 40")
+            problems += [f"{path.name} cell {i}: inline {name}" for name in INLINE_PLOTTING
+                         if name in src]
+    assert problems == []

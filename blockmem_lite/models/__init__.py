@@ -1,6 +1,10 @@
-"""Model zoo: one module per mechanism, all behind ``LanguageModel`` and ``build_model``."""
+"""Model zoo: one module per mechanism, all behind ``LanguageModel`` and ``build_model``.
 
-from blockmem_lite.models import armt, bcmt, cat, dense, moc  # noqa: F401  (importing registers the archs)
+Importing this package imports every built-in mechanism module, and each one
+registers itself (``registry.register``); plugins register the same way.
+"""
+
+from blockmem_lite.models import armt, bcmt, cat, dense, moc  # noqa: F401  (each registers itself)
 from blockmem_lite.models.base import (
     IGNORE_INDEX,
     LanguageModel,
@@ -8,8 +12,7 @@ from blockmem_lite.models.base import (
     State,
     available_archs,
     build_model,
-    register,
 )
 
 __all__ = ["IGNORE_INDEX", "LanguageModel", "ModelOutput", "State", "available_archs",
-           "build_model", "register"]
+           "build_model"]

@@ -12,8 +12,9 @@ K = 6 d_mem feature width):
 3. WRITE from the layer's memory-token outputs m_i, all M in parallel against
    the OLD state: ``k = phi(W_K m)``, ``v = W_V m``, ``beta = sigmoid(w_beta m)``,
    ``v_bar = (k A)/(k . z + eps)``, ``gamma = clip(1 - (k . z + eps)/|k|^2, 0, 1)``
-   (stop-gradient), ``A += sum_i beta_i k_i (v_i - v_bar_i)^T``,
-   ``z += sum_i gamma_i k_i``. The first write (empty memory) uses v_bar = 0, gamma = 1.
+   (stop-gradient; ``|k|^2 + eps`` with ``normalize_phi=False``),
+   ``A += sum_i beta_i k_i (v_i - v_bar_i)^T``, ``z += sum_i gamma_i k_i``. The
+   first write (empty memory) uses v_bar = 0, gamma = 1.
 
 ``phi`` is DPFP with nu = 3: ``r = [relu(u); relu(-u)]``,
 ``phi(u) = [r * roll(r, 1); r * roll(r, 2); r * roll(r, 3)]``, L2-normalised
@@ -37,6 +38,10 @@ partial one with a KV cache, reading from the fixed memory.
   gating, no sink token and no sliding window to the previous segment;
 * ``correction=False`` sets gamma = 1 (as the code's flag does); v_bar is always
   subtracted (the delta rule);
+* gamma follows each code version exactly: with ``normalize_phi=True`` (the
+  newer code) ``1 - (k . z + eps) / |k|^2``; with ``normalize_phi=False`` (the
+  2024 code) ``1 - (k . z + eps) / (|k|^2 + eps)``. The two differ only through
+  that eps, which is negligible for unit keys but not for small raw keys;
 * P ~ N(0, std of the token-embedding matrix) (the older code), W_Q and W_K ~
   N(0, init_std), w_beta ~ N(0, init_std) with bias 0 (beta = 0.5 at first);
 * A and z in fp32 (fp64 when the model is fp64), also under bf16 autocast;
@@ -66,23 +71,39 @@ callable as ``block(x, positions, cache)``), ``norm``, ``head``, ``cfg`` (a
 ModelConfig) and ``new_state(batch, capacity)`` with ``.caches`` (one
 ``nn.KVCache`` per block): the kit's ``DenseLM`` (``backbone="dense"``) or
 ``HFBackbone`` around a Hugging Face Llama model (``backbone="hf"``).
+
+``reference_forward(model, tokens)`` writes the segment loop, READ and WRITE
+out one equation per line (kit backbones); tests check that it equals the
+fast forward.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
-from typing import Callable, Sequence
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from blockmem_lite.config import ModelConfig, _fail, check_int
+from blockmem_lite.config import ModelConfig
+from blockmem_lite.flops import layer_matmul_flops, lm_head_flops
 from blockmem_lite.masks import causal_mask
-from blockmem_lite.models.base import LanguageModel, State, build_model, check_tokens, register
+from blockmem_lite.models.base import LanguageModel, State, build_model, check_tokens
+from blockmem_lite.models.dense import DenseState
+from blockmem_lite.nn import KVCache
+from blockmem_lite.registry import BASELINE, BenchOption, Mechanism, Options, SpecialBench, register
 from blockmem_lite.trace import record, scope
+from blockmem_lite.units import fmt, human_bytes
+from blockmem_lite.validation import (
+    check_bool,
+    check_int,
+    check_non_negative,
+    check_positive,
+    fail,
+    parse_int_list,
+)
 
 EPS = 1e-5                     # the eps of the read / write denominators (paper code)
 DPFP_NU = 3                    # DPFP order: key width 2 * nu * d_mem
@@ -92,39 +113,63 @@ BACKBONE_PARTS = ("embed", "blocks", "norm", "head", "cfg", "new_state")
 Memory = tuple[torch.Tensor, torch.Tensor] | None   # (A (B, K, D), z (B, K)), None = empty
 
 
-def validate_config(cfg) -> None:
-    """ARMT fields of a ModelConfig (called by ``ModelConfig.validate`` for arch="armt")."""
-    if cfg.backbone not in SUPPORTED_BACKBONES:
-        _fail("backbone", cfg.backbone,
-              f"ARMT wraps one of {', '.join(SUPPORTED_BACKBONES)} (the kit's DenseLM, or "
-              "HFBackbone around a Hugging Face Llama model)")
-    check_int("segment_size", cfg.segment_size, 1)
-    if cfg.segment_size > cfg.seq_len:
-        _fail("segment_size", cfg.segment_size,
-              f"must be between 1 and seq_len={cfg.seq_len} (the training context)")
-    if isinstance(cfg.n_mem_tokens, bool) or not isinstance(cfg.n_mem_tokens, int) \
-            or cfg.n_mem_tokens < 1:
-        _fail("n_mem_tokens", cfg.n_mem_tokens,
-              "expected an integer >= 1 (ARMT writes its memory through the memory tokens)")
-    check_int("d_mem", cfg.d_mem, 1)
-    check_int("detach_every", cfg.detach_every, 0)
-    if cfg.detach_every == 1:
-        _fail("detach_every", 1, "expected 0 (full BPTT) or >= 2: detaching the memory before "
-              "every segment cuts every gradient to the memory, so it would never learn")
-    for name in ("normalize_phi", "correction", "grad_checkpoint"):
-        if not isinstance(getattr(cfg, name), bool):
-            _fail(name, getattr(cfg, name), "expected True or False")
-    layers = cfg.memory_layers
-    if layers is not None:
+@dataclass
+class ARMTOptions(Options):
+    """ARMT's fields: the wrapped backbone, segments, memory tokens and the associative memory."""
+
+    backbone: str = field(default="dense", metadata={
+        "help": "arch of the wrapped model when ARMT is built from a config (dense; hf by wrap)"})
+    segment_size: int = field(default=64, metadata={"help": "S: tokens per segment"})
+    n_mem_tokens: int = field(default=8, metadata={
+        "help": "M: memory (write) tokens appended to each segment"})
+    d_mem: int = field(default=16, metadata={
+        "help": "associative key width before DPFP (keep <= d_model / 4)"})
+    normalize_phi: bool = field(default=True, metadata={
+        "help": "L2-normalised DPFP features (False: the 2024 paper's form)"})
+    correction: bool = field(default=True, metadata={
+        "help": "delta rule with the v_bar / gamma correction"})
+    detach_every: int = field(default=0, metadata={
+        "help": "truncated BPTT: detach the memory every k segments (0 = full BPTT)"})
+    grad_checkpoint: bool = field(default=False, metadata={
+        "help": "recompute each segment in backward (less memory, more time)"})
+    memory_layers: tuple | None = field(default=None, metadata={
+        "help": "wrapped layers (None = all, () = none: the segmented backbone)"})
+
+    def validate(self, cfg) -> None:
+        if self.backbone not in SUPPORTED_BACKBONES:
+            fail("backbone", self.backbone,
+                 f"ARMT wraps one of {', '.join(SUPPORTED_BACKBONES)} (the kit's DenseLM, or "
+                 "HFBackbone around a Hugging Face Llama model)")
+        check_int("segment_size", self.segment_size, 1)
+        if self.segment_size > cfg.seq_len:
+            fail("segment_size", self.segment_size,
+                 f"must be between 1 and seq_len={cfg.seq_len} (the training context)")
+        if isinstance(self.n_mem_tokens, bool) or not isinstance(self.n_mem_tokens, int) \
+                or self.n_mem_tokens < 1:
+            fail("n_mem_tokens", self.n_mem_tokens,
+                 "expected an integer >= 1 (ARMT writes its memory through the memory tokens)")
+        check_int("d_mem", self.d_mem, 1)
+        check_int("detach_every", self.detach_every, 0)
+        if self.detach_every == 1:
+            fail("detach_every", 1, "expected 0 (full BPTT) or >= 2: detaching the memory before "
+                 "every segment cuts every gradient to the memory, so it would never learn")
+        for name in ("normalize_phi", "correction", "grad_checkpoint"):
+            check_bool(name, getattr(self, name))
+        self._validate_layers(cfg.n_layer)
+
+    def _validate_layers(self, n_layer: int) -> None:
+        layers = self.memory_layers
+        if layers is None:
+            return
         if not isinstance(layers, tuple):
-            _fail("memory_layers", layers, "expected None (all layers) or a tuple of layer "
-                  "indices, () for none (the segmented backbone without memory)")
-        in_range = all(not isinstance(i, bool) and isinstance(i, int) and 0 <= i < cfg.n_layer
+            fail("memory_layers", layers, "expected None (all layers) or a tuple of layer "
+                 "indices, () for none (the segmented backbone without memory)")
+        in_range = all(not isinstance(i, bool) and isinstance(i, int) and 0 <= i < n_layer
                        for i in layers)
         if not in_range or len(set(layers)) != len(layers):
-            _fail("memory_layers", layers,
-                  f"expected None (all layers) or unique layer indices in 0..{cfg.n_layer - 1} "
-                  f"(n_layer={cfg.n_layer})")
+            fail("memory_layers", layers,
+                 f"expected None (all layers) or unique layer indices in 0..{n_layer - 1} "
+                 f"(n_layer={n_layer})")
 
 
 # --- the memory maths as pure functions (tests and notebooks use them) -------------------
@@ -150,37 +195,45 @@ def associative_read(q_phi: torch.Tensor, A: torch.Tensor, z: torch.Tensor,
     return num / den
 
 
-def novelty(k_phi: torch.Tensor, z: torch.Tensor, eps: float = EPS) -> torch.Tensor:
-    """gamma = clip(1 - (k . z + eps) / |k|^2, 0, 1) under stop-gradient. (B, M, K) -> (B, M).
+def novelty(k_phi: torch.Tensor, z: torch.Tensor, eps: float = EPS,
+            normalized: bool = True) -> torch.Tensor:
+    """gamma, clipped to [0, 1], under stop-gradient. (B, M, K) -> (B, M).
 
+    ``normalized`` (L2-normalised keys, the newer code): ``1 - (k . z + eps) / |k|^2``.
+    ``normalized=False`` (raw DPFP keys, the 2024 code): ``1 - (k . z + eps) / (|k|^2 + eps)``,
+    the eps in the key norm too, which matters for small raw keys.
     0 for a key already fully counted in z, 1 for a key orthogonal to every
     stored one; z only grows along new directions.
     """
     seen = torch.einsum("bmk,bk->bm", k_phi, z) + eps
-    return (1 - seen / k_phi.pow(2).sum(-1)).clamp(0, 1).detach()
+    norm2 = k_phi.pow(2).sum(-1) + (0.0 if normalized else eps)
+    return (1 - seen / norm2).clamp(0, 1).detach()
 
 
 def associative_write(A: torch.Tensor | None, z: torch.Tensor | None, k_phi: torch.Tensor,
                       v: torch.Tensor, beta: torch.Tensor, correction: bool = True,
-                      eps: float = EPS) -> tuple[torch.Tensor, torch.Tensor]:
+                      eps: float = EPS, normalized: bool = True
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
     """Write M (key, value) pairs in parallel; returns the new (A, z).
 
     k_phi: (B, M, K), v: (B, M, D), beta: (B, M) write strengths. A, z = None
     means an empty memory (the first segment): v_bar = 0 and gamma = 1. Both
-    v_bar and gamma come from the OLD (A, z).
+    v_bar and gamma come from the OLD (A, z); ``normalized`` picks gamma's form
+    (see ``novelty``).
     """
-    A_new, z_new, _ = _write(A, z, k_phi, v, beta, correction, eps)
+    A_new, z_new, _ = _write(A, z, k_phi, v, beta, correction, eps, normalized)
     return A_new, z_new
 
 
-def _write(A, z, k_phi, v, beta, correction, eps):
+def _write(A, z, k_phi, v, beta, correction, eps, normalized=True):
     """``associative_write`` that also returns gamma (B, M) for the trace."""
     if A is None:
         v_bar = torch.zeros_like(v)
         gamma = torch.ones_like(k_phi[..., 0])
     else:
         v_bar = associative_read(k_phi, A, z, eps)                           # (B, M, D)
-        gamma = novelty(k_phi, z, eps) if correction else torch.ones_like(k_phi[..., 0])
+        gamma = (novelty(k_phi, z, eps, normalized) if correction
+                 else torch.ones_like(k_phi[..., 0]))
     update = torch.einsum("bmk,bmd->bkd", k_phi, beta[..., None] * (v - v_bar))  # (B, K, D)
     grow = torch.einsum("bmk,bm->bk", k_phi, gamma)                              # (B, K)
     if A is None:
@@ -240,7 +293,8 @@ class AssociativeMemoryLayer(nn.Module):
             k_phi = self.features(k)                                            # (B, M, K)
             beta = torch.sigmoid(b.to(dtype))[..., 0]                           # (B, M)
             A, z = memory if memory is not None else (None, None)
-            A, z, gamma = _write(A, z, k_phi, v.to(dtype), beta, self.correction, self.eps)
+            A, z, gamma = _write(A, z, k_phi, v.to(dtype), beta, self.correction, self.eps,
+                                 self.normalize_phi)
         record("write_key", k_phi)
         record("write_value", v)
         record("beta", beta)
@@ -296,7 +350,6 @@ def check_backbone(backbone) -> None:
             "block(x, positions, cache)")
 
 
-@register("armt")
 class ARMT(LanguageModel):
     """A backbone LM wrapped with ARMT's segment loop and per-layer associative memory.
 
@@ -305,8 +358,8 @@ class ARMT(LanguageModel):
     * ``build_model(ModelConfig(arch="armt", ...))``: a fresh dense backbone from
       the config, wrapped;
     * ``ARMT.wrap(backbone, segment_size=..., ...)``: wrap an existing (pretrained)
-      model, its weights kept;
-    * ``ARMT.wrap_checkpoint(path, ...)``: wrap the model of a Trainer checkpoint.
+      model, its weights kept (``ARMT.wrap(train.load_model(path))`` wraps the
+      model of a Trainer checkpoint).
     """
 
     def __init__(self, cfg, backbone: nn.Module | None = None):
@@ -326,7 +379,7 @@ class ARMT(LanguageModel):
         embedding = backbone.embed.weight.detach()
         self.memory_tokens = nn.Parameter(                                       # P: (M, D)
             torch.randn(cfg.n_mem_tokens, cfg.d_model, device=embedding.device,
-                        dtype=embedding.dtype) * embedding.float().std().item())
+                        dtype=embedding.dtype) * embedding.float().std())   # works on "meta"
         wrapped = range(cfg.n_layer) if cfg.memory_layers is None else sorted(cfg.memory_layers)
         self.memory = nn.ModuleDict({
             str(i): AssociativeMemoryLayer(cfg.d_model, cfg.d_mem, cfg.normalize_phi,
@@ -344,26 +397,6 @@ class ARMT(LanguageModel):
         cfg = dataclasses.replace(backbone.cfg, arch="armt", backbone=_backbone_name(backbone),
                                   **settings)
         return cls(cfg, backbone)
-
-    @classmethod
-    def wrap_checkpoint(cls, path, **settings) -> ARMT:
-        """Wrap the (dense) model stored in a Trainer checkpoint at ``path``."""
-        from blockmem_lite.train import load_checkpoint_file
-
-        ckpt = load_checkpoint_file(path)
-        run = ckpt.get("run_config")
-        if run is None:
-            raise ValueError(f"checkpoint {path} stores no run config, so its model cannot be "
-                             "rebuilt: build the backbone yourself, load_state_dict, then "
-                             "ARMT.wrap(backbone)")
-        model_cfg = ModelConfig(**run["model"])
-        if model_cfg.arch not in SUPPORTED_BACKBONES:
-            raise ValueError(f"checkpoint {path} holds arch={model_cfg.arch!r}, which is not "
-                             f"allowed as a backbone: expected {', '.join(SUPPORTED_BACKBONES)} "
-                             "(an ARMT checkpoint resumes with Trainer.from_checkpoint)")
-        backbone = build_model(model_cfg)
-        backbone.load_state_dict(ckpt["model"])
-        return cls.wrap(backbone, **settings)
 
     @property
     def n_mem_tokens(self) -> int:
@@ -555,6 +588,73 @@ def _build_backbone(cfg) -> nn.Module:
     return build_model(dataclasses.replace(cfg, arch=cfg.backbone))
 
 
+# --- the reference forward: MECHANISMS.md 2.2-2.3, step by step, no fast-path tricks -----
+
+def reference_forward(model: ARMT, tokens: torch.Tensor) -> torch.Tensor:
+    """ARMT logits written out equation by equation. tokens (B, T) -> (B, T, V).
+
+    The segment loop of 2.2 with the READ and WRITE of 2.3 spelled out per
+    wrapped layer; the backbone blocks run with the hand-written attention.
+    Every segment, the last one too, gets its memory tokens and writes (the
+    fast path skips that unread last write; the segment's logits cannot see
+    it). Kit backbones only (a ``DenseLM``); eval-mode maths (no dropout).
+    Tests check it equals ``model(tokens).logits``.
+    """
+    backbone = model.backbone
+    if _backbone_name(backbone) != "dense":
+        raise ValueError(f"backbone {_backbone_name(backbone)!r} is not allowed: the reference "
+                         "forward runs kit blocks (a DenseLM backbone) with reference attention")
+    b = tokens.shape[0]
+    memory: dict[int, tuple] = {}                          # layer -> (A (B, K, D), z (B, K))
+    logits = []
+    for segment in tokens.split(model.segment_size, dim=1):              # x_1 .. x_S
+        n = segment.shape[1]
+        p = model.memory_tokens.expand(b, -1, -1)                         # (B, M, D)  P
+        h = torch.cat([backbone.embed(segment), p], dim=1)                # (B, n+M, D) [E(x_s); P]
+        positions = torch.arange(h.shape[1], device=h.device)             # RoPE restarts at 0
+        for i, block in enumerate(backbone.blocks):
+            layer = model.memory_layer(i)
+            if layer is not None and i in memory:                         # 1. READ (not at s = 1)
+                h = h + _reference_read(layer, h, *memory[i])
+            h = block(h, positions, reference=True)                       # 2. LAYER, causal
+            if layer is not None:                                         # 3. WRITE from m = h[n:]
+                memory[i] = _reference_write(layer, h[:, n:], memory.get(i))
+        logits.append(backbone.head(backbone.norm(h[:, :n])))             # real tokens only
+    return torch.cat(logits, dim=1)                                       # (B, T, V)
+
+
+def _reference_read(layer: AssociativeMemoryLayer, h: torch.Tensor, A: torch.Tensor,
+                    z: torch.Tensor) -> torch.Tensor:
+    """r_t = (q_t A) / (q_t . z + eps) with q_t = phi(W_Q h_t). h (B, T, D) -> (B, T, D)."""
+    q = dpfp(h @ layer.w_q.weight.T, DPFP_NU, layer.normalize_phi)       # (B, T, K)
+    return (q @ A) / ((q @ z[..., None]) + layer.eps)                     # (B, T, D)
+
+
+def _reference_write(layer: AssociativeMemoryLayer, m: torch.Tensor, old: tuple | None):
+    """The delta-rule write of the memory-token outputs m (B, M, D) -> the new (A, z)."""
+    k = dpfp(m @ layer.w_k.weight.T, DPFP_NU, layer.normalize_phi)       # (B, M, K)  k = phi(W_K m)
+    v = m @ layer.w_v.weight.T                                            # (B, M, D)  v = W_V m
+    beta = torch.sigmoid(m @ layer.w_beta.weight.T + layer.w_beta.bias)  # (B, M, 1)  beta
+    if old is None:                                                       # empty memory (s = 1)
+        A = torch.zeros(m.shape[0], k.shape[-1], m.shape[-1], dtype=m.dtype, device=m.device)
+        z = torch.zeros(m.shape[0], k.shape[-1], dtype=m.dtype, device=m.device)
+        v_bar, gamma = torch.zeros_like(v), torch.ones_like(beta)         # v_bar = 0, gamma = 1
+    else:
+        A, z = old                                                        # the OLD state
+        k_dot_z = k @ z[..., None]                                        # (B, M, 1)  k . z
+        v_bar = (k @ A) / (k_dot_z + layer.eps)                           # (B, M, D)  stored value
+        key_norm2 = (k * k).sum(-1, keepdim=True)                         # (B, M, 1)  |k|^2
+        if not layer.normalize_phi:                                       # the 2024 code's form
+            key_norm2 = key_norm2 + layer.eps
+        gamma = (1 - (k_dot_z + layer.eps) / key_norm2).clamp(0, 1).detach()  # novelty
+        if not layer.correction:
+            gamma = torch.ones_like(gamma)
+    # (B, K, D)  A += sum_i beta_i k_i (v_i - v_bar_i)^T   (delta rule, all M in parallel)
+    A = A + k.transpose(1, 2) @ (beta * (v - v_bar))
+    z = z + (gamma * k).sum(dim=1)                          # (B, K)  z += sum_i gamma_i k_i
+    return A, z
+
+
 # --- Hugging Face adapter (optional: the ``hf`` extra) ------------------------------------
 
 class _HFCacheView:
@@ -632,9 +732,6 @@ class HFBackbone(nn.Module):
 
     def new_state(self, batch: int, max_len: int):
         """Empty KV caches of ``max_len`` slots, one per layer (``.caches``)."""
-        from blockmem_lite.models.dense import DenseState
-        from blockmem_lite.nn import KVCache
-
         p = self.embed.weight
         return DenseState([KVCache(batch, self.n_kv_heads, max_len, self.head_dim, p.device,
                                    p.dtype) for _ in self.blocks])
@@ -648,47 +745,253 @@ class HFBackbone(nn.Module):
         return self.head(self.norm(x))
 
 
-# --- curriculum --------------------------------------------------------------------------
+# --- FLOP model ---------------------------------------------------------------------------
 
-def train_curriculum(model: nn.Module, stages: Sequence[int] = (2, 4, 8), *,
-                     make_data: Callable[[int], tuple], train_cfg,
-                     steps_per_stage: int | Sequence[int], callbacks=(),
-                     checkpoint_dir: str | Path | None = None) -> list:
-    """Train on growing numbers of segments, each stage starting from the last one's weights.
+def armt_layer_flops(d_model: int, segment_size: int, n_mem_tokens: int, d_mem: int) -> float:
+    """ARMT layer, per token:
+    ``(1 + m/S)·[24·d² + 2·d·(S + m)] + 14·d·d_mem + (m/S)·(2·d² + 26·d·d_mem)``.
 
-    ``make_data(n_segments) -> (train_data, val_data)`` (val may be None) builds a
-    stage's data, e.g. sequences of n_segments * segment_size tokens.
-    ``train_cfg``: a TrainConfig (or RunConfig) whose steps / checkpoint_dir are
-    replaced per stage.
-    ``steps_per_stage``: one count for all stages or one per stage. Each stage
-    gets a fresh optimiser and LR schedule (a new ``train.Trainer``); with
-    ``checkpoint_dir`` stage k is saved to ``<dir>/stage{k}_{n}seg/checkpoint.pt``.
-    An interrupted stage ends the curriculum. Returns one History per stage run.
+    m memory tokens per segment of S tokens; the read (W_Q, qᵀA with DPFP ν=3,
+    so d_key = 6·d_mem) runs for every token, the write once per memory token.
     """
-    from blockmem_lite.train import Trainer
+    check_positive("segment_size", segment_size)
+    check_non_negative("n_mem_tokens", n_mem_tokens)
+    check_positive("d_mem", d_mem)
+    extra = n_mem_tokens / segment_size
+    layer = (1.0 + extra) * (layer_matmul_flops(d_model)
+                             + 2.0 * d_model * (segment_size + n_mem_tokens))
+    read = 14.0 * d_model * d_mem
+    write = extra * (2.0 * d_model * d_model + 26.0 * d_model * d_mem)
+    return layer + read + write
 
-    train_cfg = getattr(train_cfg, "train", train_cfg)          # a RunConfig's TrainConfig
-    stages = list(stages)
-    if not stages or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in stages):
-        raise ValueError(f"stages={stages!r} is not allowed: expected a non-empty list of "
-                         "segment counts >= 1, e.g. (2, 4, 8)")
-    steps = [steps_per_stage] * len(stages) if isinstance(steps_per_stage, int) \
-        else list(steps_per_stage)
-    if len(steps) != len(stages) or any(isinstance(s, bool) or not isinstance(s, int) or s < 1
-                                        for s in steps):
-        raise ValueError(f"steps_per_stage={steps_per_stage!r} is not allowed: expected an "
-                         f"integer >= 1 or one per stage ({len(stages)} stages)")
-    if not callable(make_data):
-        raise ValueError(f"make_data={make_data!r} is not allowed: expected a function "
-                         "n_segments -> (train_data, val_data)")
-    histories = []
-    for k, (n_segments, n_steps) in enumerate(zip(stages, steps, strict=True)):
-        folder = (str(Path(checkpoint_dir) / f"stage{k}_{n_segments}seg")
-                  if checkpoint_dir is not None else None)
-        cfg = dataclasses.replace(train_cfg, steps=n_steps, checkpoint_dir=folder)
-        train_data, val_data = make_data(n_segments)
-        history = Trainer(model, cfg, train_data, val_data, callbacks).fit(n_steps)
-        histories.append(history)
-        if history.interrupted:
-            break
-    return histories
+
+def armt_decode_layer_flops(d_model: int, segment_size: int, n_mem_tokens: int,
+                            d_mem: int) -> float:
+    """ARMT layer, one decoding step, averaged over a segment of S tokens:
+    ``24·d² + 2·d·(S + 1) + 14·d·d_mem + (m/S)·[26·d² + 2·d·(2S + m + 1) + 40·d·d_mem]``.
+
+    A segment token at in-segment position p attends to p + 1 cached keys
+    (4·d each; the mean over p = 0..S-1 is 2·d·(S + 1)) and reads the memory
+    (14·d·d_mem). Once per segment the m memory tokens run through the cache
+    to write: token j sees S + j + 1 keys (mean 4·d·S + 2·d·(m + 1)), reads,
+    and writes (2·d² + 26·d·d_mem), amortised over the S tokens. This is the
+    steady state past the first segment: it does not depend on the context.
+    """
+    check_positive("d_model", d_model)
+    check_positive("segment_size", segment_size)
+    check_non_negative("n_mem_tokens", n_mem_tokens)
+    check_positive("d_mem", d_mem)
+    d, s, m = d_model, segment_size, n_mem_tokens
+    token = layer_matmul_flops(d) + 2.0 * d * (s + 1) + 14.0 * d * d_mem
+    write = 26.0 * d * d + 2.0 * d * (2 * s + m + 1) + 40.0 * d * d_mem
+    return token + (m / s) * write
+
+
+def armt_memory_flops(d_model: int, segment_size: int, n_mem_tokens: int, d_mem: int,
+                      decode: bool = False) -> float:
+    """The memory path inside ``armt_layer_flops`` (or ``armt_decode_layer_flops``), per token:
+    ``14·d·d_mem + (m/S)·(2·d² + 26·d·d_mem)`` (decode: ``40·d·d_mem`` in the write term,
+    since the m memory tokens also read). An unwrapped layer costs the ARMT layer minus this.
+    """
+    check_positive("d_model", d_model)
+    check_positive("segment_size", segment_size)
+    check_non_negative("n_mem_tokens", n_mem_tokens)
+    check_positive("d_mem", d_mem)
+    d, per_write = d_model, (40.0 if decode else 26.0) * d_model * d_mem
+    return 14.0 * d * d_mem + (n_mem_tokens / segment_size) * (2.0 * d * d + per_write)
+
+
+def flops_per_token(cfg, seq_len: int, decode: bool = False) -> float:
+    """Forward FLOPs per token: ARMT layers where memory is, plain segmented layers elsewhere
+    (no read or write), plus the head. A segment longer than the sequence is the sequence."""
+    segment = cfg.segment_size if decode else min(cfg.segment_size, seq_len)
+    args = (cfg.d_model, segment, cfg.n_mem_tokens, cfg.d_mem)
+    layer = armt_decode_layer_flops(*args) if decode else armt_layer_flops(*args)
+    wrapped = cfg.n_layer if cfg.memory_layers is None else len(cfg.memory_layers)
+    unwrapped = cfg.n_layer - wrapped
+    return (cfg.n_layer * layer - unwrapped * armt_memory_flops(*args, decode=decode)
+            + lm_head_flops(cfg.d_model, cfg.vocab_size))
+
+
+# --- bench: segment sizes, and the inference sweep over total length ------------------------
+
+SEGMENT_SIZE_OPTION = BenchOption("--segment-size", "128,256",
+                                  "segment sizes S for armt (comma-separated)")
+INFER_LEN_OPTION = BenchOption(
+    "--infer-len", "2048,8192,65536",
+    "ARMT inference sweep: prompt lengths read by ARMT.stream (constant memory) next to dense's "
+    "prefill (comma-separated; 'none' skips the sweep)")
+INFER_DENSE_MAX_OPTION = BenchOption(
+    "--infer-dense-max", "auto",
+    "longest prompt dense reads in the ARMT inference sweep (auto: every length on CUDA, "
+    "16384 elsewhere: a 65,536-token dense prefill takes minutes on a laptop CPU)")
+CPU_DENSE_INFER_MAX = 16384      # --infer-dense-max auto off CUDA
+
+
+def parse_infer_lengths(text: str) -> list[int]:
+    """'--infer-len' value -> lengths; 'none' -> [] (no sweep)."""
+    if str(text).strip().lower() == "none":
+        return []
+    return parse_int_list("--infer-len", text)
+
+
+def dense_infer_limit(text: str, device) -> int | None:
+    """'--infer-dense-max' value -> the longest dense prompt (None: no limit)."""
+    if str(text).strip().lower() == "auto":
+        return None if torch.device(device).type == "cuda" else CPU_DENSE_INFER_MAX
+    values = parse_int_list("--infer-dense-max", text)
+    if len(values) != 1:
+        fail("--infer-dense-max", text, "expected 'auto' or one integer >= 1")
+    return values[0]
+
+
+def bench_variants(options: dict) -> list[tuple[str, dict]]:
+    """``--segment-size 128,256`` -> [("S=128", {"segment_size": 128}), ...]; the sweep's own
+    options are checked here too, so they fail before any timing."""
+    parse_infer_lengths(options["infer_len"])
+    dense_infer_limit(options["infer_dense_max"], "cpu")
+    return [(f"S={n}", {"segment_size": n})
+            for n in parse_int_list("--segment-size", options["segment_size"])]
+
+
+def bench_inference(options: dict, bench) -> list[dict]:
+    """Read prompts of growing total length: ARMT (``stream``) vs dense (``prefill``).
+
+    Forward only, no grad, random (batch, T) prompts; one call = one whole prompt
+    (``metrics.make_infer_step``). Dense (while T <= ``--infer-dense-max``) and
+    ARMT with every segment size, at every length, are timed interleaved in one
+    loop, so ratios across models *and lengths* are same-run ratios. Memory per
+    entry: on CUDA the peak allocated over one call with only that model built
+    (weights included); on CPU, with the "rss" memory method, the peak RSS of a
+    fresh process reading one prompt.
+
+    Records (by increasing T): phase ``"infer"``, ``ratio_vs_dense`` (tokens/s
+    over dense's at the same T, None where dense was not run), ``state_bytes``
+    (what is kept to continue: ARMT's constant state, dense's KV cache) and
+    extra keys ``memory_vs_shortest`` / ``tokens_per_s_vs_shortest`` (this entry
+    over the same entry at the shortest length: the constant-memory and
+    flat-throughput targets) and ``note`` (why dense is missing, or None).
+    """
+    lengths = sorted(set(parse_infer_lengths(options["infer_len"])))
+    if not lengths:
+        return []
+    sizes = parse_int_list("--segment-size", options["segment_size"])
+    dense_max = dense_infer_limit(options["infer_dense_max"], bench.device)
+    batch = bench.batch or 1
+    runs = [(seq_len, entry) for seq_len in lengths
+            for entry in _infer_entries(bench, seq_len, sizes, dense_max)]
+    memories = [bench.infer_memory(entry.cfg, batch, seq_len) for seq_len, entry in runs]
+    models = [bench.build(entry.cfg) for _, entry in runs]
+    state_bytes: dict[int, int] = {}
+    steps = [_keeping_state_bytes(bench.infer_step(model, batch, seq_len), state_bytes, i)
+             for i, (model, (seq_len, _)) in enumerate(zip(models, runs, strict=True))]
+    bench.log(f"infer T={lengths} batch={batch}: timing {len(runs)} (model, length) pairs "
+              f"interleaved, {bench.warmup} warm-up + {bench.repeats} timed pass(es)")
+    timings = bench.time(steps, [batch * seq_len for seq_len, _ in runs])
+    dense_tps = {seq_len: timing.tokens_per_s
+                 for (seq_len, entry), timing in zip(runs, timings, strict=True)
+                 if entry.arch == BASELINE}
+    records = []
+    for i, (seq_len, entry) in enumerate(runs):
+        baseline = entry.arch == BASELINE
+        flops = bench.flops(entry.cfg, seq_len)
+        dense_flops = bench.flops(dataclasses.replace(entry.cfg, arch=BASELINE), seq_len)
+        ratio = timings[i].tokens_per_s / dense_tps[seq_len] \
+            if seq_len in dense_tps and not baseline else None
+        records.append(bench.record(
+            arch=entry.arch, variant=entry.variant, phase="infer", seq_len=seq_len, batch=batch,
+            timing=timings[i], ratio=ratio,
+            ceiling=None if baseline else bench.ceiling(dense_flops, flops), flops=flops,
+            memory=memories[i], state_bytes=state_bytes[i],
+            model_fields={k: getattr(entry.cfg, k) for k in ("d_model", "n_layer", "n_head",
+                                                              "vocab_size")},
+            params=models[i].num_params(), overrides=entry.overrides,
+            note=None if baseline else _dense_skipped_note(bench, batch, seq_len, dense_max)))
+    _add_growth(records)
+    return records
+
+
+def _infer_entries(bench, seq_len: int, segment_sizes, dense_max) -> list:
+    entries = []
+    if dense_max is None or seq_len <= dense_max:
+        entries.append(bench.entry(BASELINE, seq_len))
+    for size in segment_sizes:
+        entry = bench.entry("armt", max(seq_len, size), f"S={size}", {"segment_size": size})
+        entries.append(entry)
+    return entries
+
+
+def _dense_skipped_note(bench, batch: int, seq_len: int, dense_max) -> str | None:
+    if dense_max is None or seq_len <= dense_max:
+        return None
+    width = 2 if bench.precision == "bf16" else 4
+    kv = 2 * bench.base["n_layer"] * batch * seq_len * bench.base["d_model"] * width
+    return (f"dense not run at T={seq_len} on {bench.device.type}: above --infer-dense-max="
+            f"{dense_max} (its quadratic prefill takes minutes per pass here); its KV cache "
+            f"alone would hold {human_bytes(kv)}")
+
+
+def _keeping_state_bytes(step, sizes: dict, index: int):
+    """``step`` that stores the returned state's bytes in ``sizes[index]`` (state then freed)."""
+    def run() -> None:
+        sizes[index] = step().nbytes()
+    return run
+
+
+def _add_growth(records: list[dict]) -> None:
+    """``memory_vs_shortest`` and ``tokens_per_s_vs_shortest`` per (arch, variant)."""
+    shortest: dict[tuple[str, str], dict] = {}
+    for r in records:                                      # records come by increasing length
+        first = shortest.setdefault((r["arch"], r["variant"]), r)
+        r["shortest_len"] = first["seq_len"]
+        r["tokens_per_s_vs_shortest"] = r["tokens_per_s"] / first["tokens_per_s"]
+        r["memory_vs_shortest"] = (r["memory_bytes"] / first["memory_bytes"]
+                                   if r["memory_bytes"] and first["memory_bytes"] else None)
+
+
+INFER_COLUMNS = (
+    ("arch", lambda r: r["arch"]), ("variant", lambda r: r["variant"] or "-"),
+    ("T", lambda r: str(r["seq_len"])), ("tok/s", lambda r: f"{r['tokens_per_s']:,.0f}"),
+    ("x dense", lambda r: fmt(r["ratio_vs_dense"], ".2f")),
+    ("tok/s vs shortest", lambda r: f"{r['tokens_per_s_vs_shortest']:.2f}"),
+    ("peak memory", lambda r: human_bytes(r["memory_bytes"])),
+    ("peak vs shortest", lambda r: fmt(r["memory_vs_shortest"], ".3f")),
+    ("rss delta", lambda r: human_bytes(r["rss_peak_bytes"] - r["rss_base_bytes"]
+                                        if r.get("rss_peak_bytes") is not None else None)),
+    ("state", lambda r: human_bytes(r["state_bytes"])), ("method", lambda r: r["memory_method"]),
+)
+
+
+def _infer_title(records: list[dict]) -> str:
+    return (f"ARMT inference sweep (forward, no grad, batch={records[0]['batch']}): ARMT reads "
+            "the prompt with stream() (segment by segment), dense with prefill()")
+
+
+def _infer_footer(records: list[dict]) -> list[str]:
+    longest = {(r["arch"], r["variant"]): r for r in records}        # by increasing length
+    lines = [f"ARMT {r['variant']}: peak({r['seq_len']}) / peak({r['shortest_len']}) = "
+             f"{fmt(r['memory_vs_shortest'], '.3f')} (target <= 1.1); tok/s({r['seq_len']}) / "
+             f"tok/s({r['shortest_len']}) = {r['tokens_per_s_vs_shortest']:.2f} (target: flat)"
+             for r in longest.values() if r["arch"] == "armt" and r["seq_len"] > r["shortest_len"]]
+    notes = sorted({r["note"] for r in records if r.get("note")})
+    return [*lines, *notes,
+            "peak memory: rss_subprocess = peak RSS of a fresh process incl. the interpreter+torch "
+            "baseline (rss delta = growth after import + model build); cuda_max_allocated = CUDA "
+            "peak incl. weights. state = what is kept to continue (ARMT: KV of one segment + A, z;"
+            " dense: KV cache)."]
+
+
+register(Mechanism(
+    name="armt", model=ARMT, options=ARMTOptions, flops=flops_per_token,
+    summary="associative recurrent memory: segments, a per-layer delta-rule memory matrix "
+            "carried across them, around a (pretrained) backbone",
+    presets={"tiny": {"segment_size": 8}, "fast": {"segment_size": 16},
+             "class": {"segment_size": 64}, "gpu": {"segment_size": 256}},
+    bench_options=(SEGMENT_SIZE_OPTION, INFER_LEN_OPTION, INFER_DENSE_MAX_OPTION),
+    bench_variants=bench_variants,
+    trace_keys=("segment*.layer*.read_query", "segment*.layer*.read", "segment*.layer*.write_key",
+                "segment*.layer*.write_value", "segment*.layer*.beta", "segment*.layer*.gamma",
+                "segment*.layer*.A", "segment*.layer*.z"),
+    boundary_fields=("segment_size",),
+    special_benches=(SpecialBench("infer", bench_inference, INFER_COLUMNS, _infer_title,
+                                  _infer_footer),)))

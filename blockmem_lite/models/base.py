@@ -12,48 +12,34 @@ the architecture:
 * ``generate(prompt, max_new_tokens, ...)`` built on prefill/step.
 * ``State.nbytes()`` reports the bytes the decoding state holds, so cache
   memory is comparable across mechanisms.
+
+Which class serves which ``arch`` is the registry's business (``registry.py``):
+each mechanism module registers a ``Mechanism`` naming its model class.
 """
 
 from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-IGNORE_INDEX = -100
-
-_REGISTRY: dict[str, Callable] = {}
-
-
-def register(*names: str):
-    """Class decorator: make ``build_model`` know this architecture by ``names``."""
-
-    def wrap(cls):
-        for name in names:
-            _REGISTRY[name] = cls
-        return cls
-
-    return wrap
+from blockmem_lite import registry
+from blockmem_lite.tokenizer import IGNORE_INDEX
+from blockmem_lite.validation import check_float, check_int
 
 
 def available_archs() -> list[str]:
-    import blockmem_lite.models  # noqa: F401  (importing registers the built-in models)
-
-    return sorted(_REGISTRY)
+    """Every registered architecture (built-in, plugins, installed entry points)."""
+    return registry.names()
 
 
 def build_model(cfg) -> LanguageModel:
     """Build the model for ``cfg`` (a ModelConfig, or a RunConfig whose ``.model`` is used)."""
     model_cfg = getattr(cfg, "model", cfg)
-    archs = available_archs()
-    if model_cfg.arch not in _REGISTRY:
-        raise ValueError(f"arch={model_cfg.arch!r} is not allowed: known architectures are "
-                         f"{', '.join(archs)}")
-    return _REGISTRY[model_cfg.arch](model_cfg)
+    return registry.get(model_cfg.arch).model(model_cfg)
 
 
 @dataclass
@@ -96,6 +82,10 @@ def check_tokens(tokens: torch.Tensor, vocab_size: int, max_len: int | None = No
         raise ValueError(f"tokens of shape {shape} are not allowed: expected a (batch, time) tensor")
     if tokens.dtype not in (torch.int64, torch.int32):
         raise ValueError(f"tokens.dtype={tokens.dtype} is not allowed: expected torch.long")
+    if tokens.shape[0] == 0 or tokens.shape[1] == 0:
+        raise ValueError(f"tokens of shape {tuple(tokens.shape)} (batch={tokens.shape[0]}, "
+                         f"T={tokens.shape[1]}) are not allowed: expected at least one sequence "
+                         "of at least one token")
     if tokens.numel() and (tokens.min() < 0 or tokens.max() >= vocab_size):
         raise ValueError(f"token ids in [{tokens.min().item()}, {tokens.max().item()}] are not "
                          f"allowed: expected ids in [0, {vocab_size - 1}] (vocab_size={vocab_size})")
@@ -153,12 +143,10 @@ class LanguageModel(nn.Module, metaclass=abc.ABCMeta):
         ``greedy=True`` (or temperature 0) takes the argmax; otherwise samples
         from softmax(logits / temperature), optionally restricted to ``top_k``.
         """
-        if max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens={max_new_tokens} is not allowed: expected >= 0")
-        if temperature < 0:
-            raise ValueError(f"temperature={temperature} is not allowed: expected >= 0")
-        if top_k is not None and top_k < 1:
-            raise ValueError(f"top_k={top_k} is not allowed: expected None or >= 1")
+        check_int("max_new_tokens", max_new_tokens, 0)
+        check_float("temperature", temperature, 0.0)
+        if top_k is not None:
+            check_int("top_k", top_k, 1)
         was_training = self.training
         self.eval()
         logits, state = self.prefill(prompt, max_len=prompt.shape[1] + max_new_tokens)

@@ -36,19 +36,69 @@ must exercise the memory path re-randomise W_p first.
 Generation keeps, per layer, a KV cache of at most one block, the (num, den)
 memory state and a streaming summary (running max, normaliser, weighted sum),
 so the decoding state is constant in the context length.
+
+``reference_forward(model, tokens)`` writes steps 1-7 out one equation per
+line (RMSNorm_s(U) materialised, the concatenated gate); tests check that it
+equals the fast forward.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from blockmem_lite.flops import layer_matmul_flops, lm_head_flops
 from blockmem_lite.masks import block_causal_mask
-from blockmem_lite.models.base import State, check_tokens, register
+from blockmem_lite.models.base import State, check_tokens
 from blockmem_lite.models.dense import DenseLM
 from blockmem_lite.nn import MLP, KVCache, RMSNorm, SelfAttention, attention, reference_attention
+from blockmem_lite.registry import BenchOption, Mechanism, Options, register
 from blockmem_lite.trace import is_tracing, record, scope
+from blockmem_lite.validation import (
+    check_bool,
+    check_float,
+    check_int,
+    check_positive,
+    fail,
+    parse_int_list,
+)
+
+# --- options ---------------------------------------------------------------------------
+
+@dataclass
+class HOnlyOptions(Options):
+    """The block-local model: dense causal attention inside blocks, nothing between them."""
+
+    block_size: int = field(default=64, metadata={
+        "help": "L: tokens per block (the tail is padded)"})
+
+    def validate(self, cfg) -> None:
+        check_int("block_size", self.block_size, 1)
+        if self.block_size > cfg.seq_len:
+            fail("block_size", self.block_size,
+                 f"must be between 1 and seq_len={cfg.seq_len} (the context)")
+
+
+@dataclass
+class BCMTOptions(HOnlyOptions):
+    """HOnly's blocks plus the normalised exponential-decay block memory."""
+
+    alpha: float = field(default=0.8, metadata={
+        "help": "decay of the exponential block memory (the paper fixes 0.8)"})
+    memory: bool = field(default=True, metadata={
+        "help": "False = the HOnly ablation inside a BCMT model (no block memory)"})
+    learn_alpha: bool = field(default=False, metadata={
+        "help": "exercises only: make alpha a learned parameter"})
+
+    def validate(self, cfg) -> None:
+        super().validate(cfg)
+        check_float("alpha", self.alpha, 0.0, 1.0)
+        check_bool("memory", self.memory)
+        check_bool("learn_alpha", self.learn_alpha)
+
 
 # --- the memory maths as pure functions (tests and notebooks use them) -------------------
 
@@ -276,9 +326,8 @@ class BCMTState(State):
         return [t for layer in self.layers for t in layer.tensors()]
 
 
-@register("bcmt", "honly")
 class BCMTLM(DenseLM):
-    """The dense stack with BCMT layers; ``arch="honly"`` or ``memory=False`` = HOnly."""
+    """The dense stack with BCMT layers; ``memory=False`` (or ``HOnlyLM``) = HOnly."""
 
     def __init__(self, cfg):
         super().__init__(cfg)
@@ -286,8 +335,12 @@ class BCMTLM(DenseLM):
             if layer.has_memory:
                 nn.init.zeros_(layer.memory_proj.weight)   # a fresh BCMT == HOnly
 
+    @property
+    def uses_memory(self) -> bool:
+        return self.cfg.memory
+
     def build_block(self, index: int) -> nn.Module:
-        return BCMTLayer(self.cfg, memory=self.cfg.memory and self.cfg.arch != "honly")
+        return BCMTLayer(self.cfg, memory=self.uses_memory)
 
     def _run_blocks(self, tokens: torch.Tensor, reference: bool = False,
                     summaries_out: list | None = None) -> torch.Tensor:
@@ -344,3 +397,131 @@ class BCMTLM(DenseLM):
             x = layer.step(x, state.position, layer_state)
         state.position += 1
         return self.head(self.norm(x))[:, -1], state
+
+
+class HOnlyLM(BCMTLM):
+    """The HOnly ablation (``arch="honly"``): BCMT's blocks without the memory."""
+
+    @property
+    def uses_memory(self) -> bool:
+        return False
+
+
+# --- the reference forward: MECHANISMS.md 1.2, step by step, no fast-path tricks ---------
+
+def reference_forward(model: BCMTLM, tokens: torch.Tensor) -> torch.Tensor:
+    """BCMT (or HOnly) logits written out equation by equation. tokens (B, T) -> (B, T, V).
+
+    Uses the model's own parameters, plain torch ops and ``reference_attention``
+    under ``block_causal_mask``: RMSNorm_s(U) materialised, the N x N decay
+    matrix built here, the gate on the concatenation [U ; P]. Eval-mode
+    maths (no dropout). Tests check it equals ``model(tokens).logits``.
+    """
+    b, t = tokens.shape
+    block = model.cfg.block_size
+    padded = -(-t // block) * block                         # pad the tail to N * L
+    x = F.pad(model.embed(tokens), (0, 0, 0, padded - t))   # (B, N*L, D)
+    positions = torch.arange(padded, device=tokens.device)
+    for layer in model.blocks:
+        x = _reference_layer(layer, x, positions, t)
+    return model.head(model.norm(x[:, :t]))                 # (B, T, V)
+
+
+def _reference_layer(layer: BCMTLayer, x: torch.Tensor, positions: torch.Tensor,
+                     n_valid: int) -> torch.Tensor:
+    """One BCMT layer, steps 1-7 in order. x: (B, N*L, D) -> (B, N*L, D)."""
+    b, t, d = x.shape
+    size = layer.block_size
+    n = t // size
+    attn = layer.attn
+    # (B, H, T, hd)  q, k, v of RMSNorm(X), RoPE on q and k                     (step 1)
+    q, k, v = attn.project_qkv(layer.norm1(x), positions)
+    # (B, H, T, hd)  causal attention inside each block only                   (step 1)
+    y, _ = reference_attention(q, k, v, mask=block_causal_mask(t, size, x.device))
+    u = x + attn.out(attn.merge_heads(y))                    # (B, T, D)  U = X + LocalAttn
+    if not layer.has_memory:                                 # HOnly: steps 2-6 dropped
+        return u + layer.mlp(layer.norm2(u))                 # (step 7)
+    u_bar = layer.summary_norm(u)                            # (B, T, D)  Ū = RMSNorm_s(U) (step 2)
+    a = u_bar @ layer.score.weight[0] + layer.score.bias     # (B, T)     a_t = Ū_t . w_s + b_s
+    is_pad = torch.arange(t, device=x.device) >= n_valid
+    a = a.masked_fill(is_pad, float("-inf"))                 # padded tail: weight 0
+    pi = a.view(b, n, size).softmax(dim=-1)                  # (B, N, L)  pi = softmax over block
+    s = (pi[..., None] * u_bar.view(b, n, size, d)).sum(2)   # (B, N, D)  S_j = sum_t pi_t Ū_t
+    i = torch.arange(n, device=x.device)[:, None]
+    j = torch.arange(n, device=x.device)[None, :]
+    decay = torch.where(j <= i, layer.alpha ** (i - j).clamp(min=0), 0.0)  # (N, N) a^(i-j), j<=i
+    w = decay / decay.sum(dim=1, keepdim=True)               # (N, N)  rows sum to 1   (step 3)
+    m = torch.einsum("ij,bjd->bid", w.to(s.dtype), s)        # (B, N, D)  M = W S
+    m_prev = torch.cat([torch.zeros_like(m[:, :1]), m[:, :-1]], dim=1)  # M~_i = M_(i-1), M~_1 = 0
+    p = m_prev @ layer.memory_proj.weight.T                  # (B, N, D)  P = M~ W_p   (step 5)
+    p_tok = p.repeat_interleave(size, dim=1)                 # (B, T, D)  P_b(t) per token
+    gate_in = torch.cat([u, p_tok], dim=-1)                  # (B, T, 2D) [U ; P]      (step 6)
+    g = torch.sigmoid(gate_in @ layer.gate.weight.T + layer.gate.bias)  # G = sigma([U;P] W_g + b_g)
+    v_fused = u + g * p_tok                                  # (B, T, D)  V = U + G * P
+    return v_fused + layer.mlp(layer.norm2(v_fused))         # (B, T, D)  Y = V + MLP(RMSNorm(V))
+
+
+# --- FLOP model, bench variants, registration ---------------------------------------------
+
+def block_local_layer_flops(d_model: int, block_size: int) -> float:
+    """Block-local causal layer (BCMT, HOnly): ``24·d² + 2·L·d`` per token.
+
+    The summary/decay term is negligible and left out, as in PERFORMANCE.md.
+    Per token this is also the average cost of decoding inside a block.
+    """
+    check_positive("block_size", block_size)
+    return layer_matmul_flops(d_model) + 2.0 * block_size * d_model
+
+
+def bcmt_layer_flops(d_model: int, block_size: int, seq_len: int) -> float:
+    """BCMT layer: block-local attention plus the memory path, per token.
+
+    ``24·d² + 2·L·d`` (block-local) ``+ 2·d²`` (gate on U; the gate's P half, the
+    memory projection W_p and the summary pooling cost ``4·d²/L + 4·d`` per token)
+    ``+ 2·N·d/L`` (the N x N decay mix over N = T/L summaries). The gate is not
+    negligible: it is the kit's design choice (MECHANISMS.md 1.2 step 6) and
+    costs about 8% of the layer, which lowers BCMT's ceiling below block-local's.
+    """
+    local = block_local_layer_flops(d_model, block_size)
+    check_positive("seq_len", seq_len)
+    n_blocks = -(-seq_len // block_size)
+    memory_path = (2.0 * d_model ** 2 + 4.0 * d_model ** 2 / block_size + 4.0 * d_model
+                   + 2.0 * n_blocks * d_model / block_size)
+    return local + memory_path
+
+
+def flops_per_token(cfg, seq_len: int, decode: bool = False) -> float:
+    """Forward FLOPs per token of a BCMT / HOnly config (decoding costs the same per token:
+    a block of cache at most). A block longer than the sequence is the whole sequence."""
+    block = min(cfg.block_size, seq_len)
+    with_memory = getattr(cfg, "memory", False)
+    layer = (bcmt_layer_flops(cfg.d_model, block, seq_len) if with_memory
+             else block_local_layer_flops(cfg.d_model, block))
+    return cfg.n_layer * layer + lm_head_flops(cfg.d_model, cfg.vocab_size)
+
+
+BLOCK_SIZE_OPTION = BenchOption("--block-size", "64,128",
+                                "block sizes L for bcmt / honly (comma-separated)")
+
+
+def bench_variants(options: dict) -> list[tuple[str, dict]]:
+    """``--block-size 64,128`` -> [("L=64", {"block_size": 64}), ...]."""
+    return [(f"L={n}", {"block_size": n})
+            for n in parse_int_list("--block-size", options["block_size"])]
+
+
+PRESET_SIZES = {"tiny": {"block_size": 8}, "fast": {"block_size": 16},
+                "class": {"block_size": 64}, "gpu": {"block_size": 128}}
+
+register(Mechanism(
+    name="bcmt", model=BCMTLM, options=BCMTOptions, flops=flops_per_token,
+    summary="blockwise causal memory: block-local attention + a decayed memory of block "
+            "summaries, shifted one block and gated into every token",
+    presets=PRESET_SIZES, bench_options=(BLOCK_SIZE_OPTION,), bench_variants=bench_variants,
+    trace_keys=("layer*.attn_weights", "layer*.decay_weights", "layer*.summary_weights",
+                "layer*.memory", "layer*.gate"), boundary_fields=("block_size",)))
+register(Mechanism(
+    name="honly", model=HOnlyLM, options=HOnlyOptions, flops=flops_per_token,
+    summary="the HOnly ablation of BCMT: block-local attention, no memory between blocks",
+    presets=PRESET_SIZES, bench_options=(BLOCK_SIZE_OPTION,), bench_variants=bench_variants,
+    trace_keys=("layer*.attn_weights",), boundary_fields=("block_size",)))

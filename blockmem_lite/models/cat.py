@@ -37,21 +37,34 @@ separator and bilinear resize of W_f; generation keeping only compressed past
   (RoPE 0), the leftover tokens after them (MECHANISMS.md 3.6);
 * the chunk-index table covers ``ceil(seq_len / min chunk size)`` chunks, so
   generation stops with an error past that many chunks.
+
+``reference_forward(model, tokens, chunk_size)`` builds the compressor outputs
+chunk by chunk, the interleaved sequence slot by slot and the readout token by
+token (fixed-C and multi-chunk); tests check that it equals the fast forward.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from blockmem_lite.config import _fail, check_int
+from blockmem_lite.flops import layer_matmul_flops, lm_head_flops
 from blockmem_lite.masks import cat_mask
-from blockmem_lite.models.base import LanguageModel, ModelOutput, State, check_tokens, register
+from blockmem_lite.models.base import LanguageModel, ModelOutput, State, check_tokens
 from blockmem_lite.nn import Block, KVCache, RMSNorm, init_weights, reference_attention
+from blockmem_lite.registry import BenchOption, Mechanism, Options, register
 from blockmem_lite.trace import is_tracing, record, scope
+from blockmem_lite.validation import (
+    check_int,
+    check_non_negative,
+    check_positive,
+    fail,
+    parse_int_list,
+)
 
 
 def group_width(chunk_size: int, separator: bool = False) -> int:
@@ -272,26 +285,38 @@ def _is_power_of_two(n: int) -> bool:
     return n >= 1 and n & (n - 1) == 0
 
 
-def validate_config(cfg) -> None:
-    """CAT's ModelConfig fields: chunk_size, chunk_sizes, decoder_width, compressor_layers."""
-    check_int("chunk_size", cfg.chunk_size, 1)
-    if cfg.chunk_size > cfg.seq_len:
-        _fail("chunk_size", cfg.chunk_size, f"must be between 1 and seq_len={cfg.seq_len}")
-    sizes = cfg.chunk_sizes
-    if not isinstance(sizes, tuple):
-        _fail("chunk_sizes", sizes, "expected a tuple of chunk sizes, e.g. (4, 8, 16, 32)")
-    for c in sizes:
-        if isinstance(c, bool) or not isinstance(c, int) or not _is_power_of_two(c) \
-                or c > cfg.seq_len:
-            _fail("chunk_sizes", sizes, f"expected powers of two between 1 and "
-                                        f"seq_len={cfg.seq_len} (the paper uses 4, 8, 16, 32)")
-    if len(set(sizes)) != len(sizes):
-        _fail("chunk_sizes", sizes, "expected each chunk size once")
-    if sizes and cfg.chunk_size not in sizes:
-        _fail("chunk_size", cfg.chunk_size,
-              f"the multi-chunk model serves chunk_sizes={sizes}; pick one of them")
-    check_int("decoder_width", cfg.decoder_width, 1)
-    check_int("compressor_layers", cfg.compressor_layers, 0)
+@dataclass
+class CATOptions(Options):
+    """CAT's fields: the chunk size knob, the multi-chunk sizes, decoder width, compressor depth."""
+
+    chunk_size: int = field(default=16, metadata={
+        "help": "C: tokens per compressed chunk (the multi-chunk model's default knob)"})
+    chunk_sizes: tuple = field(default=(), metadata={
+        "help": "() = a fixed-C model; else the multi-chunk model's sizes, e.g. 4,8,16,32"})
+    decoder_width: int = field(default=2, metadata={
+        "help": "decoder width = decoder_width x d_model (the paper: 2)"})
+    compressor_layers: int = field(default=0, metadata={
+        "help": "compressor depth; 0 = max(1, n_layer // 4)"})
+
+    def validate(self, cfg) -> None:
+        check_int("chunk_size", self.chunk_size, 1)
+        if self.chunk_size > cfg.seq_len:
+            fail("chunk_size", self.chunk_size, f"must be between 1 and seq_len={cfg.seq_len}")
+        sizes = self.chunk_sizes
+        if not isinstance(sizes, tuple):
+            fail("chunk_sizes", sizes, "expected a tuple of chunk sizes, e.g. (4, 8, 16, 32)")
+        for c in sizes:
+            if isinstance(c, bool) or not isinstance(c, int) or not _is_power_of_two(c) \
+                    or c > cfg.seq_len:
+                fail("chunk_sizes", sizes, f"expected powers of two between 1 and "
+                                           f"seq_len={cfg.seq_len} (the paper uses 4, 8, 16, 32)")
+        if len(set(sizes)) != len(sizes):
+            fail("chunk_sizes", sizes, "expected each chunk size once")
+        if sizes and self.chunk_size not in sizes:
+            fail("chunk_size", self.chunk_size,
+                 f"the multi-chunk model serves chunk_sizes={sizes}; pick one of them")
+        check_int("decoder_width", self.decoder_width, 1)
+        check_int("compressor_layers", self.compressor_layers, 0)
 
 
 # --------------------------------------------------------------------------------------
@@ -324,7 +349,6 @@ class CATState(State):
         return [t for c in self.caches for t in (c.k, c.v)] + [self.pending]
 
 
-@register("cat")
 class CATLM(LanguageModel):
     """Compress & Attend Transformer (fixed chunk size, or multi-chunk with ``chunk_sizes``).
 
@@ -530,3 +554,164 @@ class CATLM(LanguageModel):
             state.n_chunks += 1
             state.pending = pending.new_zeros(pending.shape[0], 0)
         return self.head(self.norm(out[:, -1])), state
+
+
+# --------------------------------------------------------------------------------------
+# The reference forward: MECHANISMS.md 3.3-3.5, step by step, no fast-path tricks
+# --------------------------------------------------------------------------------------
+
+def reference_forward(model: CATLM, tokens: torch.Tensor,
+                      chunk_size: int | None = None) -> torch.Tensor:
+    """CAT logits written out step by step. tokens (B, T) -> (B, T, V).
+
+    Fixed-C and multi-chunk models: the compressor runs chunk by chunk, the
+    interleaved sequence is built slot by slot, the decoder attends under the
+    S x S ``masks.cat_mask`` with plain softmax (``reference_attention``), and
+    the readout slot of each token follows the rule in 3.4 / 3.5. Uses the
+    model's own parameters; eval-mode maths (no dropout). ``chunk_size``
+    defaults to the model's knob. Tests check it equals ``model(tokens).logits``.
+    """
+    c = model._checked_chunk_size(model.chunk_size if chunk_size is None else chunk_size)
+    b, t = tokens.shape
+    k = math.ceil(t / c)
+    padded = F.pad(tokens, (0, k * c - t))                  # (B, K*C)  tail padded with token 0
+    f = _reference_compress(model.compressor, padded.view(b, k, c), c)     # (B, K, D)  f_0..f_K-1
+    sep = model.separator                                   # (D,) multi-chunk only, else None
+    width = c + (1 if sep is None else 2)                   # W: opener (+ SEP) + C tokens
+    tokens_by_chunk = model.embed(padded).view(b, k, c, -1)  # (B, K, C, D)  E_d(x)
+    openers = [model._opener(c).expand(b, -1)] + [f[:, i] for i in range(k)]  # g_0, g_k = f_k-1
+    slots = []
+    for group in range(k + 1):                              # group k: [g_k, (SEP,) chunk k]
+        slots.append(openers[group][:, None])
+        if sep is not None:
+            slots.append(sep.expand(b, 1, -1))
+        if group < k:                                       # the last group is [f_K-1 (, SEP)]
+            slots.append(tokens_by_chunk[:, group])
+    x = torch.cat(slots, dim=1)                             # (B, S, D)  S = K*W + 1 (+1)
+    positions = torch.arange(x.shape[1], device=x.device) % width          # RoPE: n mod W
+    mask = cat_mask(k, c, sep is not None, device=x.device)                # (S, S)
+    for block in model.blocks:                              # plain softmax under the CAT mask
+        x = block(x, positions, reference=True, mask=mask, causal=False)
+    lead = width - c                                        # slots before a group's tokens
+    rows = [i // c * width + lead + i % c if i % c < c - 1  # own slot,
+            else (i // c + 1) * width + lead - 1            # last of a chunk: f_k (or its SEP)
+            for i in range(t)]
+    return model.head(model.norm(x[:, rows]))               # (B, T, V)
+
+
+def _reference_compress(compressor: Compressor, chunks: torch.Tensor, c: int) -> torch.Tensor:
+    """Each chunk on its own (3.3, 3.5). chunks (B, K, C) token ids -> f (B, K, D)."""
+    b, k, _ = chunks.shape
+    d = compressor.embed.embedding_dim
+    w_f = compressor.proj.weight                            # (D, C_max * d)
+    if c != compressor.chunk_size:                          # multi-chunk: bilinear resize of W_f
+        w_f = F.interpolate(w_f[None, None], size=(w_f.shape[0], c * d), mode="bilinear",
+                            align_corners=False)[0, 0]      # (D, C * d)
+    out = []
+    for index in range(k):
+        prefix = [compressor.chunk_pos.weight[index].expand(b, 1, d)]      # p_k = ChunkPos[k]
+        if compressor.size_token is not None:               # a_p, the chunk-size token, first
+            prefix.insert(0, compressor.size_token.weight[int(math.log2(c))].expand(b, 1, d))
+        z = torch.cat([*prefix, compressor.embed(chunks[:, index])], dim=1)  # (B, P+C, d)
+        positions = torch.arange(z.shape[1], device=z.device)              # RoPE 0..P+C-1
+        for block in compressor.blocks:                     # bidirectional attention
+            z = block(z, positions, reference=True, causal=False)
+        z = compressor.norm(z)[:, len(prefix):]             # (B, C, d)  prefix rows dropped
+        out.append(z.reshape(b, c * d) @ w_f.T)             # (B, D)  f_k = W_f vec(Z)
+    return torch.stack(out, dim=1)                          # (B, K, D)
+
+
+# --------------------------------------------------------------------------------------
+# FLOP model, bench variants, registration
+# --------------------------------------------------------------------------------------
+
+def cat_decoder_layer_flops(d_decoder: int, chunk_size: int, seq_len: int) -> float:
+    """CAT decoder layer of width D: ``(1 + 1/C)·[24·D² + 2·D·(C + T/C)]`` per token.
+
+    (1 + 1/C): one compressed slot per chunk of C tokens; each query sees its
+    own chunk (C) and the T/C chunk vectors.
+    """
+    check_positive("chunk_size", chunk_size)
+    check_positive("seq_len", seq_len)
+    return (1.0 + 1.0 / chunk_size) * (
+        layer_matmul_flops(d_decoder) + 2.0 * d_decoder * (chunk_size + seq_len / chunk_size))
+
+
+def cat_decode_layer_flops(d_decoder: int, chunk_size: int, context_len: int) -> float:
+    """CAT decoder layer, one decoding step at context ``t``:
+    ``(1 + 1/C)·[24·D² + 4·D·(t/C + C/2)]``.
+
+    Derived like ``flops.dense_decode_layer_flops``: the new query sees every
+    cached chunk vector (t/C) and on average half of its own chunk, 4·D per
+    key; the compressed slot written once per chunk adds the 1/C.
+    """
+    check_positive("chunk_size", chunk_size)
+    check_positive("context_len", context_len)
+    return (1.0 + 1.0 / chunk_size) * (
+        layer_matmul_flops(d_decoder)
+        + 4.0 * d_decoder * (context_len / chunk_size + chunk_size / 2.0))
+
+
+def cat_compressor_flops(d_compressor: int, chunk_size: int, depth_ratio: float) -> float:
+    """CAT compressor, per token per decoder layer: ``ρ·[24·d² + 4·d·(C+1)]``.
+
+    ρ = compressor depth / decoder depth; attention is bidirectional over the
+    C + 1 slots of a chunk (no causal half, hence 4·d per key).
+    """
+    check_positive("chunk_size", chunk_size)
+    check_non_negative("depth_ratio", depth_ratio)
+    return depth_ratio * (layer_matmul_flops(d_compressor) + 4.0 * d_compressor * (chunk_size + 1))
+
+
+def cat_projection_flops(d_compressor: int, d_decoder: int) -> float:
+    """CAT projection W_f (D × C·d_f, once per chunk of C tokens): ``2·D·d_f`` per token.
+
+    Paid once per model, not per layer.
+    """
+    check_positive("d_compressor", d_compressor)
+    check_positive("d_decoder", d_decoder)
+    return 2.0 * d_decoder * d_compressor
+
+
+def cat_layer_flops(d_model: int, chunk_size: int, seq_len: int, *,
+                    d_decoder: int | None = None, depth_ratio: float = 0.25) -> float:
+    """CAT per decoder layer: decoder + compressor (projection excluded, see above).
+
+    ``d_decoder`` defaults to ``d_model`` (same-width CAT); ``depth_ratio`` ρ
+    defaults to 1/4 (compressor depth = decoder depth / 4).
+    """
+    width = d_model if d_decoder is None else d_decoder
+    return (cat_decoder_layer_flops(width, chunk_size, seq_len)
+            + cat_compressor_flops(d_model, chunk_size, depth_ratio))
+
+
+def flops_per_token(cfg, seq_len: int, decode: bool = False) -> float:
+    """Forward FLOPs per token at ``cfg.chunk_size``: n_layer decoder layers of width
+    D = decoder_width·d, the compressor blocks, W_f once, and the head at width D."""
+    width = cfg.d_model * cfg.decoder_width
+    depth = cfg.compressor_layers or max(1, cfg.n_layer // 4)
+    decoder = (cat_decode_layer_flops(width, cfg.chunk_size, seq_len) if decode
+               else cat_decoder_layer_flops(width, cfg.chunk_size, seq_len))
+    return (cfg.n_layer * decoder + depth * cat_compressor_flops(cfg.d_model, cfg.chunk_size, 1.0)
+            + cat_projection_flops(cfg.d_model, width) + lm_head_flops(width, cfg.vocab_size))
+
+
+CHUNK_SIZE_OPTION = BenchOption("--chunk-size", "4,8,16,32", "CAT chunk sizes C (comma-separated)")
+DECODER_WIDTH_OPTION = BenchOption("--decoder-width", "1,2",
+                                   "CAT decoder width multipliers (1 = iso-width, 2 = the paper)")
+
+
+def bench_variants(options: dict) -> list[tuple[str, dict]]:
+    """Every (decoder width, chunk size) pair, labelled ``C=16 w=2``."""
+    return [(f"C={c} w={w}", {"chunk_size": c, "decoder_width": w})
+            for w in parse_int_list("--decoder-width", options["decoder_width"])
+            for c in parse_int_list("--chunk-size", options["chunk_size"])]
+
+
+register(Mechanism(
+    name="cat", model=CATLM, options=CATOptions, flops=flops_per_token,
+    summary="compress & attend: chunks compressed to one vector each; a decoder reads its own "
+            "chunk plus every earlier chunk vector",
+    bench_options=(CHUNK_SIZE_OPTION, DECODER_WIDTH_OPTION), bench_variants=bench_variants,
+    trace_keys=("compressed", "mask", "layer*.attn_weights", "layer*.compressed_share"),
+    boundary_fields=("chunk_size", "chunk_sizes")))

@@ -12,8 +12,10 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from blockmem_lite.models.base import LanguageModel, ModelOutput, State, check_tokens, register
+from blockmem_lite.flops import dense_decode_layer_flops, dense_layer_flops, lm_head_flops
+from blockmem_lite.models.base import LanguageModel, ModelOutput, State, check_tokens
 from blockmem_lite.nn import Block, KVCache, RMSNorm, init_weights
+from blockmem_lite.registry import Mechanism, register
 from blockmem_lite.trace import record, scope
 
 
@@ -31,7 +33,6 @@ class DenseState(State):
         return [t for c in self.caches for t in (c.k, c.v)]
 
 
-@register("dense")
 class DenseLM(LanguageModel):
     """Decoder-only Transformer with full causal attention."""
 
@@ -83,3 +84,16 @@ class DenseLM(LanguageModel):
         token = token.reshape(-1, 1)                                       # (B, 1)
         check_tokens(token, self.cfg.vocab_size)
         return self._run(token, state.caches)[:, -1], state
+
+
+def flops_per_token(cfg, seq_len: int, decode: bool = False) -> float:
+    """``n_layer·(24·d² + 2·T·d) + 2·d·V`` (decode: ``4·t·d`` per layer at context t)."""
+    layer = (dense_decode_layer_flops(cfg.d_model, seq_len) if decode
+             else dense_layer_flops(cfg.d_model, seq_len))
+    return cfg.n_layer * layer + lm_head_flops(cfg.d_model, cfg.vocab_size)
+
+
+register(Mechanism(
+    name="dense", model=DenseLM,
+    summary="the GPT baseline: full causal attention (every ratio is measured against it)",
+    flops=flops_per_token, trace_keys=("layer*.hidden", "layer*.attn_weights")))

@@ -54,23 +54,37 @@ the mean over the *whole* sequence (``routing="sequence"``), which looks ahead.
 
 With ``top_k = 1`` the renormalised ŵ is always 1, so the router then learns
 from the auxiliary losses only.
+
+``reference_forward(model, tokens)`` writes the routing, gather, normalise,
+weight and joint-softmax read out one equation per line; tests check that it
+equals the fast forward.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from blockmem_lite.config import _fail, check_float, check_int
-from blockmem_lite.models.base import check_tokens, register
+from blockmem_lite.flops import dense_layer_flops, lm_head_flops
+from blockmem_lite.models.base import check_tokens
 from blockmem_lite.models.dense import DenseLM, DenseState
 from blockmem_lite.nn import Block, KVCache, RMSNorm, attention, reference_attention
+from blockmem_lite.registry import BenchOption, Mechanism, Options, SpecialBench, register
+from blockmem_lite.runtime import autocast_context
 from blockmem_lite.trace import is_tracing, record, scope
+from blockmem_lite.units import fmt
+from blockmem_lite.validation import (
+    check_bool,
+    check_choice,
+    check_float,
+    check_int,
+    check_positive,
+    fail,
+    parse_int_list,
+)
 
 ROUTING_MODES = ("block_causal", "sequence")
 KV_STRATEGIES = ("auto", "gather", "project")
@@ -92,31 +106,55 @@ def memory_layers(cfg) -> tuple[int, ...]:
     return tuple(sorted(chosen))
 
 
-def validate_config(cfg) -> None:
-    """Clear errors for the MoC fields of a ModelConfig."""
-    if cfg.routing not in ROUTING_MODES:
-        _fail("routing", cfg.routing, f"expected one of {', '.join(ROUTING_MODES)}")
-    check_int("n_chapters", cfg.n_chapters, 2)
-    check_int("chapter_len", cfg.chapter_len, 1)
-    check_int("top_k", cfg.top_k, 1)
-    if cfg.top_k > cfg.n_chapters - 1:
-        _fail("top_k", cfg.top_k, f"expected 1 <= top_k <= n_chapters - 1 = {cfg.n_chapters - 1} "
-                                  "(the routable chapters; chapter 0 is the shared one)")
-    check_int("routing_window", cfg.routing_window, 1)
-    for name in ("routed_scale", "lb_coef", "z_coef", "bank_lr_scale", "memory_lr_scale"):
-        check_float(name, getattr(cfg, name), 0.0)
-    if not isinstance(cfg.freeze_bank, bool):
-        _fail("freeze_bank", cfg.freeze_bank, "expected True or False")
-    layers = cfg.memory_layers
-    if layers is None:
-        return
-    valid = (isinstance(layers, tuple) and layers and len(set(layers)) == len(layers)
-             and all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < cfg.n_layer
-                     for i in layers))
-    if not valid:
-        _fail("memory_layers", layers,
-              f"expected None (default {default_memory_layers(cfg.n_layer)}) or a non-empty "
-              f"tuple of distinct layer indices in [0, {cfg.n_layer - 1}] (n_layer={cfg.n_layer})")
+@dataclass
+class MoCOptions(Options):
+    """MoC's fields: the bank (chapters x tokens), routing, auxiliary losses, learning rates."""
+
+    n_chapters: int = field(default=17, metadata={
+        "help": "chapters in the bank; chapter 0 is always read (shared)"})
+    chapter_len: int = field(default=8, metadata={"help": "latent tokens per chapter"})
+    top_k: int = field(default=2, metadata={"help": "routed chapters read per routing decision"})
+    routing: str = field(default="block_causal", metadata={
+        "help": "block_causal (causal, default) or sequence (the paper's; looks ahead)"})
+    routing_window: int = field(default=32, metadata={
+        "help": "R: tokens per routing window (block_causal)"})
+    routed_scale: float = field(default=2.5, metadata={
+        "help": "routed_scaling_factor of the chapter weights"})
+    lb_coef: float = field(default=0.01, metadata={"help": "load-balance loss coefficient"})
+    z_coef: float = field(default=0.001, metadata={"help": "router z-loss coefficient"})
+    freeze_bank: bool = field(default=False, metadata={
+        "help": "keep the bank fixed (fine-tuning experiments)"})
+    bank_lr_scale: float = field(default=2.0, metadata={
+        "help": "bank lr = lr x this (the paper: 6e-4 vs 3e-4)"})
+    memory_lr_scale: float = field(default=2.0, metadata={
+        "help": "memory-layer lr = lr x this (the paper: 6e-4 vs 3e-4)"})
+    memory_layers: tuple | None = field(default=None, metadata={
+        "help": "layers with a memory read (None: every 4th from layer 2, or the middle one)"})
+
+    def validate(self, cfg) -> None:
+        check_choice("routing", self.routing, ROUTING_MODES)
+        check_int("n_chapters", self.n_chapters, 2)
+        check_int("chapter_len", self.chapter_len, 1)
+        check_int("top_k", self.top_k, 1)
+        if self.top_k > self.n_chapters - 1:
+            fail("top_k", self.top_k, f"expected 1 <= top_k <= n_chapters - 1 = "
+                                      f"{self.n_chapters - 1} (the routable chapters; chapter 0 "
+                                      "is the shared one)")
+        check_int("routing_window", self.routing_window, 1)
+        for name in ("routed_scale", "lb_coef", "z_coef", "bank_lr_scale", "memory_lr_scale"):
+            check_float(name, getattr(self, name), 0.0)
+        check_bool("freeze_bank", self.freeze_bank)
+        layers = self.memory_layers
+        if layers is None:
+            return
+        valid = (isinstance(layers, tuple) and layers and len(set(layers)) == len(layers)
+                 and all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < cfg.n_layer
+                         for i in layers))
+        if not valid:
+            fail("memory_layers", layers,
+                 f"expected None (default {default_memory_layers(cfg.n_layer)}) or a non-empty "
+                 f"tuple of distinct layer indices in [0, {cfg.n_layer - 1}] "
+                 f"(n_layer={cfg.n_layer})")
 
 
 # --- the routing and memory maths as pure functions (tests and notebooks use them) ---------
@@ -440,7 +478,6 @@ class MoCState(DenseState):
         return super().tensors() + [t for st in self.memory.values() for t in st.tensors()]
 
 
-@register("moc")
 class MoCLM(DenseLM):
     """The dense stack with MoC memory layers reading one shared chapter bank."""
 
@@ -531,17 +568,97 @@ class MoCLM(DenseLM):
         return self.head(self.norm(x))[:, -1], state
 
 
-# --- compute matching ------------------------------------------------------------------------
+# --- the reference forward: MECHANISMS.md 4.2-4.3, step by step, no fast-path tricks -----
 
-def flops_per_token(cfg, seq_len: int | None = None) -> float:
-    """Forward FLOPs per token of a MoC config (``metrics.model_flops_per_token("moc")``)."""
-    from blockmem_lite import metrics
+def reference_forward(model: MoCLM, tokens: torch.Tensor) -> torch.Tensor:
+    """MoC logits written out equation by equation. tokens (B, T) -> (B, T, V).
 
-    return metrics.model_flops_per_token(
-        "moc", d_model=cfg.d_model, n_layer=cfg.n_layer, seq_len=seq_len or cfg.seq_len,
-        vocab_size=cfg.vocab_size, n_chapters=cfg.n_chapters, top_k=cfg.top_k,
-        chapter_len=cfg.chapter_len, n_memory_layers=len(memory_layers(cfg)),
-        route_every=route_every(cfg, seq_len or cfg.seq_len))
+    Dense blocks run with the hand-written attention; each memory block routes,
+    gathers, normalises, weights and reads its chapters window by window with
+    plain softmax (``reference_attention``). Uses the model's own parameters;
+    eval-mode maths (no dropout). Tests check it equals ``model(tokens).logits``.
+    """
+    positions = torch.arange(tokens.shape[1], device=tokens.device)
+    x = model.embed(tokens)                                                 # (B, T, D)
+    for i, block in enumerate(model.blocks):
+        if i in model.memory_layers:
+            x = _reference_memory_block(block, x, positions, model.bank)
+        else:
+            x = block(x, positions, reference=True)
+    return model.head(model.norm(x))                                        # (B, T, V)
+
+
+def _reference_route(block: MoCBlock, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Router input -> (chapter ids (B, W, k+1), weights (B, W, k+1), window length)."""
+    b, t, d = x.shape
+    if block.routing == "sequence":
+        r, window = x.mean(dim=1, keepdim=True), t                          # (B, 1, D) looks ahead
+    else:
+        window = block.window                                               # R
+        starts = range(window, t, window)                                   # windows 1, 2, ...
+        means = [x[:, :start].mean(dim=1) for start in starts]              # mean of tokens < wR
+        r = torch.stack([block.route_start.expand(b, d), *means], dim=1)    # (B, W, D)
+    # (B, W, C)  p = softmax(W_r r + b_r) over all chapters
+    p = (r @ block.router.weight.T + block.router.bias).softmax(dim=-1)
+    top_p, top_i = p[..., 1:].topk(block.top_k, dim=-1)                     # (B, W, k) routable
+    w_hat = top_p / top_p.sum(dim=-1, keepdim=True)                         # renormalised top-k
+    shared = torch.ones_like(w_hat[..., :1])
+    weights = torch.cat([shared, block.routed_scale * w_hat], -1) / (1 + block.routed_scale)
+    ids = torch.cat([torch.zeros_like(top_i[..., :1]), top_i + 1], dim=-1)  # [shared 0, routed]
+    return ids, weights, window
+
+
+def _reference_memory_block(block: MoCBlock, x: torch.Tensor, positions: torch.Tensor,
+                            bank: torch.Tensor) -> torch.Tensor:
+    """Variant A: h = x + Attn(norm(x)); h += MemRead(norm_m(h)); y = h + MLP(norm(h))."""
+    ids, weights, window = _reference_route(block, x)                       # from x entering
+    h = x + block.attn(block.norm1(x), positions, reference=True)           # (B, T, D)
+    queries = block.norm_m(h)                                               # (B, T, D)
+    read = block.memory
+    d, n_len = h.shape[-1], read.chapter_len
+    w_k, w_v = read.kv.weight.split(d, dim=0)                               # (D, D) each
+    chapters = bank.view(-1, n_len, d)                                      # (C, L_ch, D)
+    out = []
+    for w, start in enumerate(range(0, h.shape[1], window)):
+        mem = chapters[ids[:, w]]                                # (B, k+1, L_ch, D)  gather
+        rms = mem.pow(2).mean(-1, keepdim=True) + read.unit_norm.eps
+        mem = mem * torch.rsqrt(rms)                             # RMS-normalise, no gain
+        mem = (mem * weights[:, w, :, None, None]).flatten(1, 2)  # (B, M, D)  x chapter weight
+        q = _heads(queries[:, start:start + window] @ read.q.weight.T, read.n_head)  # (B,H,n,hd)
+        k = _heads(mem @ w_k.T, read.n_head)                     # (B, H, M, hd)  K, no RoPE
+        v = _heads(mem @ w_v.T, read.n_head)                     # (B, H, M, hd)  V = M~ W_V
+        o, _ = reference_attention(q, k, v)                      # one joint softmax, not causal
+        out.append(o.transpose(1, 2).flatten(2) @ read.out.weight.T)        # (B, n, D)  O W_O
+    h = h + torch.cat(out, dim=1)                                           # (B, T, D)
+    return h + block.mlp(block.norm2(h))
+
+
+def _heads(x: torch.Tensor, n_head: int) -> torch.Tensor:
+    """(B, S, D) -> (B, H, S, hd)."""
+    return x.unflatten(-1, (n_head, -1)).transpose(1, 2)
+
+
+# --- FLOP model --------------------------------------------------------------------------
+
+def moc_extra_flops(d_model: int, n_chapters: int, top_k: int, chapter_len: int,
+                    route_every: int = 1) -> float:
+    """What a MoC memory layer adds per token:
+    ``4·d² + 4·d·(k+1)·T_ch + [2·d·n_chapters + 4·d²·(k+1)·T_ch] / route_every``.
+
+    W_Q and W_O on every token (4·d²), the non-causal read over the shared + k
+    routed chapters of ``chapter_len`` tokens (4·d per key), and, once per
+    routing decision of ``route_every`` tokens (the routing window R, or T for
+    the paper's per-sequence routing; 1 = per-token routing), the router and the
+    K/V projection of the (k+1)·T_ch gathered memory tokens. PERFORMANCE.md's
+    shorter formula charges the router per token and omits that projection,
+    which dominates at kit scale when routes are short (R = 32).
+    """
+    for name, value in (("d_model", d_model), ("n_chapters", n_chapters), ("top_k", top_k),
+                        ("chapter_len", chapter_len), ("route_every", route_every)):
+        check_positive(name, value)
+    read_tokens = (top_k + 1) * chapter_len
+    per_route = 2.0 * d_model * n_chapters + 4.0 * d_model * d_model * read_tokens
+    return 4.0 * d_model * d_model + 4.0 * d_model * read_tokens + per_route / route_every
 
 
 def route_every(cfg, seq_len: int) -> int:
@@ -549,18 +666,183 @@ def route_every(cfg, seq_len: int) -> int:
     return seq_len if cfg.routing == "sequence" else min(cfg.routing_window, seq_len)
 
 
-def iso_flop_dense_config(cfg):
-    """A dense config with more layers and (nearly) the FLOPs per token of MoC ``cfg``.
+def flops_per_token(cfg, seq_len: int, decode: bool = False) -> float | None:
+    """Forward FLOPs per token: dense layers plus ``moc_extra_flops`` per memory layer (no
+    decoding model: None for ``decode=True``)."""
+    if decode:
+        return None
+    extra = moc_extra_flops(cfg.d_model, cfg.n_chapters, cfg.top_k, cfg.chapter_len,
+                            route_every(cfg, seq_len))
+    return (cfg.n_layer * dense_layer_flops(cfg.d_model, seq_len)
+            + len(memory_layers(cfg)) * extra + lm_head_flops(cfg.d_model, cfg.vocab_size))
 
-    Dense layers n = n_layer + (memory-layer extra FLOPs / one dense layer's
-    FLOPs), rounded to the nearest integer (halves up); the LM head is the same
-    in both. Everything else (width, heads, seq_len...) is kept.
+
+# --- bench: bank sizes and top-k, and the memory-read timing -----------------------------
+
+BENCH_CHAPTER_LEN = 16           # tokens per chapter in every MoC bench variant
+BANK_TOKENS_OPTION = BenchOption("--bank-tokens", "512,8192",
+                                 f"MoC bank sizes in tokens = n_chapters x {BENCH_CHAPTER_LEN} "
+                                 "(comma-separated)")
+TOP_K_OPTION = BenchOption("--top-k", "8", "MoC routed chapters per decision (comma-separated)")
+
+
+def bank_overrides(bank_tokens: int, top_k: int) -> dict:
+    """ModelConfig overrides for a bank of ``bank_tokens`` tokens read with ``top_k``."""
+    n_chapters = bank_tokens // BENCH_CHAPTER_LEN
+    if bank_tokens % BENCH_CHAPTER_LEN or n_chapters - 1 < top_k:
+        fail("--bank-tokens", bank_tokens,
+             f"with --top-k={top_k} expected a multiple of {BENCH_CHAPTER_LEN} holding the "
+             f"shared chapter and at least {top_k} routable ones "
+             f"(>= {(top_k + 1) * BENCH_CHAPTER_LEN} tokens)")
+    return {"n_chapters": n_chapters, "chapter_len": BENCH_CHAPTER_LEN, "top_k": top_k}
+
+
+def _sweep(options: dict) -> tuple[list[int], list[int]]:
+    return (parse_int_list("--bank-tokens", options["bank_tokens"]),
+            parse_int_list("--top-k", options["top_k"]))
+
+
+def bench_variants(options: dict) -> list[tuple[str, dict]]:
+    """Every (bank size, k) pair, labelled ``bank=512 k=8``."""
+    banks, top_ks = _sweep(options)
+    return [(f"bank={n} k={k}", bank_overrides(n, k)) for n in banks for k in top_ks]
+
+
+def read_workloads(read: MemoryRead, bank: torch.Tensor, queries: torch.Tensor,
+                   top_ks: list[int], window: int, generator: torch.Generator) -> list:
+    """[whole-bank read, routed read for each k] as zero-argument functions (call under no_grad).
+
+    Each routed read gets random routes (one per sequence and window) from ``generator``.
     """
-    from blockmem_lite import metrics
+    batch, seq_len, _ = queries.shape
+    n_chapters = bank.shape[0] // BENCH_CHAPTER_LEN
+    n_windows = -(-seq_len // window)
+    fns = [lambda: read.read_whole_bank(queries, bank)]
+    for k in top_ks:
+        probs = torch.rand(batch, n_windows, n_chapters, generator=generator).to(bank.device)
+        ids, weights = chapter_weights(probs, k, MoCOptions.routed_scale)   # (B, W, k+1)
+        fns.append(lambda ids=ids, weights=weights:
+                   read(queries, bank, ids, weights, window, strategy="gather"))
+    return fns
 
-    layer = metrics.dense_layer_flops(cfg.d_model, cfg.seq_len)
-    extra = len(memory_layers(cfg)) * metrics.moc_extra_flops(
-        cfg.d_model, cfg.n_chapters, cfg.top_k, cfg.chapter_len, route_every(cfg, cfg.seq_len))
-    n_layer = cfg.n_layer + math.floor(extra / layer + 0.5)
-    return dataclasses.replace(cfg, arch="dense", n_layer=n_layer, memory_layers=None)
 
+def bench_memory_read(options: dict, bench) -> list[dict]:
+    """Time the routed memory read against reading the whole bank, as the bank grows.
+
+    Forward only, no grad, (batch, T) queries, T = the bench's first length,
+    width and heads from the bench. Routed: each routing window (the default
+    ``routing_window``, capped at T) gathers the shared + k chapters of 16
+    tokens, projects them to K/V and reads them in one batched SDPA (the
+    ``"gather"`` path: its cost does not depend on the bank size). Whole bank:
+    K/V of every bank token once, then every query attends to all of them.
+    Router cost is not included. Two interleaved groups: all routed reads (each
+    runs after another routed read, so its time is not inflated by the caches a
+    whole-bank read has just flushed), then all whole-bank reads: the fine
+    comparison (routed time vs bank size) is interleaved; the speed-up over the
+    whole-bank read spans two groups run back to back, which drift cannot hide
+    at its orders of magnitude.
+
+    Records: phase ``"read"``, variant ``"full bank=N"`` (the reference) and
+    ``"routed bank=N k=k"`` whose ``ratio_vs_dense`` is its speed-up over the
+    whole-bank read of the same bank; extra keys ``bank_tokens``, ``top_k``
+    (None for the full read), ``read_tokens`` (memory tokens each query
+    attends to), ``routing_window``.
+    """
+    banks, top_ks = _sweep(options)
+    for n in banks:
+        for k in top_ks:
+            bank_overrides(n, k)                                          # clear errors first
+    d_model, seq_len, batch = bench.base["d_model"], bench.seq_lens[0], bench.batch or 1
+    window = min(MoCOptions.routing_window, seq_len)
+    generator = torch.Generator().manual_seed(0)
+    read = MemoryRead(d_model, bench.base["n_head"], BENCH_CHAPTER_LEN, 1e-5).to(bench.device)
+    queries = torch.randn(batch, seq_len, d_model, generator=generator).to(bench.device)
+    bank_list, full_fns, routed_fns = [], [], []
+    for n in banks:
+        bank = (0.02 * torch.randn(n, d_model, generator=generator)).to(bench.device)
+        bank_list.append(bank)
+        full_fn, *routed = read_workloads(read.eval(), bank, queries, top_ks, window, generator)
+        full_fns.append(full_fn)
+        routed_fns += routed
+
+    def inference(fn):
+        def run():
+            with torch.no_grad(), autocast_context(bench.device, bench.precision):
+                fn()
+        return run
+
+    bench.log(f"MoC read: banks {banks} x k {top_ks}: routed reads interleaved, then "
+              "whole-bank reads interleaved")
+    routed_timings = iter(bench.time([inference(f) for f in routed_fns], batch * seq_len))
+    full_timings = iter(bench.time([inference(f) for f in full_fns], batch * seq_len))
+    params = sum(p.numel() for p in read.parameters())
+    records = []
+    for n in banks:
+        full = next(full_timings)
+        full_flops = read_flops_per_token(d_model, n, batch * seq_len)
+        rows = [(full, f"full bank={n}", None, n, full_flops, None, None)]
+        for k in top_ks:
+            routed, n_read = next(routed_timings), (k + 1) * BENCH_CHAPTER_LEN
+            flops = read_flops_per_token(d_model, n_read, window)
+            rows.append((routed, f"routed bank={n} k={k}", k, n_read, flops,
+                         full.ms_per_step / routed.ms_per_step, full_flops / flops))
+        for timing, variant, k, n_read, flops, ratio, ceiling in rows:
+            records.append(bench.record(
+                arch="moc", variant=variant, phase="read", seq_len=seq_len, batch=batch,
+                timing=timing, ratio=ratio, ceiling=ceiling, flops=flops, memory={},
+                state_bytes=None, model_fields={"d_model": d_model, "n_layer": 1,
+                                                "n_head": read.n_head, "vocab_size": None},
+                params=n * d_model + params, overrides={"bank_tokens": n, "top_k": k},
+                bank_tokens=n, top_k=k, read_tokens=n_read, routing_window=window))
+    smallest = _read_smallest(records)
+    for r in records:                   # routed time over the same k at the smallest bank
+        r["vs_smallest"] = (r["ms_per_step"] / smallest[r["top_k"]]
+                            if r["top_k"] is not None else None)
+    return records
+
+
+def _read_smallest(records: list[dict]) -> dict:
+    smallest = {}
+    for r in records:
+        if r["top_k"] is not None:
+            smallest.setdefault(r["top_k"], r["ms_per_step"])
+    return smallest
+
+
+READ_COLUMNS = (
+    ("read", lambda r: "full" if r["top_k"] is None else "routed"),
+    ("bank tokens", lambda r: str(r["bank_tokens"])),
+    ("k", lambda r: "-" if r["top_k"] is None else str(r["top_k"])),
+    ("keys/query", lambda r: str(r["read_tokens"])),
+    ("ms", lambda r: f"{r['ms_per_step']:.3f}"),
+    ("x smallest bank", lambda r: fmt(r.get("vs_smallest"), ".2f")),
+    ("speed-up vs full", lambda r: fmt(r["ratio_vs_dense"], ".1f")),
+    ("ideal (chapters/k)", lambda r: "-" if r["top_k"] is None
+     else f"{r['bank_tokens'] / BENCH_CHAPTER_LEN / r['top_k']:.0f}"),
+)
+
+
+def _read_title(records: list[dict]) -> str:
+    first = records[0]
+    return (f"MoC memory read (forward, batch={first['batch']}, T={first['seq_len']}, routing "
+            f"window={first['routing_window']}, chapter_len={BENCH_CHAPTER_LEN})")
+
+
+def _read_footer(records: list[dict]) -> list[str]:
+    return ["x smallest bank: routed time / routed time at the smallest bank (target <= 1.2); "
+            "speed-up vs full: whole-bank read time / routed time (target >= 0.5 x ideal)"]
+
+
+register(Mechanism(
+    name="moc", model=MoCLM, options=MoCOptions, flops=flops_per_token,
+    summary="mixture of chapters: a learned memory bank in chapters, read by cross-attention "
+            "after a router picks the top-k",
+    presets={"tiny": {"routing_window": 8}, "fast": {"routing_window": 16},
+             "class": {"n_chapters": 257, "chapter_len": 16, "top_k": 8},
+             "gpu": {"n_chapters": 4097, "chapter_len": 64, "top_k": 64, "routing_window": 128}},
+    bench_options=(BANK_TOKENS_OPTION, TOP_K_OPTION), bench_variants=bench_variants,
+    trace_keys=("layer*.hidden", "layer*.router_probs", "layer*.chapters",
+                "layer*.chapter_weights", "layer*.chapter_attention", "layer*.attn_weights"),
+    boundary_fields=("routing_window",),
+    special_benches=(SpecialBench("read", bench_memory_read, READ_COLUMNS,
+                                  _read_title, _read_footer),)))

@@ -4,7 +4,10 @@
   loss curves, training summary, throughput / memory vs length). They return
   figures and never show them.
 * ``blockmem_lite.viz.live``: ``LiveDashboard``, the trainer callback that
-  draws a widget in notebooks and prints short lines in CI or scripts.
+  draws a widget in notebooks and prints short lines in CI or scripts, and
+  ``LiveMonitor``, the same for any probe + figure builder (routing, memory, recall).
+* ``blockmem_lite.viz.widgets``: ``slider_figure``, sliders next to a figure that
+  do nothing harmful headless.
 
 Importing this package is light: plotly and ipywidgets load only when a figure
 or a widget is built.
@@ -12,7 +15,8 @@ or a widget is built.
 
 from __future__ import annotations
 
-_LIVE_NAMES = ("LiveDashboard", "live_dashboard")
+_LIVE_NAMES = ("LiveDashboard", "LiveMonitor", "live_dashboard")
+_WIDGET_NAMES = ("slider_figure", "slider", "choice")
 
 
 def __getattr__(name):
@@ -20,11 +24,16 @@ def __getattr__(name):
         from blockmem_lite.viz import live
 
         return getattr(live, name)
-    if name in ("figures", "live"):
+    if name in _WIDGET_NAMES:
+        from blockmem_lite.viz import widgets
+
+        return getattr(widgets, name)
+    if name in ("figures", "live", "widgets"):
         import importlib
 
         return importlib.import_module(f"blockmem_lite.viz.{name}")
     raise AttributeError(f"module 'blockmem_lite.viz' has no attribute {name!r}")
 
 
-__all__ = ["LiveDashboard", "figures", "live", "live_dashboard"]
+__all__ = ["LiveDashboard", "LiveMonitor", "choice", "figures", "live", "live_dashboard",
+           "slider", "slider_figure", "widgets"]

@@ -420,3 +420,395 @@ def bar_compare(values: Mapping, title: str = "", y_title: str = "",
                       annotation_text=reference_label)
     fig.update_yaxes(title=y_title)
     return _finish(fig, title, showlegend=False)
+
+
+# ----------------------------------------------------------------------------- generic charts
+
+
+def _check_mapping(value, name: str, meaning: str) -> None:
+    if not isinstance(value, Mapping) or not value:
+        raise ValueError(f"{name}={type(value).__name__} is not allowed: expected a non-empty "
+                         f"dict mapping {meaning}")
+
+
+def _xy(pair, name: str) -> tuple[list, list]:
+    """An (x, y) pair of equal-length sequences (tensors, arrays or lists) as lists."""
+    if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+        raise ValueError(f"{name} is not allowed: expected an (x, y) pair of sequences, got "
+                         f"{type(pair).__name__}")
+    x, y = (_to_array(v, name).astype(float if i else object).ravel().tolist()
+            for i, v in enumerate(pair))
+    if len(x) != len(y):
+        raise ValueError(f"{name} is not allowed: x has {len(x)} values and y {len(y)}")
+    return x, y
+
+
+def _flat_series(series: Mapping, name: str) -> list[tuple[str, str, int, int, list, list]]:
+    """(label, group, colour index, dash index, x, y) per line: a value is an (x, y) pair, or a
+    dict of them (one colour for the group, one dash per inner key)."""
+    _check_mapping(series, name, "a name to an (x, y) pair")
+    lines = []
+    for i, (group, value) in enumerate(series.items()):
+        if isinstance(value, Mapping):
+            for j, (sub, pair) in enumerate(value.items()):
+                x, y = _xy(pair, f"{name}[{group!r}][{sub!r}]")
+                lines.append((f"{group}: {sub}", str(group), i, j, x, y))
+        else:
+            x, y = _xy(value, f"{name}[{group!r}]")
+            lines.append((str(group), str(group), i, 0, x, y))
+    return lines
+
+
+def _add_lines(fig: go.Figure, series: Mapping, name: str, mode: str, dashed: Sequence,
+               row=None, col=None, legend: set | None = None, colors: dict | None = None) -> None:
+    """One trace per line; ``colors`` (group -> colour) and ``legend`` (labels shown) carry
+    over between panels so a name keeps its colour and appears once in the legend."""
+    where = dict(row=row, col=col) if row is not None else {}
+    colors = {} if colors is None else colors
+    legend = set() if legend is None else legend
+    for label, group, _, j, x, y in _flat_series(series, name):
+        c = colors.setdefault(group, color(len(colors)))
+        dash = "dash" if label in dashed else PHASE_DASHES[j % len(PHASE_DASHES)]
+        fig.add_trace(go.Scatter(x=x, y=y, name=label, legendgroup=label, mode=mode,
+                                 showlegend=label not in legend, line=dict(color=c, dash=dash)),
+                      **where)
+        legend.add(label)
+
+
+def _add_references(fig: go.Figure, hlines=None, vlines=None, spans=None, **where) -> None:
+    """Dotted reference lines ({label: y} / {label: x}) and shaded spans ({label: (x0, x1)})."""
+    for label, y in (hlines or {}).items():
+        fig.add_hline(y=y, line_dash="dot", line_color="#555555", annotation_text=label, **where)
+    for label, x in (vlines or {}).items():
+        fig.add_vline(x=x, line_dash="dash", line_color="#555555", annotation_text=label, **where)
+    for i, (label, (x0, x1)) in enumerate((spans or {}).items()):
+        fig.add_vrect(x0=x0, x1=x1, fillcolor=color(2 + i), opacity=0.12, line_width=0,
+                      annotation_text=label, annotation_position="top left", **where)
+
+
+def _log_ticks(fig: go.Figure, xs: list, **where) -> None:
+    """Plain integer tick labels at the data's x values on a log axis (few values only)."""
+    values = sorted({v for v in xs if isinstance(v, (int, float)) and v > 0})
+    fig.update_xaxes(type="log", **where)
+    if 0 < len(values) <= 12:
+        fig.update_xaxes(tickmode="array", tickvals=values,
+                         ticktext=[f"{v:g}" for v in values], **where)
+
+
+def line_chart(series: Mapping, title: str = "", x_title: str = "", y_title: str = "",
+               log_x: bool = False, log_y: bool = False, y_range=None,
+               y_tickformat: str | None = None, hlines: Mapping | None = None,
+               vlines: Mapping | None = None, spans: Mapping | None = None,
+               dashed: Sequence = (), mode: str = "lines+markers") -> go.Figure:
+    """Lines against a shared x axis, one colour per series.
+
+    ``series``: name -> (x, y), or name -> {sub: (x, y)} (one colour per name, one dash
+    per sub, e.g. run -> {"old facts": ..., "new facts": ...}). ``dashed``: names drawn
+    dashed. ``hlines`` {label: y}, ``vlines`` {label: x}: reference lines; ``spans``
+    {label: (x0, x1)}: shaded x ranges. ``y_tickformat`` e.g. ".0%".
+    """
+    fig = go.Figure()
+    _add_lines(fig, series, "series", mode, dashed)
+    _add_references(fig, hlines, vlines, spans)
+    if log_x:
+        _log_ticks(fig, [v for d in fig.data for v in d.x])
+    fig.update_xaxes(title=x_title)
+    fig.update_yaxes(title=y_title, type="log" if log_y else "linear", range=y_range,
+                     tickformat=y_tickformat)
+    return _finish(fig, title, hovermode="x unified")
+
+
+def line_panels(panels: Mapping, title: str = "", x_title: str | Sequence = "",
+                y_title: str | Sequence = "", log_x: bool = False, log_y: bool = False,
+                hlines: Mapping | None = None, shared_y: bool = False, dashed: Sequence = (),
+                mode: str = "lines+markers", height: int = 400) -> go.Figure:
+    """Several line charts side by side: ``panels`` is panel title -> series (name -> (x, y)).
+
+    A name keeps its colour in every panel and appears once in the legend.
+    ``x_title`` / ``y_title``: one string for all panels or one per panel;
+    ``hlines``: panel title -> {label: y}.
+    """
+    _check_mapping(panels, "panels", "a panel title to a dict of (x, y) series")
+    n = len(panels)
+    x_titles, y_titles = (_per_panel(t, n, name) for t, name in ((x_title, "x_title"),
+                                                                  (y_title, "y_title")))
+    fig = make_subplots(rows=1, cols=n, subplot_titles=[str(p) for p in panels],
+                        shared_yaxes=shared_y, horizontal_spacing=0.08)
+    legend, colors = set(), {}
+    for col, (panel, series) in enumerate(panels.items(), start=1):
+        _add_lines(fig, series, f"panels[{panel!r}]", mode, dashed, row=1, col=col,
+                   legend=legend, colors=colors)
+        _add_references(fig, (hlines or {}).get(panel), row=1, col=col)
+        if log_x:
+            _log_ticks(fig, [v for d in fig.data if d.xaxis == _axis_name("x", col)
+                             for v in d.x], row=1, col=col)
+        fig.update_xaxes(title=x_titles[col - 1], row=1, col=col)
+        if not shared_y or col == 1:
+            fig.update_yaxes(title=y_titles[col - 1], row=1, col=col)
+    fig.update_yaxes(type="log" if log_y else "linear")
+    return _finish(fig, title, height=height)
+
+
+def _axis_name(letter: str, col: int) -> str:
+    return letter if col == 1 else f"{letter}{col}"
+
+
+def _per_panel(value, n: int, name: str) -> list[str]:
+    if isinstance(value, str):
+        return [value] * n
+    values = list(value)
+    if len(values) != n:
+        raise ValueError(f"{name} has {len(values)} entries, which is not allowed: expected "
+                         f"one string or one per panel ({n})")
+    return values
+
+
+def grouped_bars(groups: Mapping, title: str = "", x_title: str = "", y_title: str = "",
+                 log_y: bool = False, y_range=None, y_tickformat: str | None = None,
+                 hlines: Mapping | None = None, text_format: str | None = None) -> go.Figure:
+    """Grouped bars: ``groups`` is series name -> {category: value} (one colour per series).
+
+    ``text_format`` (e.g. ".0%") prints each value above its bar; ``hlines`` {label: y}.
+    """
+    _check_mapping(groups, "groups", "a series name to a dict {category: value}")
+    fig = go.Figure()
+    for i, (name, values) in enumerate(groups.items()):
+        _check_mapping(values, f"groups[{name!r}]", "a category to a number")
+        text = dict(texttemplate=f"%{{y:{text_format}}}", textposition="outside") \
+            if text_format else {}
+        fig.add_trace(go.Bar(x=[str(k) for k in values], y=[float(v) for v in values.values()],
+                             name=str(name), marker_color=color(i), **text))
+    _add_references(fig, hlines)
+    fig.update_xaxes(title=x_title)
+    fig.update_yaxes(title=y_title, type="log" if log_y else "linear", range=y_range,
+                     tickformat=y_tickformat)
+    return _finish(fig, title, barmode="group")
+
+
+def scatter_points(points: Mapping, title: str = "", x_title: str = "",
+                   y_title: str = "") -> go.Figure:
+    """One labelled marker per name: ``points`` is name -> (x, y) numbers (e.g. speed, loss)."""
+    _check_mapping(points, "points", "a name to an (x, y) pair of numbers")
+    fig = go.Figure()
+    for i, (name, pair) in enumerate(points.items()):
+        x, y = _xy(([pair[0]], [pair[1]]) if isinstance(pair, (tuple, list)) and len(pair) == 2
+                   else pair, f"points[{name!r}]")
+        fig.add_trace(go.Scatter(x=x, y=y, name=str(name), mode="markers+text", text=[str(name)],
+                                 textposition="top center",
+                                 marker=dict(size=14, color=color(i))))
+    fig.update_xaxes(title=x_title)
+    fig.update_yaxes(title=y_title)
+    return _finish(fig, title, showlegend=False)
+
+
+def heatmap(z, x: Sequence | None = None, y: Sequence | None = None, title: str = "",
+            x_title: str = "", y_title: str = "", colorscale: str = "Blues",
+            zmin: float | None = None, zmax: float | None = None, zmid: float | None = None,
+            colorbar_title: str = "", height: int | None = None) -> go.Figure:
+    """A matrix ``z`` (rows, cols) as a heatmap, row 0 on top; ``x``/``y`` label the columns
+    and rows (one label each)."""
+    arr = _to_array(z, "z").astype(float)
+    _check_ndim(arr, "z", (2,), "a 2-D (rows, columns) matrix")
+    for labels, n, name in ((x, arr.shape[1], "x"), (y, arr.shape[0], "y")):
+        if labels is not None and len(labels) != n:
+            raise ValueError(f"{name} has {len(labels)} labels, which is not allowed: expected "
+                             f"one per {'column' if name == 'x' else 'row'} ({n})")
+    fig = go.Figure(go.Heatmap(z=arr, x=None if x is None else list(x),
+                               y=None if y is None else [str(v) for v in y],
+                               colorscale=colorscale, zmin=zmin, zmax=zmax, zmid=zmid,
+                               colorbar=dict(title=colorbar_title)))
+    fig.update_xaxes(title=x_title)
+    fig.update_yaxes(title=y_title, autorange="reversed")
+    return _finish(fig, title, **({"height": height} if height else {}))
+
+
+# ----------------------------------------------------------------------------- BCMT
+
+
+def decay_heatmap(weights, title: str = "Decay weights W") -> go.Figure:
+    """BCMT's decay matrix W (N, N) (row i: the block that reads, column j: summary S_j).
+
+    ``weights``: one (N, N) matrix, or a dict alpha -> (N, N) drawn side by side, each
+    panel titled with its α, on one colour scale (0 to the largest weight) so the
+    panels compare.
+    """
+    named = weights if isinstance(weights, Mapping) else {None: weights}
+    _check_mapping(named, "weights", "alpha to an (N, N) decay matrix")
+    arrays = {}
+    for alpha, w in named.items():
+        arr = _to_array(w, f"weights[{alpha!r}]").astype(float)
+        _check_ndim(arr, f"weights[{alpha!r}]", (2,), "a square (N, N) decay matrix")
+        if arr.shape[0] != arr.shape[1]:
+            raise ValueError(f"weights[{alpha!r}] with shape {arr.shape} is not allowed: "
+                             "expected a square (N, N) decay matrix")
+        arrays[alpha] = arr
+    titles = [f"α = {a:g}" if a is not None else "" for a in arrays]
+    fig = make_subplots(rows=1, cols=len(arrays), subplot_titles=titles,
+                        horizontal_spacing=0.06)
+    for col, (alpha, arr) in enumerate(arrays.items(), start=1):
+        who = f"α = {alpha:g}: " if alpha is not None else ""
+        fig.add_trace(go.Heatmap(z=arr, coloraxis="coloraxis", hovertemplate=who +
+                                 "block %{y} reads S_%{x} with weight %{z:.3f}<extra></extra>"),
+                      row=1, col=col)
+    fig.update_xaxes(title="summary S_j of block j", constrain="domain")
+    fig.update_yaxes(autorange="reversed", scaleanchor="x", constrain="domain")
+    fig.update_yaxes(title="memory M_i of block i", row=1, col=1)
+    vmax = max(float(a.max()) for a in arrays.values())
+    fig.update_layout(coloraxis=dict(colorscale=ATTENTION_COLORSCALE, cmin=0.0, cmax=vmax,
+                                     colorbar=dict(title="weight")))
+    return _finish(fig, title, height=420 if len(arrays) > 1 else 480)
+
+
+def summary_weights_heatmap(weights, chars: Sequence | None = None,
+                            title: str = "Summary weights π") -> go.Figure:
+    """BCMT's summary softmax weights π (N, L): row = block, column = position in it.
+
+    ``chars``: optional (N, L) labels (e.g. the characters of the window) written in the
+    cells. Rows sum to 1; uniform is 1/L.
+    """
+    arr = _to_array(weights, "weights").astype(float)
+    _check_ndim(arr, "weights", (2,), "(N blocks, L positions)")
+    fig = go.Figure(go.Heatmap(z=arr, colorscale=ATTENTION_COLORSCALE, zmin=0.0,
+                               colorbar=dict(title="weight"),
+                               hovertemplate="block %{y}, token %{x}: weight %{z:.3f}"
+                                             "<extra></extra>"))
+    if chars is not None:
+        labels = [[_token_label(c) for c in row] for row in chars]
+        if [len(r) for r in labels] != [arr.shape[1]] * arr.shape[0]:
+            raise ValueError(f"chars is not allowed: expected {arr.shape[0]} rows of "
+                             f"{arr.shape[1]} labels, like weights {arr.shape}")
+        fig.update_traces(text=labels, texttemplate="%{text}", textfont=dict(size=9),
+                          hovertemplate="block %{y}, token %{x} '%{text}': weight %{z:.3f}"
+                                        "<extra></extra>")
+    fig.update_xaxes(title="position in the block")
+    fig.update_yaxes(title="block", autorange="reversed")
+    return _finish(fig, f"{title}<br><sup>uniform would be {1 / arr.shape[1]:.3f}</sup>")
+
+
+def gate_histogram(gates: Mapping, title: str = "Gate values", bins: int = 50,
+                   x_title: str = "G") -> go.Figure:
+    """Overlaid histograms of gate values in [0, 1], one per name (e.g. per layer)."""
+    _check_mapping(gates, "gates", "a name to a tensor of gate values")
+    if isinstance(bins, bool) or not isinstance(bins, int) or bins < 1:
+        raise ValueError(f"bins={bins!r} is not allowed: expected an integer >= 1")
+    fig = go.Figure()
+    for i, (name, values) in enumerate(gates.items()):
+        arr = _to_array(values, f"gates[{name!r}]").astype(float).ravel()
+        fig.add_trace(go.Histogram(x=arr, name=str(name), nbinsx=bins, opacity=0.6,
+                                   marker_color=color(i)))
+    fig.update_xaxes(title=x_title)
+    fig.update_yaxes(title="count")
+    return _finish(fig, title, barmode="overlay")
+
+
+# ----------------------------------------------------------------------------- ARMT
+
+
+def memory_matrices(matrices: Mapping, row_labels: Sequence | None = None,
+                    title: str = "Memory A", x_title: str = "value dim") -> go.Figure:
+    """Associative memories A (K features, D value dims) side by side, e.g. after each write.
+
+    ``matrices``: name -> (K, D) or (1, K, D). One diverging colour scale (RdBu,
+    centred on 0, symmetric) shared by all panels, so a write that changes A shows.
+    """
+    _check_mapping(matrices, "matrices", "a name to a (K, D) memory matrix")
+    arrays = {}
+    for name, a in matrices.items():
+        arr = _to_array(a, f"matrices[{name!r}]").astype(float)
+        if arr.ndim == 3 and arr.shape[0] == 1:
+            arr = arr[0]
+        _check_ndim(arr, f"matrices[{name!r}]", (2,), "(K, D) or (1, K, D)")
+        arrays[name] = arr
+    rows = None if row_labels is None else [str(r) for r in row_labels]
+    if rows is not None and any(len(rows) != a.shape[0] for a in arrays.values()):
+        raise ValueError(f"row_labels has {len(rows)} entries, which is not allowed: expected "
+                         "one per row (feature) of every matrix")
+    fig = make_subplots(rows=1, cols=len(arrays), subplot_titles=[str(n) for n in arrays],
+                        shared_yaxes=True, horizontal_spacing=0.03)
+    for col, arr in enumerate(arrays.values(), start=1):
+        fig.add_trace(go.Heatmap(z=arr, y=rows, coloraxis="coloraxis",
+                                 hovertemplate="feature %{y}, value dim %{x}: %{z:.3f}"
+                                               "<extra></extra>"), row=1, col=col)
+    bound = max(float(np.abs(a).max()) for a in arrays.values()) or 1.0
+    fig.update_yaxes(autorange="reversed")
+    fig.update_xaxes(title=x_title)
+    fig.update_layout(coloraxis=dict(colorscale="RdBu", cmid=0.0, cmin=-bound, cmax=bound,
+                                     colorbar=dict(title="A")))
+    return _finish(fig, title, height=420)
+
+
+# ----------------------------------------------------------------------------- MoC
+
+
+def routing_heatmap(heat, share, title: str = "Routing") -> go.Figure:
+    """MoC routing of a set of probe sequences: mean weight per (sequence, routed chapter)
+    and the share of routed picks per chapter, with the uniform share dotted.
+
+    ``heat``: (B, C-1), chapters 1..C-1 as columns; ``share``: (C-1,), sums to 1.
+    """
+    heat_arr = _to_array(heat, "heat").astype(float)
+    share_arr = _to_array(share, "share").astype(float)
+    _check_ndim(heat_arr, "heat", (2,), "(B sequences, C-1 routed chapters)")
+    _check_ndim(share_arr, "share", (1,), "(C-1,) one share per routed chapter")
+    if heat_arr.shape[1] != share_arr.shape[0]:
+        raise ValueError(f"share with shape {share_arr.shape} is not allowed: expected one "
+                         f"value per column of heat ({heat_arr.shape[1]})")
+    chapters = list(range(1, len(share_arr) + 1))
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.6, 0.4], horizontal_spacing=0.08,
+                        subplot_titles=("mean weight per probe sequence",
+                                        "share of routed picks"))
+    fig.add_trace(go.Heatmap(z=heat_arr, x=chapters, colorscale="Blues", zmin=0,
+                             showscale=False), row=1, col=1)
+    fig.add_trace(go.Bar(x=chapters, y=share_arr, marker_color=color(0)), row=1, col=2)
+    fig.add_hline(y=1 / len(share_arr), line_dash="dot", row=1, col=2)     # uniform use
+    fig.update_xaxes(title="routed chapter")
+    fig.update_yaxes(title="probe sequence", autorange="reversed", row=1, col=1)
+    return _finish(fig, title, height=340, showlegend=False)
+
+
+def routing_decisions(chapters, weights, n_chapters: int,
+                      title: str = "Routing decisions") -> go.Figure:
+    """Every routing decision as a row: the weight it gives each chapter (0: not read).
+
+    ``chapters``, ``weights``: (B, W, k+1) from a MoC trace (shared chapter first);
+    rows are labelled "seq b · win w", columns are chapters 0..n_chapters-1.
+    """
+    ids = _to_array(chapters, "chapters")
+    w = _to_array(weights, "weights").astype(float)
+    _check_ndim(ids, "chapters", (3,), "(B sequences, W windows, k+1 chapters)")
+    if w.shape != ids.shape:
+        raise ValueError(f"weights with shape {w.shape} is not allowed: expected the shape of "
+                         f"chapters {ids.shape}")
+    if isinstance(n_chapters, bool) or not isinstance(n_chapters, int) or \
+            n_chapters <= int(ids.max()):
+        raise ValueError(f"n_chapters={n_chapters!r} is not allowed: expected an integer > the "
+                         f"largest chapter id ({int(ids.max())})")
+    b, n_win, _ = ids.shape
+    grid = np.zeros((b * n_win, n_chapters))                         # (B*W, C)
+    np.put_along_axis(grid, ids.reshape(b * n_win, -1).astype(int), w.reshape(b * n_win, -1),
+                      axis=1)
+    rows = [f"seq {i} · win {j}" for i in range(b) for j in range(n_win)]
+    return heatmap(grid, x=list(range(n_chapters)), y=rows, title=title,
+                   x_title="chapter (0 = shared)", zmin=0, colorbar_title="weight",
+                   height=max(320, 16 * len(rows) + 120))
+
+
+def chapter_weights_bar(chapter_ids, weights, n_shared: int = 1,
+                        title: str = "One decision's weights") -> go.Figure:
+    """The chapters one routing decision reads and their weights (shared ones in orange).
+
+    ``chapter_ids``, ``weights``: (k+1,), the first ``n_shared`` are shared chapters.
+    """
+    ids = _to_array(chapter_ids, "chapter_ids").ravel().tolist()
+    w = _to_array(weights, "weights").astype(float).ravel()
+    if len(ids) != len(w):
+        raise ValueError(f"weights has {len(w)} values, which is not allowed: expected one per "
+                         f"chapter id ({len(ids)})")
+    if isinstance(n_shared, bool) or not isinstance(n_shared, int) or not 0 <= n_shared <= len(ids):
+        raise ValueError(f"n_shared={n_shared!r} is not allowed: expected an integer in "
+                         f"0..{len(ids)}")
+    colors = [color(1)] * n_shared + [color(0)] * (len(ids) - n_shared)
+    fig = go.Figure(go.Bar(x=[f"ch {c}" for c in ids], y=w, marker_color=colors,
+                           texttemplate="%{y:.3f}", textposition="outside"))
+    fig.update_yaxes(title="weight", range=[0, 1])
+    return _finish(fig, f"{title} (shared chapter in orange)", height=320, showlegend=False)

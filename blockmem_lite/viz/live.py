@@ -21,6 +21,15 @@ Modes:
 
 A dashboard follows one run; use a fresh one (or a distinct ``title``) per run.
 If it is fed a step not after its last one, it starts over as a new run.
+
+``LiveMonitor`` is the generic version for anything else worth watching while a
+model trains (routing, memory norms, recall): a ``probe(trainer, rec) -> data``
+run every ``every`` steps and a ``figure(data) -> go.Figure`` builder (plus an
+optional ``text(data) -> str`` for text mode). Both classes share one base,
+``_LiveView``: the same mode rule, the same ``Throttle`` for redraws and prints.
+
+    monitor = LiveMonitor(probe=lambda trainer, rec: {"norm": weight_norm(trainer.model)},
+                          figure=lambda d: figures.bar_compare(d), every=10, title="norm")
 """
 
 from __future__ import annotations
@@ -74,42 +83,137 @@ def _value(obj, key: str, default=None):
     return getattr(obj, key, default)
 
 
-# ----------------------------------------------------------------------------- dashboard
+# ----------------------------------------------------------------------------- shared machinery
 
 
-class LiveDashboard:
-    """Trainer callback showing a run as it trains (see the module docstring)."""
+class Throttle:
+    """Lets an action through at most once every ``min_interval_s`` seconds of ``clock``.
 
-    def __init__(self, total_steps: int | None = None, title: str = "", mode: str = "auto",
-                 max_updates_per_s: float = 4.0, print_every_s: float = 2.0,
-                 clock: Callable[[], float] | None = None):
+    ``due()`` asks without consuming; ``mark()`` records that the action ran now;
+    ``take()`` is both (True and marked when due). The first call is always due.
+    """
+
+    def __init__(self, min_interval_s: float, clock: Callable[[], float]):
+        self.min_interval_s = float(min_interval_s)
+        self._clock = clock
+        self.last: float | None = None
+
+    def due(self) -> bool:
+        return self.last is None or self._clock() - self.last >= self.min_interval_s
+
+    def mark(self) -> None:
+        self.last = self._clock()
+
+    def take(self) -> bool:
+        if not self.due():
+            return False
+        self.mark()
+        return True
+
+    def reset(self) -> None:
+        self.last = None
+
+
+def resolve_mode(mode: str, build_widget: Callable[[], None]) -> tuple[str, str | None, bool]:
+    """The mode rule every live view follows: ``(mode, fallback_reason, announce)``.
+
+    text when asked, when ``BLOCKMEM_HEADLESS`` is set (with mode="auto") or outside a
+    kernel; otherwise ``build_widget()`` is tried and any failure means text (announced),
+    except with mode="widget", where it raises.
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode={mode!r} is not allowed: expected one of {', '.join(MODES)}")
+    if mode == "text" or (mode == "auto" and headless()):
+        return "text", None, False
+    if mode == "auto" and not _in_notebook_kernel():
+        return "text", "not running in a Jupyter kernel", False
+    try:
+        build_widget()
+    except Exception as exc:  # any failure to build widgets means: use text
+        reason = f"{type(exc).__name__}: {exc}"
+        if mode == "widget":
+            raise RuntimeError(f"mode='widget' is not possible here: {reason}; use "
+                               "mode='auto' to fall back to text") from exc
+        return "text", reason, True
+    return "widget", None, False
+
+
+class _LiveView:
+    """What the dashboard and the monitors share: mode, throttles, printing, display."""
+
+    kind = "live view"            # named in the fallback line
+
+    def __init__(self, title: str, mode: str, max_updates_per_s: float, print_every_s: float,
+                 clock: Callable[[], float] | None):
         if mode not in MODES:
             raise ValueError(f"mode={mode!r} is not allowed: expected one of {', '.join(MODES)}")
-        if total_steps is not None and (isinstance(total_steps, bool)
-                                        or not isinstance(total_steps, int) or total_steps < 1):
-            raise ValueError(f"total_steps={total_steps!r} is not allowed: expected None or an "
-                             "integer >= 1")
         _check_positive_number("max_updates_per_s", max_updates_per_s, allow_zero=False)
         _check_positive_number("print_every_s", print_every_s, allow_zero=True)
-        self.total_steps = total_steps
         self.title = title
         self.requested_mode = mode
         self.max_updates_per_s = float(max_updates_per_s)
         self.print_every_s = float(print_every_s)
         self._clock = clock if clock is not None else time.monotonic
+        self._redraws = Throttle(1.0 / self.max_updates_per_s, self._clock)
+        self._prints = Throttle(self.print_every_s, self._clock)
         self.fallback_reason: str | None = None
-        self.widget = None            # ipywidgets.VBox in widget mode
-        self._figure_widget = None
-        self._status = None
+        self.widget = None
         self._displayed = False
-        self._x_range = None
         self.n_updates = 0            # widget redraws
         self.n_printed = 0            # text lines printed
-        self._reset_run()
-        self.mode = self._resolve_mode(mode)
-        if self.fallback_reason and self.mode == "text" and self._announce_fallback:
-            self._print(f"live dashboard: widgets unavailable ({self.fallback_reason}); "
+
+    def _start(self) -> None:
+        """Pick the mode (building the widget if it is widget mode); say so on a fallback."""
+        self.mode, self.fallback_reason, announce = resolve_mode(self.requested_mode,
+                                                                 self._build_widget)
+        if announce:
+            self._print(f"{self.kind}: widgets unavailable ({self.fallback_reason}); "
                         "printing progress as text")
+
+    def _build_widget(self) -> None:
+        raise NotImplementedError
+
+    def display(self) -> None:
+        """Show the widget in the notebook (widget mode; text mode shows nothing)."""
+        if self.mode != "widget":
+            return
+        from IPython.display import display
+
+        display(self.widget)
+        self._displayed = True
+
+    def _show_once(self) -> None:
+        if not self._displayed and _in_notebook_kernel():
+            self.display()
+
+    def _print(self, line: str) -> None:
+        prefix = f"[{self.title}] " if self.title else ""
+        print(prefix + line, flush=True)
+        self.n_printed += 1
+
+
+# ----------------------------------------------------------------------------- dashboard
+
+
+class LiveDashboard(_LiveView):
+    """Trainer callback showing a run as it trains (see the module docstring)."""
+
+    kind = "live dashboard"
+
+    def __init__(self, total_steps: int | None = None, title: str = "", mode: str = "auto",
+                 max_updates_per_s: float = 4.0, print_every_s: float = 2.0,
+                 clock: Callable[[], float] | None = None):
+        super().__init__(title, mode, max_updates_per_s, print_every_s, clock)
+        if total_steps is not None and (isinstance(total_steps, bool)
+                                        or not isinstance(total_steps, int) or total_steps < 1):
+            raise ValueError(f"total_steps={total_steps!r} is not allowed: expected None or an "
+                             "integer >= 1")
+        self.total_steps = total_steps
+        self._figure_widget = None
+        self._status = None
+        self._x_range = None
+        self._reset_run()
+        self._start()
 
     # ------------------------------------------------------------------ setup
 
@@ -127,27 +231,8 @@ class LiveDashboard:
         self.last_step: dict = {}
         self.history = None
         self.finished = False
-        self._last_refresh: float | None = None
-        self._last_print: float | None = None
-
-    def _resolve_mode(self, mode: str) -> str:
-        self._announce_fallback = False
-        if mode == "text" or (mode == "auto" and headless()):
-            return "text"
-        if mode == "auto" and not _in_notebook_kernel():
-            self.fallback_reason = "not running in a Jupyter kernel"
-            return "text"
-        try:
-            self._build_widget()
-        except Exception as exc:  # any failure to build widgets means: use text
-            reason = f"{type(exc).__name__}: {exc}"
-            if mode == "widget":
-                raise RuntimeError(f"mode='widget' is not possible here: {reason}; use "
-                                   "mode='auto' to fall back to text") from exc
-            self.fallback_reason = reason
-            self._announce_fallback = True
-            return "text"
-        return "widget"
+        self._redraws.reset()
+        self._prints.reset()
 
     def _build_widget(self) -> None:
         import ipywidgets
@@ -168,15 +253,6 @@ class LiveDashboard:
         self._status = ipywidgets.HTML(value=self._status_html())
         self.widget = ipywidgets.VBox([self._status, fig])
 
-    def display(self) -> None:
-        """Show the widget in the notebook (widget mode; text mode shows nothing)."""
-        if self.mode != "widget":
-            return
-        from IPython.display import display
-
-        display(self.widget)
-        self._displayed = True
-
     # ------------------------------------------------------------------ callbacks
 
     def on_step(self, trainer, rec: dict) -> None:
@@ -186,9 +262,9 @@ class LiveDashboard:
         self._record_step(rec)
         if self.mode == "widget":
             self._show_once()
-            if self._refresh_due():
+            if self._redraws.due():
                 self._refresh()
-        elif self._print_due():
+        elif self._prints.take():
             self._print(format_progress(rec))
 
     def on_eval(self, trainer, rec: dict) -> None:
@@ -255,18 +331,6 @@ class LiveDashboard:
 
     # ------------------------------------------------------------------ text mode
 
-    def _print_due(self) -> bool:
-        now = self._clock()
-        if self._last_print is not None and now - self._last_print < self.print_every_s:
-            return False
-        self._last_print = now
-        return True
-
-    def _print(self, line: str) -> None:
-        prefix = f"[{self.title}] " if self.title else ""
-        print(prefix + line, flush=True)
-        self.n_printed += 1
-
     def _final_line(self) -> str:
         total = self._total()
         done = self.steps[-1] if self.steps else _last(_value(self.history, "step", []))
@@ -290,15 +354,6 @@ class LiveDashboard:
 
     # ------------------------------------------------------------------ widget mode
 
-    def _show_once(self) -> None:
-        if not self._displayed and _in_notebook_kernel():
-            self.display()
-
-    def _refresh_due(self) -> bool:
-        if self._last_refresh is None:
-            return True
-        return self._clock() - self._last_refresh >= 1.0 / self.max_updates_per_s
-
     def _refresh(self) -> None:
         """Redraw the widget with every point buffered so far (one batched message)."""
         fig = self._figure_widget
@@ -312,7 +367,7 @@ class LiveDashboard:
                 self._x_range = total
         self._status.value = self._status_html()
         self.n_updates += 1
-        self._last_refresh = self._clock()
+        self._redraws.mark()
 
     def _status_html(self) -> str:
         rec, total = self.last_step, self._total()
@@ -351,3 +406,145 @@ def live_dashboard(cfg=None, **kwargs) -> LiveDashboard:
     if cfg is not None and "total_steps" not in kwargs:
         kwargs["total_steps"] = getattr(cfg, "train", cfg).steps
     return LiveDashboard(**kwargs)
+
+
+# ----------------------------------------------------------------------------- generic monitor
+
+
+class LiveMonitor(_LiveView):
+    """Trainer callback: probe something every ``every`` steps and show it as it changes.
+
+    ``probe(trainer, rec) -> data`` runs at step 1, every ``every`` steps and at the last
+    step (``rec["total_steps"]``); each result is kept in ``snapshots`` as ``(step, data)``.
+    ``figure(data) -> go.Figure`` draws one snapshot: in widget mode a ``FigureWidget`` is
+    redrawn with it at most ``max_updates_per_s`` times a second (always at the last
+    step and at the end); in text mode ``text(data) -> str`` (default: a short repr)
+    is printed at most every ``print_every_s`` seconds, and always for the last step.
+    ``record(step, data)`` adds a snapshot taken outside the trainer (e.g. step 0).
+    ``series=True``: ``figure`` and ``text`` get every snapshot so far, ``[(step, data),
+    ...]``, instead of the last data, to draw a curve over training.
+    """
+
+    kind = "live monitor"
+
+    def __init__(self, probe: Callable, figure: Callable, text: Callable | None = None,
+                 every: int = 10, title: str = "", series: bool = False, mode: str = "auto",
+                 max_updates_per_s: float = 4.0, print_every_s: float = 2.0,
+                 clock: Callable[[], float] | None = None):
+        super().__init__(title, mode, max_updates_per_s, print_every_s, clock)
+        self.series = bool(series)
+        for name, fn in (("probe", probe), ("figure", figure)):
+            if not callable(fn):
+                raise ValueError(f"{name}={fn!r} is not allowed: expected a function")
+        if text is not None and not callable(text):
+            raise ValueError(f"text={text!r} is not allowed: expected None or a function "
+                             "data -> str")
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise ValueError(f"every={every!r} is not allowed: expected an integer >= 1")
+        self.probe, self.every = probe, every
+        self._figure_fn, self._text_fn = figure, text or _short_repr
+        self.snapshots: list[tuple[int, object]] = []
+        self.total_steps: int | None = None
+        self._shown_step = None       # the snapshot last drawn or printed
+        self._start()
+
+    @property
+    def steps(self) -> list[int]:
+        return [step for step, _ in self.snapshots]
+
+    @property
+    def data(self) -> list:
+        return [data for _, data in self.snapshots]
+
+    def _build_widget(self) -> None:
+        import plotly.graph_objects as go
+
+        self.widget = go.FigureWidget()
+
+    # ------------------------------------------------------------------ callbacks
+
+    def on_step(self, trainer, rec: dict) -> None:
+        step, total = rec.get("step"), rec.get("total_steps")
+        final = bool(total) and step == total
+        if step is None or not (final or step == 1 or step % self.every == 0):
+            return
+        self._add(step, self.probe(trainer, rec), total, final)
+
+    def on_eval(self, trainer, rec: dict) -> None:
+        """Evaluations do not trigger a probe (the monitor follows steps)."""
+
+    def on_end(self, trainer, history) -> None:
+        if self.snapshots and self._shown_step != self.snapshots[-1][0]:
+            self._show(force=True)
+
+    def record(self, step: int, data, total_steps: int | None = None) -> None:
+        """Add a snapshot taken outside the trainer (e.g. the model before training)."""
+        self._add(step, data, total_steps, final=False)
+
+    # ------------------------------------------------------------------ drawing
+
+    def _add(self, step: int, data, total, final: bool) -> None:
+        if self.snapshots and step <= self.snapshots[-1][0]:     # fed a new run: start over
+            self.snapshots = []
+            self._redraws.reset()
+            self._prints.reset()
+        self.total_steps = total or self.total_steps
+        self.snapshots.append((step, data))
+        self._show(force=final)
+
+    def _arg(self):
+        """What figure() and text() get: the last data, or every snapshot (series=True)."""
+        return list(self.snapshots) if self.series else self.snapshots[-1][1]
+
+    def _show(self, force: bool) -> None:
+        step = self.snapshots[-1][0]
+        if self.mode == "widget":
+            self._show_once()
+            if force or self._redraws.due():
+                _copy_into(self.widget, self._titled(self._figure_fn(self._arg()), step))
+                self.n_updates += 1
+                self._redraws.mark()
+                self._shown_step = step
+        elif self._prints.take() or force:
+            self._print(f"{_step_text(step, self.total_steps)}: {self._text_fn(self._arg())}")
+            self._shown_step = step
+
+    def _titled(self, fig, step):
+        if self.title:
+            fig.update_layout(title_text=f"{self.title}: {_step_text(step, self.total_steps)}")
+        return fig
+
+    def figure(self):
+        """The last snapshot as a static figure (ValueError before the first probe)."""
+        if not self.snapshots:
+            raise ValueError("LiveMonitor.figure() is not allowed before the first snapshot: "
+                             "train with the monitor as a callback, or call record()")
+        return self._titled(self._figure_fn(self._arg()), self.snapshots[-1][0])
+
+
+def _copy_into(widget, fig) -> None:
+    """Make the FigureWidget show ``fig``: traces updated in place when they line up."""
+    same = len(widget.data) == len(fig.data) and all(
+        a.type == b.type for a, b in zip(widget.data, fig.data, strict=True))
+    if not same:
+        widget.data = ()
+        widget.add_traces(list(fig.data))
+    with widget.batch_update():
+        if same:
+            for old, new in zip(widget.data, fig.data, strict=True):
+                props = new.to_plotly_json()
+                props.pop("type", None)
+                props.pop("uid", None)
+                old.update(props)
+        widget.layout.shapes = ()
+        widget.layout.annotations = ()
+        widget.update_layout(fig.layout.to_plotly_json())
+
+
+def _short_repr(data, limit: int = 100) -> str:
+    """A default text line for a snapshot: ``k v`` pairs for a dict of numbers, else repr."""
+    if isinstance(data, dict) and all(isinstance(v, (int, float)) for v in data.values()):
+        text = ", ".join(f"{k} {v:.4g}" for k, v in data.items())
+    else:
+        text = repr(data)
+    return text if len(text) <= limit else text[:limit - 1] + "…"

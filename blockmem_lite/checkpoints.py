@@ -1,0 +1,243 @@
+"""Checkpoint files and run folders: nothing a user trained is lost.
+
+* ``atomic_write``: a temp file in the same folder, fsync, then ``os.replace``,
+  so a kill mid-write never leaves half a checkpoint; temp files that killed
+  processes left behind are removed.
+* ``load_checkpoint_file``: ``torch.load(weights_only=True)`` with one clear
+  error for a file that is empty, truncated, not a checkpoint or missing parts.
+* ``RunLock``: a lock file naming the process that writes into a folder, so a
+  second run cannot overwrite the first one's checkpoint; a lock whose process
+  is gone is stale and taken over.
+* ``prepare_folder``: the output folder is checked before any training
+  (creatable, writable, not a file), with a warning when the disk is short.
+* ``is_disk_full``: the errors a full disk raises (``OSError`` ENOSPC, torch's
+  zip writer's "unexpected pos").
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import pickle
+import shutil
+import socket
+import time
+import warnings
+import zipfile
+from pathlib import Path
+
+import torch
+
+CHECKPOINT_NAME = "checkpoint.pt"
+CHECKPOINT_FORMAT = "blockmem_lite.checkpoint/1"
+CHECKPOINT_KEYS = ("format", "model", "optimizer", "step", "epoch", "position", "data_size",
+                   "history", "rng", "train_config")
+LOCK_NAME = ".blockmem_run.lock"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file that cannot be used, with the file and the reason."""
+
+
+# --- writing ---------------------------------------------------------------------------------
+def is_disk_full(error: BaseException) -> bool:
+    """True for the errors a full disk (or quota) raises while writing."""
+    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    return isinstance(error, RuntimeError) and "unexpected pos" in str(error)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:           # alive, owned by someone else
+        return True
+    except OSError:
+        return False
+    return True
+
+
+def remove_stale_temps(path: Path) -> list[Path]:
+    """Delete ``.<name>.<pid>.tmp`` files next to ``path`` whose writer process is gone."""
+    removed = []
+    for tmp in path.parent.glob(f".{path.name}.*.tmp"):
+        pid = tmp.name[len(path.name) + 2:-len(".tmp")]
+        if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
+            tmp.unlink(missing_ok=True)
+            removed.append(tmp)
+    return removed
+
+
+def atomic_write(path: Path, write) -> None:
+    """Write via a temp file in the same folder, fsync, then ``os.replace`` (never half a file).
+
+    ``write(f)`` writes to the open binary file. On any error the temp file is
+    removed and ``path`` keeps its previous content.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    _fsync_dir(path.parent)
+
+
+def atomic_write_bytes(path: Path, payload: bytes) -> None:
+    atomic_write(path, lambda f: f.write(payload))
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:  # Windows cannot open folders; os.replace is already durable enough there
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+# --- reading ---------------------------------------------------------------------------------
+def load_checkpoint_file(path) -> dict:
+    """The checkpoint dict at ``path``, loaded on CPU with ``weights_only=True``.
+
+    A ``CheckpointError`` (a ValueError) names the file and what is wrong with it.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no checkpoint at {path}")
+    if path.stat().st_size == 0:
+        raise CheckpointError(f"checkpoint {path} is not usable: the file is empty (0 bytes); "
+                              "it was never written completely")
+    broken = (f"checkpoint {path} is not usable: it is truncated or not a torch checkpoint; "
+              "restore it from a copy or train again")
+    if not zipfile.is_zipfile(path):                   # torch writes zip archives
+        raise CheckpointError(broken)
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except (RuntimeError, zipfile.BadZipFile, EOFError):
+        raise CheckpointError(broken) from None
+    except pickle.UnpicklingError:
+        raise CheckpointError(f"checkpoint {path} is not usable: it holds objects other than "
+                              "tensors, numbers, strings, lists and dicts, which the kit never "
+                              "loads (they could run code)") from None
+    if not isinstance(ckpt, dict) or ckpt.get("format") != CHECKPOINT_FORMAT:
+        raise CheckpointError(f"checkpoint {path} is not usable: not a {CHECKPOINT_FORMAT} file")
+    missing = [k for k in CHECKPOINT_KEYS if k not in ckpt]
+    if missing:
+        raise CheckpointError(f"checkpoint {path} is not usable: it lacks {', '.join(missing)}")
+    return ckpt
+
+
+# --- run folders -----------------------------------------------------------------------------
+class RunLocked(RuntimeError):
+    """Another live process writes into the folder."""
+
+
+class RunLock:
+    """``with RunLock(folder):`` one process at a time writes checkpoints into ``folder``.
+
+    The lock file holds the owner's pid, host and start time. A lock left by a
+    process that no longer runs (on this host) is stale and taken over. The same
+    process may take the lock again (nested fits); the outermost release frees it.
+    """
+
+    _held: dict[str, int] = {}                 # folder -> nesting depth in this process
+
+    def __init__(self, folder):
+        self.folder = Path(folder)
+        self.path = self.folder / LOCK_NAME
+
+    def owner(self) -> dict | None:
+        try:
+            return json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return None
+
+    def _stale(self, owner: dict | None) -> bool:
+        if owner is None:
+            return True
+        same_host = owner.get("host") == socket.gethostname()
+        return same_host and not _pid_alive(int(owner.get("pid", -1)))
+
+    def acquire(self) -> None:
+        key = str(self.folder.resolve())
+        if self._held.get(key):
+            self._held[key] += 1
+            return
+        self.folder.mkdir(parents=True, exist_ok=True)
+        for _ in range(2):
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            except FileExistsError:
+                owner = self.owner()
+                if not self._stale(owner):
+                    raise RunLocked(
+                        f"{self.folder} is in use by another run (pid {owner.get('pid')} on "
+                        f"{owner.get('host')}, started {owner.get('started')}): wait for it to "
+                        "finish, or choose another output folder") from None
+                self.path.unlink(missing_ok=True)            # stale: its process is gone
+                continue
+            with os.fdopen(fd, "w") as f:
+                json.dump({"pid": os.getpid(), "host": socket.gethostname(),
+                           "started": time.strftime("%Y-%m-%d %H:%M:%S")}, f)
+            self._held[key] = 1
+            return
+        raise RunLocked(f"could not take the lock {self.path}")
+
+    def release(self) -> None:
+        key = str(self.folder.resolve())
+        depth = self._held.get(key, 0)
+        if depth > 1:
+            self._held[key] = depth - 1
+            return
+        self._held.pop(key, None)
+        owner = self.owner()
+        if owner is not None and owner.get("pid") == os.getpid():
+            self.path.unlink(missing_ok=True)
+
+    def __enter__(self) -> RunLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def prepare_folder(folder, expected_bytes: int = 0, name: str = "checkpoint_dir") -> Path:
+    """Create ``folder`` and prove it writable, before any long work; warn when the free
+    disk space is below ``expected_bytes`` (about one checkpoint)."""
+    folder = Path(folder)
+    for parent in [folder, *folder.parents]:
+        if parent.exists():
+            if not parent.is_dir():
+                raise ValueError(f"{name}={str(folder)!r} is not allowed: {parent} is a file, "
+                                 "not a folder")
+            break
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".write_test.{os.getpid()}"
+        probe.write_bytes(b"ok")
+        probe.unlink()
+    except OSError as err:
+        raise ValueError(f"{name}={str(folder)!r} is not allowed: it cannot be written "
+                         f"({err.strerror or err})") from None
+    free = shutil.disk_usage(folder).free
+    if expected_bytes and free < expected_bytes:
+        warnings.warn(f"only {free / 2**20:.0f} MiB free in {folder}; a checkpoint needs about "
+                      f"{expected_bytes / 2**20:.0f} MiB: free some space or checkpoints will "
+                      "fail", UserWarning, stacklevel=3)
+    return folder
