@@ -17,6 +17,8 @@ COMMANDS = {   # name: (module, function, help)
               "train a model from a preset, with checkpoints and resume"),
     "bench": ("blockmem_lite.cli", "bench_main",
               "throughput / memory / state bytes vs dense, same run"),
+    "reproduce": ("blockmem_lite.cli", "reproduce_main",
+                  "every mechanism on the same work; the papers' claims beside ours"),
     "exercises": ("blockmem_lite.exercises", "main", "build|check|strip student notebooks"),
 }
 
