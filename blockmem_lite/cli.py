@@ -427,6 +427,7 @@ def reproduce_main(argv: list[str] | None = None) -> int:
         with RunLock(prepare_folder(out, name="--out")):
             results = lab.reproduce(args.preset, out, _split(args.arch) if args.arch else None,
                                     corpus, steps=args.steps)
+            _write_plots(results, out)
     except (ValueError, RunLocked, CorpusUnavailable) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -437,3 +438,13 @@ def reproduce_main(argv: list[str] | None = None) -> int:
     print(f"wrote {out / lab.RESULTS_NAME}, {out / 'report.md'} and {out / 'plots'}")
     print(lab.summary(results))
     return 0
+
+
+def _write_plots(results: dict, out: Path) -> None:
+    """The report's plots, when plotly (the notebooks extra) is installed."""
+    try:
+        from blockmem_lite.viz import lab_figures
+    except ImportError as err:
+        print(f"no plots written ({err}); the JSON and report.md are complete", file=sys.stderr)
+        return
+    lab_figures.write_plots(results, out)

@@ -15,7 +15,8 @@ and once for all of them, in one process so the ratios are same-run ratios:
 
 Each finished (task, entry) is stored in ``OUT/results.json`` at once (atomically), so an
 interrupted run continues where it stopped and recomputes nothing. ``report.md`` (with
-the claims table) and ``plots/*.html`` are written at the end. One progress line covers
+the claims table) is written at the end; the command line adds ``plots/*.html``
+(``viz.lab_figures.write_plots``). One progress line covers
 the whole plan, with an ETA.
 
 The lab names no mechanism: what a mechanism needs beyond "train it, measure it" it
@@ -184,11 +185,12 @@ class Lab:
     # --- the store -----------------------------------------------------------------------
     def _meta(self) -> dict:
         device = pick_device(self.entries[0].run.train.device)
-        return {"format": RESULTS_FORMAT, "preset": self.preset,
+        meta = {"format": RESULTS_FORMAT, "preset": self.preset,
                 "entries": [e.label for e in self.entries], "sizes": self.sizes,
                 "corpus": self.corpus.name, "corpus_source": self.corpus.source,
                 "seed": self.entries[0].run.train.seed, "device": device.type,
                 "machine": bench.machine(device), "torch": torch.__version__}
+        return json.loads(json.dumps(meta))                 # as it reads back from the file
 
     def _load(self) -> dict:
         path = self.out / RESULTS_NAME
@@ -524,22 +526,13 @@ def report_markdown(results: dict) -> str:
     return "\n".join(parts)
 
 
-PLOTS = ("pareto", "state_vs_length", "recall_vs_distance")
+PLOTS = ("pareto", "state_vs_length", "recall_vs_distance")     # viz.lab_figures writes them
 
 
 def write_report(results: dict, out: Path) -> Path:
-    """report.md, and the plots as standalone HTML (when plotly is installed)."""
+    """OUT/report.md (the command line adds the plots, ``viz.lab_figures.write_plots``)."""
     path = Path(out) / "report.md"
     atomic_write_bytes(path, report_markdown(results).encode())
-    try:
-        from blockmem_lite.viz import lab_figures
-    except ImportError:
-        return path
-    plots = Path(out) / "plots"
-    plots.mkdir(exist_ok=True)
-    for name in PLOTS:
-        figure = getattr(lab_figures, name)(results)
-        figure.write_html(plots / f"{name}.html", include_plotlyjs="directory")
     return path
 
 

@@ -7,7 +7,9 @@ Each builder takes the results dict (``OUT/results.json``), optionally a subset 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
+from blockmem_lite.lab import PLOTS
 from blockmem_lite.labdata import bench_record
 from blockmem_lite.viz import figures
 
@@ -89,3 +91,15 @@ def recall_vs_distance(results: dict, labels: Sequence | None = None, task: str 
                                             "a memory can help)",
                               x_title="distance (tokens)", y_title="accuracy", hlines=hlines,
                               vlines=spans, y_range=(0, 1.05))
+
+
+def write_plots(results: dict, out) -> list[Path]:
+    """Each figure of ``PLOTS`` as a standalone HTML file in ``out/plots`` (plotly.js beside
+    them, so they open offline)."""
+    folder = Path(out) / "plots"
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name in PLOTS:
+        paths.append(folder / f"{name}.html")
+        globals()[name](results).write_html(paths[-1], include_plotlyjs="directory")
+    return paths
