@@ -121,7 +121,8 @@ def plan_tasks(entries: list[Entry]) -> list[tuple[str, str]]:
 
 # --- progress ------------------------------------------------------------------------------------
 class PlanProgress:
-    """One text progress bar over the whole plan; training steps feed it between tasks."""
+    """One text progress bar over the whole plan; training steps feed it between tasks.
+    ``stream=None`` keeps it silent."""
 
     WEIGHT = {"lm": 1.0, "recall": 1.0, "bench": 2.0}    # rough relative cost of a task
 
@@ -158,7 +159,7 @@ class PlanProgress:
 
     def _print(self, force: bool = False) -> None:
         now = time.perf_counter()
-        if force or now - self._last >= self.min_interval_s:
+        if self.stream is not None and (force or now - self._last >= self.min_interval_s):
             print(f"[reproduce] {self.line()}", file=self.stream, flush=True)
             self._last = now
 
@@ -175,11 +176,11 @@ class Lab:
         self.by_label = {e.label: e for e in self.entries}
         self.plan = plan_tasks(self.entries)
         self.out = prepare_folder(out, name="--out")
-        self.corpus = corpus
+        self.corpus = corpus if corpus is not None else load_corpus("offline")
         self.meta = self._meta()
         self.results = self._load()
         self.progress = PlanProgress(self.plan, set(self.results["done"]),
-                                     stream=sys.stderr if progress else open("/dev/null", "w"))
+                                     stream=sys.stderr if progress else None)
         self.models: dict[str, torch.nn.Module] = {}
 
     # --- the store -----------------------------------------------------------------------
