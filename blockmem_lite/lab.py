@@ -452,30 +452,34 @@ def _claim_row(arch: str, claim: registry.Claim, results: dict) -> dict:
             "ceiling": ceiling, "verdict": verdict, "reason": reason}
 
 
+def _answers_beyond(record: dict, variant: str, span: int) -> int:
+    return sum(r["n_answers"] for r in record["curves"][variant]["passkey"]
+               if r["distance"] > span)
+
+
 def memory_pays(results: dict) -> list[dict]:
     """Per entry with a local span: recall beyond it, against the local-window baseline at the
     same span and against dense; "pays" when it beats the local baseline by more than the
-    noise of the held-out rows (2 standard errors)."""
-    rows, dense = [], registry.BASELINE
-    local = results["done"].get(f"recall/{registry.LOCAL_BASELINE}")
-    for key, record in results["done"].items():
-        if not key.startswith("recall/"):
+    noise of the difference of two rates measured on the held-out rows (2 standard errors,
+    at the widest p = 1/2)."""
+    rows, done = [], results["done"]
+    local = done.get(f"recall/{registry.LOCAL_BASELINE}")
+    for key, record in done.items():
+        label = key.split("/", 1)[1] if key.startswith("recall/") else None
+        if label is None or label == registry.LOCAL_BASELINE:
             continue
-        label = key.split("/", 1)[1]
-        for variant in record["curves"]:
-            span = record["local_span"][variant]
+        for variant, span in record["local_span"].items():
             if span is None:
                 continue
             mine = recall_beyond(results, label, variant=variant, span=span)
             base = recall_beyond(results, registry.LOCAL_BASELINE, span=span) if local else None
-            full = recall_beyond(results, dense, span=span)
-            n = sum(r["n_answers"] for r in record["curves"][variant]["passkey"]
-                    if r["distance"] > span)
-            noise = 2 * math.sqrt(0.25 / n) if n else None
-            pays = (mine is not None and base is not None and noise is not None
-                    and mine - base > noise)
+            n_mine = _answers_beyond(record, variant, span)
+            n_base = _answers_beyond(local, "", span) if local else 0
+            noise = 2 * math.sqrt(0.25 / n_mine + 0.25 / n_base) if n_mine and n_base else None
+            pays = None not in (mine, base, noise) and mine - base > noise
             rows.append({"entry": f"{label} {variant}".strip(), "local_span": span,
-                         "recall_beyond": mine, "local_baseline": base, "dense": full,
+                         "recall_beyond": mine, "local_baseline": base,
+                         "dense": recall_beyond(results, registry.BASELINE, span=span),
                          "noise": noise, "pays": pays})
     return rows
 
