@@ -21,7 +21,7 @@ LAYERS = (
     ("data", ("corpora", "tasks")),
     ("measuring and training", ("checkpoints", "metrics", "train", "bench", "checks", "lab")),
     ("viz", ("viz", "viz.*")),
-    ("tools and command line", ("cli", "exercises", "envcheck", "__main__", "")),
+    ("tools and command line", ("cli", "exercises", "grading", "envcheck", "__main__", "")),
 )
 CORE = ("config", "runtime", "tokenizer", "flops", "nn", "masks", "trace", "models.base",
         "corpora", "tasks", "metrics", "train", "bench", "checks", "cli", "viz", "viz.*",
