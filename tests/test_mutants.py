@@ -225,6 +225,10 @@ def run_mutants(path: Path, mutants: dict[str, list[Mutant]]) -> tuple[list[dict
                                 f"{_first_line(err[2])}")
                 break
             for m in mutants.get(ex.check_id, []):
+                if len(locate(nb, ex, m.original)) != 1:
+                    problems.append(f"{ex.check_id}: mutant {m.description!r} does not match its "
+                                    "solution region once (see test_mutants_match_their_solutions)")
+                    continue
                 t0 = time.perf_counter()
                 err = kernel.run_span(nb, ex.first, ex.check, mutate(nb, ex, m))
                 row = {"notebook": path.stem[:2], "check": ex.check_id, "mutant": m.description,
