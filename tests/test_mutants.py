@@ -197,7 +197,7 @@ class _Kernel:
 
 def _first_line(text: str) -> str:
     lines = [ln.strip() for ln in re.sub(r"\x1b\[[0-9;]*m", "", text).splitlines() if ln.strip()]
-    return " / ".join(lines[:2])[:160]
+    return " / ".join(lines[:3])[:200]
 
 
 def run_mutants(path: Path, mutants: dict[str, list[Mutant]]) -> tuple[list[dict], list[str]]:
