@@ -2,7 +2,7 @@
 
 Each subcommand is a ``main(argv)`` function in its own module (``cli.py`` for
 train and bench), imported only when used, so ``envcheck`` works even when
-extras are missing.
+extras are missing. ``exercises grade`` is ``grading.main`` (grading imports exercises).
 """
 
 from __future__ import annotations
@@ -17,7 +17,12 @@ COMMANDS = {   # name: (module, function, help)
               "train a model from a preset, with checkpoints and resume"),
     "bench": ("blockmem_lite.cli", "bench_main",
               "throughput / memory / state bytes vs dense, same run"),
-    "exercises": ("blockmem_lite.exercises", "main", "build|check|strip student notebooks"),
+    "reproduce": ("blockmem_lite.cli", "reproduce_main",
+                  "every mechanism on the same work; the papers' claims beside ours"),
+    "exercises": ("blockmem_lite.exercises", "main", "build|check|strip|grade student notebooks"),
+}
+SUBCOMMANDS = {   # (command, subcommand): (module, function); grading sits above exercises
+    ("exercises", "grade"): ("blockmem_lite.grading", "main"),
 }
 
 
@@ -38,7 +43,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"unknown command {name!r}: expected one of {', '.join(COMMANDS)}\n", file=sys.stderr)
         print(usage(), file=sys.stderr)
         return 2
-    module_name, function, _ = COMMANDS[name]
+    module_name, function = COMMANDS[name][:2]
+    sub = rest[0] if rest else None
+    if (name, sub) in SUBCOMMANDS:
+        (module_name, function), rest = SUBCOMMANDS[name, sub], rest[1:]
     return int(getattr(importlib.import_module(module_name), function)(rest) or 0)
 
 

@@ -308,7 +308,10 @@ def _state_bytes(model, batch: int, seq_len: int, precision: str) -> int:
 
 def bench_phase(ctx: BenchContext, entries: list[Entry], phase: str, seq_len: int,
                 batch: int) -> list[dict]:
-    """Time every entry interleaved at one (phase, length); then memory; then records."""
+    """Time every entry interleaved at one (phase, length); then memory; then records.
+
+    ``entries[0]`` is the baseline (dense) every ratio is taken against.
+    """
     models = [ctx.build(e.cfg) for e in entries]
     if phase == "train":
         steps = [metrics.make_train_step(m, batch, seq_len, precision=ctx.precision)
@@ -326,11 +329,11 @@ def bench_phase(ctx: BenchContext, entries: list[Entry], phase: str, seq_len: in
     decode = phase == "decode"
     dense_flops = ctx.flops(entries[0].cfg, seq_len, decode)
     records = []
-    for entry, model, timing in zip(entries, models, timings, strict=True):
+    for i, (entry, model, timing) in enumerate(zip(entries, models, timings, strict=True)):
         ctx.log(f"T={seq_len} {phase} {entry.arch} {entry.variant}".rstrip()
                 + f": {timing.tokens_per_s:,.0f} tok/s; memory")
         flops = ctx.flops(entry.cfg, seq_len, decode)
-        baseline = entry.arch == registry.BASELINE
+        baseline = i == 0                                   # the first entry is dense
         records.append(ctx.record(
             arch=entry.arch, variant=entry.variant, phase=phase, seq_len=seq_len, batch=batch,
             timing=timing,
@@ -348,7 +351,7 @@ def bench_phase(ctx: BenchContext, entries: list[Entry], phase: str, seq_len: in
 # Running
 # --------------------------------------------------------------------------------------
 
-def _resolve_dtype(dtype: str, device: torch.device) -> str:
+def resolve_dtype(dtype: str, device: torch.device) -> str:
     if dtype not in DTYPES:
         fail("dtype", dtype, f"expected one of {', '.join(DTYPES)}")
     if dtype == "auto":
@@ -399,7 +402,7 @@ def run_bench(archs=("dense",), seq_lens=DEFAULT_SEQ_LENS, *, batch: int | None 
     phases = resolve_phases(phases, archs)
     memory = _check_choices("memory", memory, MEMORY_CHOICES)
     dev = pick_device(device)
-    precision = _resolve_dtype(dtype, dev)
+    precision = resolve_dtype(dtype, dev)
     unknown = set(options or {}) - set(default_options())
     if unknown:
         fail("options", sorted(unknown), f"expected bench options among "

@@ -181,7 +181,7 @@ class RunLock:
         self.folder.mkdir(parents=True, exist_ok=True)
         for _ in range(2):
             try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
             except FileExistsError:
                 owner = self.owner()
                 if not self._stale(owner):

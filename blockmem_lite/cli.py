@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from blockmem_lite import bench, registry
+from blockmem_lite import bench, lab, registry
 from blockmem_lite.checkpoints import (
     CHECKPOINT_NAME,
     RunLock,
@@ -379,3 +379,72 @@ def _json_target(text: str) -> Path:
         fail("--json", text, "expected a file path, not a folder")
     prepare_folder(path.parent, name="--json folder")
     return path
+
+
+# --- reproduce -------------------------------------------------------------------------------
+def reproduce_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m blockmem_lite reproduce",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Train every architecture on the same data, budget and seed; measure "
+                    "validation loss, same-run speed and memory vs dense, decoding state and "
+                    "recall vs distance; write OUT/results.json, OUT/report.md (with the papers' "
+                    "claims beside the kit's) and OUT/plots/. Interrupted, it continues where it "
+                    "stopped.",
+        epilog="architectures:\n" + mechanisms_help(with_options=False))
+    p.add_argument("--preset", choices=PRESET_NAMES, default="fast",
+                   help="fast (CI, minutes), class (a 2-core laptop, well under an hour), gpu")
+    p.add_argument("--arch", default=None,
+                   help=f"comma-separated (default: every registered one: "
+                        f"{', '.join(registry.names())})")
+    p.add_argument("--corpus", default=None, help="corpus name (default: offline)")
+    p.add_argument("--paths", nargs="+", default=None, metavar="FILE",
+                   help="your own text files (implies --corpus files)")
+    p.add_argument("--steps", type=int, default=None, help="training steps per model "
+                                                          "(default: the preset's lab size)")
+    p.add_argument("--out", default=None, help="output folder (default: runs/reproduce_PRESET)")
+    p.add_argument("--plugin", action="append", default=[], metavar="FILE", help=PLUGIN_HELP)
+    return p
+
+
+def reproduce_main(argv: list[str] | None = None) -> int:
+    """``python -m blockmem_lite reproduce ...``; returns the exit status."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        load_plugins(argv)
+        args = reproduce_parser().parse_args(argv)
+    except SystemExit as exit_:
+        return exit_.code if isinstance(exit_.code, int) else 2
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    out = Path(args.out or f"runs/reproduce_{args.preset}")
+    try:
+        if args.steps is not None and args.steps < 1:
+            fail("--steps", args.steps, "expected an integer >= 1")
+        corpus = load_corpus(args.corpus or ("files" if args.paths else "offline"),
+                             paths=args.paths)
+        with RunLock(prepare_folder(out, name="--out")):
+            results = lab.reproduce(args.preset, out, _split(args.arch) if args.arch else None,
+                                    corpus, steps=args.steps)
+            _write_plots(results, out)
+    except (ValueError, RunLocked, CorpusUnavailable) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"stopped; the finished measurements are kept in {out / lab.RESULTS_NAME}: "
+              "run the same command again to continue", file=sys.stderr)
+        return 130
+    print(f"wrote {out / lab.RESULTS_NAME}, {out / 'report.md'} and {out / 'plots'}")
+    print(lab.summary(results))
+    return 0
+
+
+def _write_plots(results: dict, out: Path) -> None:
+    """The report's plots, when plotly (the notebooks extra) is installed."""
+    try:
+        from blockmem_lite.viz import lab_figures
+    except ImportError as err:
+        print(f"no plots written ({err}); the JSON and report.md are complete", file=sys.stderr)
+        return
+    lab_figures.write_plots(results, out)

@@ -38,6 +38,7 @@ from pathlib import Path
 from blockmem_lite.validation import fail
 
 BASELINE = "dense"                       # the architecture every ratio is measured against
+LOCAL_BASELINE = "honly"                 # a dense model limited to a short window (the lab)
 ENTRY_POINT_GROUP = "blockmem_lite.mechanisms"
 PRESET_NAMES = ("tiny", "fast", "class", "gpu")
 BUILTIN = "builtin"
@@ -104,6 +105,62 @@ class SpecialBench:
     footer: Callable[[list[dict]], list[str]] = lambda records: []
 
 
+@dataclass(frozen=True)
+class Claim:
+    """One headline figure of a paper, stored as data, and the kit measurement that answers it.
+
+    ``paper``, ``arxiv``, ``where`` (table or section), ``quantity``, ``value`` and
+    ``unit``, and the paper's ``setting`` (model size, data, hardware, baseline)
+    are what the paper states. ``statement`` is the claim in words, e.g. "faster
+    than dense in training". ``kit(results)`` returns the kit's comparable value
+    from a ``lab.reproduce`` result (None when the run did not measure it);
+    ``holds(value)`` says whether the statement holds for that value;
+    ``ceiling(results)``, optional, the FLOP ceiling the value is bounded by.
+    ``comparable=False`` marks a claim the kit cannot test at its scale, with
+    the reason in ``note``.
+    """
+
+    key: str
+    paper: str
+    arxiv: str
+    where: str
+    quantity: str
+    value: float | None
+    unit: str
+    setting: str
+    statement: str
+    kit: Callable[[dict], float | None] | None = None
+    holds: Callable[[float], bool] | None = None
+    ceiling: Callable[[dict], float | None] | None = None
+    comparable: bool = True
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class LabSpec:
+    """How the comparison lab (``lab.reproduce``) runs a mechanism, where it needs more than
+    "train it, measure it":
+
+    * ``config(cfg) -> cfg``: the config the lab trains (e.g. CAT's multi-chunk model);
+    * ``variants(cfg) -> [(label, overrides)]``: settings of one trained model measured
+      apart (e.g. each chunk size); ``switch(model, overrides)`` puts a trained model in
+      that setting (a fresh one for the bench is built with the overrides);
+    * ``start(cfg, trained) -> model``: build from models already trained in the run
+      (``trained`` maps entry labels to models; e.g. ARMT wraps the trained dense);
+    * ``iso_flop_baseline``: also train a dense model of (nearly) its FLOPs per token
+      (``metrics.iso_flop_dense_config``), the fair baseline of a mechanism that adds work;
+    * ``local_span(cfg) -> int | None``: how far back a token sees exactly (a block, a chunk,
+      a segment): recall beyond it is what the memory must carry.
+    """
+
+    config: Callable | None = None
+    variants: Callable | None = None
+    switch: Callable | None = None
+    start: Callable | None = None
+    iso_flop_baseline: bool = False
+    local_span: Callable | None = None
+
+
 def single_variant(options: dict) -> list[tuple[str, dict]]:
     """The bench variants of a mechanism without sweep options: itself, unlabelled."""
     return [("", {})]
@@ -118,6 +175,8 @@ class Mechanism:
     * ``flops(cfg, seq_len, decode) -> forward FLOPs per token`` (LM head
       included; ``decode=True``: one decoding step at context ``seq_len``),
       or None where no model exists; the bench prints ceilings from it;
+    * ``state_bytes(cfg, t) -> bytes``: the analytic size of the decoding state after t
+      tokens (fp32), drawn beside the measured one;
     * ``presets``: {preset name: {option: value}}, its sizes per preset;
     * ``bench_options`` and ``bench_variants(options) -> [(label, overrides)]``:
       how a sweep value becomes a config and a label;
@@ -126,7 +185,9 @@ class Mechanism:
     * ``boundary_fields``: options whose values are block / segment / chunk
       lengths; ``checks.check_causal`` probes their boundaries, where causal
       mechanisms most often leak;
-    * ``special_benches``: benchmarks of its own (``SpecialBench``).
+    * ``special_benches``: benchmarks of its own (``SpecialBench``);
+    * ``claims``: the paper's headline figures (``Claim``) and how the kit answers them;
+    * ``lab``: how the comparison lab runs it (``LabSpec``; default: train and measure).
 
     ``source`` is filled in by ``register``: "builtin", the plugin file, or
     "entry point NAME"; "" for one defined in a notebook or an interactive
@@ -138,12 +199,15 @@ class Mechanism:
     summary: str
     options: type = Options
     flops: Callable | None = None
+    state_bytes: Callable | None = None
     presets: Mapping[str, Mapping] = field(default_factory=dict)
     bench_options: tuple[BenchOption, ...] = ()
     bench_variants: Callable[[dict], list[tuple[str, dict]]] = single_variant
     trace_keys: tuple[str, ...] = ()
     boundary_fields: tuple[str, ...] = ()
     special_benches: tuple[SpecialBench, ...] = ()
+    claims: tuple[Claim, ...] = ()
+    lab: LabSpec = field(default_factory=LabSpec)
     source: str = ""
 
     def __post_init__(self) -> None:

@@ -33,7 +33,7 @@ from blockmem_lite.tokenizer import IGNORE_INDEX
 from blockmem_lite.validation import check_int
 
 SPECIAL_TOKENS = ("key", "query", "sep", "fill")   # ids vocab_size - 4 ... vocab_size - 1
-PASSKEY_FILLERS = ("random", "text")
+PASSKEY_FILLERS = ("random", "text", "quiet")
 _DIGITS = (ord("0"), ord("9") + 1)
 
 
@@ -210,6 +210,8 @@ def passkey(n: int, seq_len: int, distance: int, *, key_len: int = 5, filler: st
     seq_len - key_len. filler="random": uniform content ids, key of content
     ids. filler="text": bytes of the offline corpus (needs vocab_size >= 256),
     key of ASCII digits, so a text-trained byte model sees text it knows.
+    filler="quiet": one repeated fill token (a quiet haystack), key of ASCII digits
+    (chance 1/10): the easiest form to learn, so a short run measures reach, not skill.
     """
     _check_common(n, seq_len, seed)
     check_int("key_len", key_len, 1)
@@ -230,6 +232,9 @@ def passkey(n: int, seq_len: int, distance: int, *, key_len: int = 5, filler: st
     ids = special_ids(vocab_size)
     if filler == "text":
         seq = _text_filler(n, seq_len + 1, generator)
+        key = torch.randint(*_DIGITS, (n, key_len), generator=generator)
+    elif filler == "quiet":
+        seq = torch.full((n, seq_len + 1), ids["fill"], dtype=torch.long)
         key = torch.randint(*_DIGITS, (n, key_len), generator=generator)
     else:
         seq = torch.randint(0, content_vocab(vocab_size), (n, seq_len + 1), generator=generator)

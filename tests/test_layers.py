@@ -11,7 +11,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "blockmem_lite"
 
 # Bottom to top. A module may import modules of its own layer or lower ones, never higher.
 LAYERS = (
-    ("leaves", ("units", "validation")),
+    ("leaves", ("units", "validation", "labdata")),
     ("registry", ("registry",)),
     ("settings", ("config", "runtime", "tokenizer", "flops")),
     ("primitives", ("nn", "masks", "trace")),
@@ -19,12 +19,13 @@ LAYERS = (
     ("mechanisms", ("models.*",)),
     ("model zoo", ("models",)),
     ("data", ("corpora", "tasks")),
-    ("measuring and training", ("checkpoints", "metrics", "train", "bench", "checks")),
+    ("measuring and training", ("checkpoints", "metrics", "train", "bench", "checks", "lab")),
     ("viz", ("viz", "viz.*")),
-    ("tools and command line", ("cli", "exercises", "envcheck", "__main__", "")),
+    ("tools and command line", ("cli", "exercises", "grading", "envcheck", "__main__", "")),
 )
 CORE = ("config", "runtime", "tokenizer", "flops", "nn", "masks", "trace", "models.base",
-        "corpora", "tasks", "metrics", "train", "bench", "checks", "cli", "viz", "viz.*")
+        "corpora", "tasks", "metrics", "train", "bench", "checks", "cli", "viz", "viz.*",
+        "lab", "labdata", "checkpoints")
 
 
 def module_names() -> dict[str, Path]:

@@ -693,3 +693,76 @@ def test_main_notebooks_plot_through_the_library_and_keep_cells_short():
             problems += [f"{path.name} cell {i}: inline {name}" for name in INLINE_PLOTTING
                          if name in src]
     assert problems == []
+
+
+# ----------------------------------------------------------------------------- lab figures
+
+from blockmem_lite.viz import lab_figures  # noqa: E402
+
+
+def _bench(arch, variant, phase, ratio):
+    return {"arch": arch, "variant": variant, "phase": phase, "seq_len": 64,
+            "ratio_vs_dense": ratio, "flop_ceiling": 1.0}
+
+
+def _lab_results(bench=True, recall=True):
+    """A small lab result: dense, a fast-but-worse model, a slow-and-worse (dominated) one."""
+    done = {"lm/dense": {"arch": "dense", "val_loss": {"": 3.0}},
+            "lm/fast": {"arch": "fast", "val_loss": {"": 3.2}},
+            "lm/cat": {"arch": "cat", "val_loss": {"C=4": 3.5, "C=8": 2.9}}}
+    if bench:
+        records = [_bench("dense", "", "train", None), _bench("fast", "", "train", 2.0),
+                   _bench("cat", "C=4", "train", 0.5), _bench("cat", "C=8", "train", 0.4)]
+        state = {"dense": {"t": [64, 256], "measured": [100, 400], "analytic": [100, 400]},
+                 "fast": {"t": [64, 256], "measured": [50, 50], "analytic": [None, None]}}
+        done["bench/*"] = {"records": records, "state": state}
+    if recall:
+        rows = [{"distance": d, "accuracy": a, "n_answers": 100} for d, a in ((4, 0.9), (20, 0.1))]
+        done["recall/fast"] = {"arch": "fast", "curves": {"": {"passkey": rows, "mqar": rows}},
+                               "local_span": {"": 8}, "chance": {"passkey": 0.01, "mqar": 0.02}}
+    return {"meta": {}, "done": done}
+
+
+def test_pareto_front_drops_dominated_points_and_ties():
+    points = {"a": (1.0, 3.0), "b": (2.0, 3.2), "c": (0.5, 3.5), "d": (1.0, 3.1), "e": (2.0, 3.2)}
+    assert lab_figures.pareto_front(points) == ["b", "e", "a"]   # c, d dominated by a
+    assert lab_figures.pareto_front({"x": (1.0, 1.0)}) == ["x"]
+
+
+def test_pareto_points_and_figure_name_each_model_and_draw_the_front():
+    results = _lab_results()
+    points = lab_figures.pareto_points(results)
+    assert points == {"dense": (1.0, 3.0), "fast": (2.0, 3.2), "cat C=4": (0.5, 3.5),
+                      "cat C=8": (0.4, 2.9)}
+    fig = lab_figures.pareto(results)
+    front = [t for t in fig.data if t.name == "Pareto front"][0]
+    assert list(front.x) == [2.0, 1.0, 0.4] and list(front.y) == [3.2, 3.0, 2.9]
+    assert all("%{text}" in t.hovertemplate for t in fig.data if t.name != "Pareto front")
+    assert set(lab_figures.pareto_points(results, labels=["cat"])) == {"cat C=4", "cat C=8"}
+
+
+def test_state_vs_length_draws_the_analytic_model_dotted():
+    fig = lab_figures.state_vs_length(_lab_results())
+    dashes = {t.name: t.line.dash for t in fig.data}
+    assert dashes == {"dense: measured": "solid", "dense: analytic": "dot",
+                      "fast: measured": "solid"}
+
+
+def test_lab_figures_skip_what_a_partial_result_lacks():
+    partial = _lab_results(bench=False, recall=False)
+    for fig in (lab_figures.pareto(partial), lab_figures.state_vs_length(partial),
+                lab_figures.recall_vs_distance(partial, task="mqar")):
+        note = fig.layout.annotations[0].text
+        assert len(fig.data) == 0 and ("not measured" in note or "no model" in note)
+    fig = lab_figures.recall_vs_distance(_lab_results(), task="mqar")
+    assert [t.name for t in fig.data] == ["fast"]
+
+
+def test_claims_overview_counts_verdicts_per_mechanism():
+    rows = [{"arch": "bcmt", "verdict": "reproduced"}, {"arch": "bcmt", "verdict": "not reproduced"},
+            {"arch": "cat", "verdict": "not reproduced"}]
+    fig = lab_figures.claims_overview(rows)
+    counts = {t.name: dict(zip(t.x, t.y, strict=True)) for t in fig.data}
+    assert counts["not reproduced"] == {"bcmt": 1, "cat": 1}
+    assert counts["reproduced"] == {"bcmt": 1, "cat": 0}
+    assert len(lab_figures.claims_overview([]).data) == 0

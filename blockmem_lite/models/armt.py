@@ -89,11 +89,21 @@ from torch.utils.checkpoint import checkpoint
 
 from blockmem_lite.config import ModelConfig
 from blockmem_lite.flops import layer_matmul_flops, lm_head_flops
+from blockmem_lite.labdata import state_growth
 from blockmem_lite.masks import causal_mask
 from blockmem_lite.models.base import LanguageModel, State, build_model, check_tokens
 from blockmem_lite.models.dense import DenseState
 from blockmem_lite.nn import KVCache
-from blockmem_lite.registry import BASELINE, BenchOption, Mechanism, Options, SpecialBench, register
+from blockmem_lite.registry import (
+    BASELINE,
+    BenchOption,
+    Claim,
+    LabSpec,
+    Mechanism,
+    Options,
+    SpecialBench,
+    register,
+)
 from blockmem_lite.trace import record, scope
 from blockmem_lite.units import fmt, human_bytes
 from blockmem_lite.validation import (
@@ -981,8 +991,60 @@ def _infer_footer(records: list[dict]) -> list[str]:
             " dense: KV cache)."]
 
 
+def state_bytes(cfg, t: int) -> float:
+    """Per wrapped layer: one cache of S + M slots (``2·(S+M)·d``) and A, z (``K·d + K``,
+    K = 6·d_mem); unwrapped layers keep the cache only (fp32). Constant in t."""
+    wrapped = cfg.n_layer if cfg.memory_layers is None else len(cfg.memory_layers)
+    key = 2 * DPFP_NU * cfg.d_mem
+    cache = 2 * (cfg.segment_size + cfg.n_mem_tokens) * cfg.d_model
+    return 4.0 * (cfg.n_layer * cache + wrapped * (key * cfg.d_model + key))
+
+
+def lab_start(cfg, trained: dict):
+    """ARMT wraps a pretrained model: the lab's trained dense model when there is one."""
+    backbone = trained.get(BASELINE)
+    if backbone is None:
+        return ARMT(cfg)
+    settings = {name: getattr(cfg, name) for name in ARMTOptions.field_names()
+                if name != "backbone"}
+    return ARMT.wrap(backbone, seq_len=cfg.seq_len, **settings)
+
+
+def flop_saving_of_a_layer_subset() -> float:
+    """1 - FLOPs(memory in 20% of the layers) / FLOPs(memory in all), on the follow-up's public
+    config (Llama-3.2-1B: d 2048, 16 layers, vocab 128,256; segment 1024, 32 memory tokens,
+    d_mem 64); the FLOP model is the kit's."""
+    shape = dict(d_model=2048, n_layer=16, n_head=32, seq_len=1024, vocab_size=128256,
+                 segment_size=1024, n_mem_tokens=32, d_mem=64)
+    every = flops_per_token(ModelConfig("armt", **shape), 1024)
+    some = flops_per_token(ModelConfig("armt", **shape, memory_layers=(6, 7, 8)), 1024)
+    return 1.0 - some / every
+
+
+PAPER = "ARMT: Associative Recurrent Memory Transformer (Rodkin, Kuratov, Bulatov, Burtsev)"
+CLAIMS = (
+    Claim("armt.babilong", PAPER, "2407.04841", "abstract",
+          "BABILong QA1 accuracy over 50M tokens", 79.9, "%", "GPT-2 backbone, segment 512, "
+          "curriculum to 32 segments", "single-fact QA over 50M tokens", comparable=False,
+          note="needs a pretrained LM and 50M-token contexts; the lab's passkey recall beyond "
+               "the segment (the memory-pays table) is the nearest probe at kit scale"),
+    Claim("armt.constant_memory", PAPER, "OpenReview cWVbffpjs7", "follow-up, per the paper "
+          "summary (not verified)", "decoding state, longest over shortest length", 1.0,
+          "x", "up to 64k tokens", "a constant state (within 10%)",
+          kit=lambda r: state_growth(r, "armt"), holds=lambda growth: growth <= 1.1,
+          note="kit: the measured decoding state over the lab's lengths"),
+    Claim("armt.flop_saving", PAPER, "OpenReview cWVbffpjs7", "follow-up, per the paper "
+          "summary (not verified)", "FLOP saving with memory in ~20% of the layers", 30.0,
+          "%", "Llama-3.2-1B wrapped", "about 30% fewer FLOPs",
+          kit=lambda r: 100 * flop_saving_of_a_layer_subset(), holds=lambda saving: saving >= 25,
+          note="the kit's FLOP model on the public 1B config (memory in 3 of 16 layers)"),
+)
+
+
 register(Mechanism(
     name="armt", model=ARMT, options=ARMTOptions, flops=flops_per_token,
+    state_bytes=state_bytes, claims=CLAIMS,
+    lab=LabSpec(start=lab_start, local_span=lambda cfg: cfg.segment_size),
     summary="associative recurrent memory: segments, a per-layer delta-rule memory matrix "
             "carried across them, around a (pretrained) backbone",
     presets={"tiny": {"segment_size": 8}, "fast": {"segment_size": 16},

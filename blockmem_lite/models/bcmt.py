@@ -51,11 +51,12 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from blockmem_lite.flops import layer_matmul_flops, lm_head_flops
+from blockmem_lite.labdata import bench_value, loss_gap, memory_ratio
 from blockmem_lite.masks import block_causal_mask
 from blockmem_lite.models.base import State, check_tokens
 from blockmem_lite.models.dense import DenseLM
 from blockmem_lite.nn import MLP, KVCache, RMSNorm, SelfAttention, attention, reference_attention
-from blockmem_lite.registry import BenchOption, Mechanism, Options, register
+from blockmem_lite.registry import BenchOption, Claim, LabSpec, Mechanism, Options, register
 from blockmem_lite.trace import is_tracing, record, scope
 from blockmem_lite.validation import (
     check_bool,
@@ -510,11 +511,44 @@ def bench_variants(options: dict) -> list[tuple[str, dict]]:
             for n in parse_int_list("--block-size", options["block_size"])]
 
 
+def state_bytes(cfg, t: int) -> float:
+    """Per layer: at most one block of KV (``2·L·d``) plus the memory state (num, den, P and
+    the streaming summary, about ``4·d``) (fp32); BCMT's does not grow with t."""
+    memory = 4 * cfg.d_model if getattr(cfg, "memory", False) else 0
+    return 4.0 * cfg.n_layer * (2 * cfg.block_size * cfg.d_model + memory)
+
+
+PAPER = "BCMT: Blockwise Causal Memory Transformer (Arezki, 2026)"
+CLAIMS = (
+    Claim("bcmt.loss_vs_dense", PAPER, "2608.13578", "paper summary; third-party review "
+          "(Table 2)", "validation loss, BCMT-256 minus dense", 4.5931 - 4.5752, "nats",
+          "context 1024, WikiText-103 (dense 4.5752, BCMT-256 4.5931; model size not stated)",
+          "within 0.05 nats of dense", kit=lambda r: loss_gap(r, "bcmt", "dense"),
+          holds=lambda gap: gap <= 0.05),
+    Claim("bcmt.train_speed", PAPER, "2608.13578", "paper summary (not verified)",
+          "training throughput, BCMT-128 over dense", 204.2 / 119.9, "x dense",
+          "204.2K vs 119.9K tokens/s on a GPU, context 1024", "faster than dense in training",
+          kit=lambda r: bench_value(r, "bcmt", "train", "ratio_vs_dense"),
+          holds=lambda ratio: ratio > 1.0,
+          ceiling=lambda r: bench_value(r, "bcmt", "train", "flop_ceiling")),
+    Claim("bcmt.train_memory", PAPER, "2608.13578", "paper summary (not verified)",
+          "training memory, dense over BCMT-128", 14.37 / 10.48, "x less",
+          "peak GPU memory 14.37 vs 10.48 GB, context 1024", "less memory than dense in training",
+          kit=lambda r: memory_ratio(r, "bcmt", "train"), holds=lambda ratio: ratio > 1.0,
+          note="kit memory: bytes saved for backward, same run"),
+    Claim("bcmt.honly_worse", PAPER, "2608.13578", "paper summary and review",
+          "validation loss, HOnly minus BCMT", None, "nats", "HOnly = BCMT without the memory",
+          "the memory helps (HOnly's loss is higher)", kit=lambda r: loss_gap(r, "honly", "bcmt"),
+          holds=lambda gap: gap > 0.0),
+)
+
 PRESET_SIZES = {"tiny": {"block_size": 8}, "fast": {"block_size": 16},
                 "class": {"block_size": 64}, "gpu": {"block_size": 128}}
 
 register(Mechanism(
     name="bcmt", model=BCMTLM, options=BCMTOptions, flops=flops_per_token,
+    state_bytes=state_bytes, claims=CLAIMS,
+    lab=LabSpec(local_span=lambda cfg: cfg.block_size),
     summary="blockwise causal memory: block-local attention + a decayed memory of block "
             "summaries, shifted one block and gated into every token",
     presets=PRESET_SIZES, bench_options=(BLOCK_SIZE_OPTION,), bench_variants=bench_variants,
@@ -522,6 +556,7 @@ register(Mechanism(
                 "layer*.memory", "layer*.gate"), boundary_fields=("block_size",)))
 register(Mechanism(
     name="honly", model=HOnlyLM, options=HOnlyOptions, flops=flops_per_token,
+    state_bytes=state_bytes, lab=LabSpec(local_span=lambda cfg: cfg.block_size),
     summary="the HOnly ablation of BCMT: block-local attention, no memory between blocks",
     presets=PRESET_SIZES, bench_options=(BLOCK_SIZE_OPTION,), bench_variants=bench_variants,
     trace_keys=("layer*.attn_weights",), boundary_fields=("block_size",)))

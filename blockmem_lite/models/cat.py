@@ -45,6 +45,7 @@ token (fixed-C and multi-chunk); tests check that it equals the fast forward.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -53,10 +54,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from blockmem_lite.flops import layer_matmul_flops, lm_head_flops
+from blockmem_lite.labdata import bench_value, best, loss_gap, memory_ratio
 from blockmem_lite.masks import cat_mask
 from blockmem_lite.models.base import LanguageModel, ModelOutput, State, check_tokens
 from blockmem_lite.nn import Block, KVCache, RMSNorm, init_weights, reference_attention
-from blockmem_lite.registry import BenchOption, Mechanism, Options, register
+from blockmem_lite.registry import BenchOption, Claim, LabSpec, Mechanism, Options, register
 from blockmem_lite.trace import is_tracing, record, scope
 from blockmem_lite.validation import (
     check_int,
@@ -708,8 +710,81 @@ def bench_variants(options: dict) -> list[tuple[str, dict]]:
             for c in parse_int_list("--chunk-size", options["chunk_size"])]
 
 
+def state_bytes(cfg, t: int) -> float:
+    """Per decoder layer, at width D: the chunk vectors so far and the current chunk,
+    ``2·(t/C + C)·D`` numbers (fp32)."""
+    width = cfg.d_model * cfg.decoder_width
+    return 4.0 * cfg.n_layer * 2 * (math.ceil(t / cfg.chunk_size) + cfg.chunk_size) * width
+
+
+LAB_CHUNK_SIZES = (4, 8, 16, 32)          # the paper's multi-chunk sizes
+
+
+def lab_config(cfg):
+    """The comparison lab trains one multi-chunk model (the paper's sizes that fit T)."""
+    sizes = tuple(c for c in LAB_CHUNK_SIZES if c <= cfg.seq_len) or (cfg.seq_len,)
+    default = 16 if 16 in sizes else sizes[-1]
+    return dataclasses.replace(cfg, chunk_sizes=sizes, chunk_size=default)
+
+
+def _chunk_variants(cfg) -> list[tuple[str, dict]]:
+    return [(f"C={c}", {"chunk_size": c}) for c in (cfg.chunk_sizes or (cfg.chunk_size,))]
+
+
+def _set_chunk_size(model, overrides: dict) -> None:
+    model.chunk_size = overrides["chunk_size"]
+
+
+def _over_chunk_sizes(fn, pick=max) -> float | None:
+    """``pick`` of ``fn(variant label)`` over the lab's chunk sizes (None where unmeasured)."""
+    return best((fn(f"C={c}") for c in LAB_CHUNK_SIZES), pick)
+
+
+def _fastest_chunk_size(results: dict) -> str | None:
+    """The variant label ("C=16") decoding fastest vs dense at the longest length."""
+    ratios = {f"C={c}": bench_value(results, "cat", "decode", "ratio_vs_dense", variant=f"C={c}")
+              for c in LAB_CHUNK_SIZES}
+    measured = {label: ratio for label, ratio in ratios.items() if ratio is not None}
+    return max(measured, key=measured.get) if measured else None
+
+
+def _at_fastest_chunk_size(results: dict, key: str):
+    """A decode record's ``key`` at the fastest chunk size (its ratio and its own ceiling)."""
+    variant = _fastest_chunk_size(results)
+    return None if variant is None else bench_value(results, "cat", "decode", key,
+                                                     variant=variant)
+
+
+PAPER = "CAT: Compress & Attend Transformer (Prakash, Puli, Ranganath)"
+CLAIMS = (
+    Claim("cat.decode_speed", PAPER, "2511.05313", "abstract v1",
+          "generation speed over dense (lower end)", 1.4, "x dense",
+          "one multi-chunk model, several scales, GPU", "faster than dense in generation",
+          kit=lambda r: _at_fastest_chunk_size(r, "ratio_vs_dense"),
+          holds=lambda ratio: ratio > 1.0,
+          ceiling=lambda r: _at_fastest_chunk_size(r, "flop_ceiling"),
+          note="best chunk size at the longest length, batch 1"),
+    Claim("cat.memory", PAPER, "2511.05313", "abstract v1",
+          "total memory, dense over CAT (lower end)", 2.0, "x less",
+          "one multi-chunk model, several scales, GPU", "at least 2x less decoding memory",
+          kit=lambda r: _over_chunk_sizes(lambda v: memory_ratio(r, "cat", "decode",
+                                                                  "state_bytes", variant=v)),
+          holds=lambda ratio: ratio >= 2.0,
+          note="kit memory: the decoding state at the longest length, best chunk size"),
+    Claim("cat.loss", PAPER, "2511.05313", "abstract v1",
+          "language-modelling loss, CAT minus dense", 0.0, "nats",
+          "matches dense across model scales (2x decoder width)",
+          "within 0.05 nats of dense at some chunk size",
+          kit=lambda r: _over_chunk_sizes(lambda v: loss_gap(r, "cat", "dense", v), min),
+          holds=lambda gap: gap <= 0.05, note="the best chunk size"),
+)
+
+
 register(Mechanism(
     name="cat", model=CATLM, options=CATOptions, flops=flops_per_token,
+    state_bytes=state_bytes, claims=CLAIMS,
+    lab=LabSpec(config=lab_config, variants=_chunk_variants, switch=_set_chunk_size,
+                local_span=lambda cfg: cfg.chunk_size),
     summary="compress & attend: chunks compressed to one vector each; a decoder reads its own "
             "chunk plus every earlier chunk vector",
     bench_options=(CHUNK_SIZE_OPTION, DECODER_WIDTH_OPTION), bench_variants=bench_variants,

@@ -93,7 +93,12 @@ def flops_per_token(cfg, seq_len: int, decode: bool = False) -> float:
     return cfg.n_layer * layer + lm_head_flops(cfg.d_model, cfg.vocab_size)
 
 
+def state_bytes(cfg, t: int) -> float:
+    """The KV cache: ``2·t·d`` numbers per layer (fp32)."""
+    return 4.0 * cfg.n_layer * 2 * t * cfg.d_model
+
+
 register(Mechanism(
-    name="dense", model=DenseLM,
+    name="dense", model=DenseLM, state_bytes=state_bytes,
     summary="the GPT baseline: full causal attention (every ratio is measured against it)",
     flops=flops_per_token, trace_keys=("layer*.hidden", "layer*.attn_weights")))

@@ -69,10 +69,19 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from blockmem_lite.flops import dense_layer_flops, lm_head_flops
+from blockmem_lite.labdata import loss_gap
 from blockmem_lite.models.base import check_tokens
 from blockmem_lite.models.dense import DenseLM, DenseState
 from blockmem_lite.nn import Block, KVCache, RMSNorm, attention, reference_attention
-from blockmem_lite.registry import BenchOption, Mechanism, Options, SpecialBench, register
+from blockmem_lite.registry import (
+    BenchOption,
+    Claim,
+    LabSpec,
+    Mechanism,
+    Options,
+    SpecialBench,
+    register,
+)
 from blockmem_lite.runtime import autocast_context
 from blockmem_lite.trace import is_tracing, record, scope
 from blockmem_lite.units import fmt
@@ -833,8 +842,35 @@ def _read_footer(records: list[dict]) -> list[str]:
             "speed-up vs full: whole-bank read time / routed time (target >= 0.5 x ideal)"]
 
 
+def state_bytes(cfg, t: int) -> float:
+    """Dense's KV cache plus, per memory layer, the K/V of the (k+1) routed chapters and the
+    running routing sum (fp32)."""
+    read = 2 * (cfg.top_k + 1) * cfg.chapter_len * cfg.d_model + cfg.d_model
+    return 4.0 * (cfg.n_layer * 2 * t * cfg.d_model + len(memory_layers(cfg)) * read)
+
+
+PAPER = "MoC: Mixture of Chapters (Tibrewal, Saha, Meda, Singh, Moturi)"
+ISO = "dense iso-FLOP (moc)"
+CLAIMS = (
+    Claim("moc.loss_vs_iso_flop", PAPER, "2603.21096", "Table 1",
+          "validation loss, MoC minus the iso-FLOP dense model", 2.79 - 2.86, "nats",
+          "pretraining; MoC 2.79, vanilla iso-FLOP 2.86", "better than dense at equal FLOPs",
+          kit=lambda r: loss_gap(r, "moc", ISO), holds=lambda gap: gap < 0.0),
+    Claim("moc.loss_vs_backbone", PAPER, "2603.21096", "Table 1",
+          "validation loss, MoC minus its backbone alone", 2.79 - 2.92, "nats",
+          "pretraining; MoC 2.79, vanilla backbone-only 2.92", "better than its backbone",
+          kit=lambda r: loss_gap(r, "moc", "dense"), holds=lambda gap: gap < 0.0),
+    Claim("moc.forgetting", PAPER, "2603.21096", "Table 2",
+          "BoolQ change after instruction tuning, MoC", 0.24, "pp",
+          "vs -6.24 pp for the iso-FLOP vanilla model", "less forgetting", comparable=False,
+          note="needs MMLU / BoolQ and instruction tuning; notebook 09 measures fact retention "
+               "at kit scale instead (not reproduced there)"),
+)
+
+
 register(Mechanism(
     name="moc", model=MoCLM, options=MoCOptions, flops=flops_per_token,
+    state_bytes=state_bytes, claims=CLAIMS, lab=LabSpec(iso_flop_baseline=True),
     summary="mixture of chapters: a learned memory bank in chapters, read by cross-attention "
             "after a router picks the top-k",
     presets={"tiny": {"routing_window": 8}, "fast": {"routing_window": 16},

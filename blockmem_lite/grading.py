@@ -1,0 +1,360 @@
+"""Grade a folder of submissions: ``python -m blockmem_lite exercises grade SUBMISSIONS_DIR``.
+
+Options: ``--notebook NN``, ``--out DIR`` (default ``./grades``), ``--cell-timeout S``
+(default 300) and ``--solutions DIR``.
+
+``SUBMISSIONS_DIR`` holds one folder per student, named after the student, with that
+student's notebooks anywhere below it (nbgrader's ``submitted/<student>/`` works as is).
+A notebook is matched to ``notebooks/solutions/NN_topic.ipynb`` by its ``NN_`` prefix or,
+when renamed, by the mark ``metadata["blockmem_lite"]["generated_from"]``.
+
+Each notebook runs headless in a fresh kernel (nbclient; ``BLOCKMEM_FAST=1``,
+``BLOCKMEM_HEADLESS=1``; its own folder as working directory), cell by cell with errors
+allowed. Check cells are found by their nbgrader ``grade_id``, else by cell id, and run the
+solution's source, so an edited check cannot pass. An exercise is passed when its check cell
+and the cells since the previous check cell ran without error; otherwise it fails with the
+first error as ``cell N: Name: message`` (cells counted from 0, the message on one line).
+A cell running past the timeout, or a dying kernel, stops that notebook: its kernel is
+killed and later checks fail as not run. A deleted check cell fails; a notebook that is not
+valid JSON fails every check of its exercise. Every NN that some student submitted (or
+``--notebook NN``) is graded for every student; a missing one fails as not submitted.
+
+Writes ``grades.csv`` and ``grades.md``: one row per student and exercise (student,
+notebook, file, exercise = grade_id, result = passed | failed, message).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from blockmem_lite.exercises import (
+    ExerciseError,
+    add_nbgrader_metadata,
+    check_cell_indices,
+    clear_outputs,
+    notebook_number,
+    notebooks_under,
+    read_notebook,
+    solution_notebooks,
+    solutions_dir,
+)
+
+KERNEL_ENV = {"BLOCKMEM_FAST": "1", "BLOCKMEM_HEADLESS": "1"}
+COLUMNS = ("student", "notebook", "file", "exercise", "result", "message")
+UNKNOWN = ("cannot tell which exercise this is: keep the NN_ prefix of the notebook "
+           "handed out (renamed copies of it are recognised by its metadata)")
+
+
+@dataclass(frozen=True)
+class Check:
+    grade_id: str
+    cell_id: str
+    source: str
+
+
+@dataclass(frozen=True)
+class Solution:
+    name: str             # NN_topic (no .ipynb)
+    checks: tuple[Check, ...]
+
+
+@dataclass(frozen=True)
+class Row:
+    student: str
+    notebook: str
+    file: str
+    exercise: str
+    message: str          # empty when passed
+
+    def values(self) -> tuple[str, ...]:
+        result = "failed" if self.message else "passed"
+        return (self.student, self.notebook, self.file, self.exercise, result, self.message)
+
+
+# --- solutions and submissions -------------------------------------------------------------------
+
+
+def load_solutions(folder: Path | None = None) -> dict[str, Solution]:
+    """Solution notebooks by NN, with their check cells (grade_id as ``exercises build`` sets)."""
+    solutions = {}
+    for path in solution_notebooks(Path(folder) if folder else solutions_dir()):
+        nn = notebook_number(path.name)
+        if nn is None:
+            continue
+        nb = read_notebook(path)
+        add_nbgrader_metadata(nb, path.name)
+        cells = [nb.cells[i] for i in check_cell_indices(nb)]
+        checks = tuple(Check(c.metadata["nbgrader"]["grade_id"], c.get("id"), c.source)
+                       for c in cells)
+        solutions[nn] = Solution(path.stem, checks)
+    return solutions
+
+
+def student_folders(submissions: Path) -> list[Path]:
+    """The student folders in ``submissions`` (sorted, hidden ones skipped)."""
+    submissions = Path(submissions)
+    if not submissions.is_dir():
+        raise ExerciseError(f"submissions={str(submissions)!r} is not allowed: expected a folder "
+                            "holding one folder per student")
+    for stray in sorted(submissions.glob("*.ipynb")):
+        print(f"note: ignored {stray.name}: put each notebook in a folder named after its student")
+    return sorted(p for p in submissions.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
+def identify(path: Path, solutions: dict[str, Solution]) -> str | None:
+    """The NN a submitted notebook answers: its name's prefix, else its generated mark."""
+    nn = notebook_number(path.name)
+    if nn in solutions:
+        return nn
+    try:
+        mark = read_notebook(path).metadata.get("blockmem_lite", {})
+    except ExerciseError:
+        return None
+    nn = notebook_number(str(mark.get("generated_from", ""))) if isinstance(mark, dict) else None
+    return nn if nn in solutions else None
+
+
+def match_student(folder: Path,
+                  solutions: dict[str, Solution]) -> tuple[dict[str, Path], list[Row]]:
+    """NN -> the student's notebook for it, and rows for notebooks that match no exercise."""
+    matched, unknown = {}, []
+    for path in notebooks_under([folder]):
+        nn = identify(path, solutions)
+        file = path.relative_to(folder).as_posix()
+        if nn is None:
+            unknown.append(Row(folder.name, "", file, "", UNKNOWN))
+        elif nn in matched:
+            print(f"note: {folder.name}: {file} is a second notebook for {nn}; graded "
+                  f"{matched[nn].relative_to(folder).as_posix()}")
+        else:
+            matched[nn] = path
+    return matched, unknown
+
+
+# --- running one notebook ------------------------------------------------------------------------
+
+
+def _one_line(text: str) -> str:
+    return "; ".join(" ".join(line.split()) for line in text.splitlines() if line.strip())
+
+
+def _error(cell) -> str | None:
+    """``Name: message`` of the error a code cell raised, None if it raised none."""
+    for out in cell.get("outputs", []):
+        if out.output_type == "error":
+            return _one_line(f"{out.ename}: {out.evalue}")
+    return None
+
+
+def execute(nb, folder: Path, cell_timeout: int) -> tuple[dict[int, str], int | None]:
+    """Run ``nb`` cell by cell in a fresh kernel: (errors by cell index, index it stopped at)."""
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellTimeoutError, DeadKernelError
+
+    client = NotebookClient(nb, timeout=cell_timeout, kernel_name="python3", allow_errors=True,
+                            shutdown_kernel="immediate",   # kills a kernel stuck in a loop
+                            resources={"metadata": {"path": str(folder)}})
+    errors = {}
+    with client.setup_kernel(env={**os.environ, **KERNEL_ENV}):
+        for i, cell in enumerate(nb.cells):
+            if cell.cell_type != "code":
+                continue
+            try:
+                client.execute_cell(cell, i)
+            except CellTimeoutError:
+                errors[i] = f"timed out after {cell_timeout} s; the kernel was killed"
+                return errors, i
+            except DeadKernelError:
+                errors[i] = "the kernel died (a crash, os._exit or out of memory?)"
+                return errors, i
+            if (error := _error(cell)) is not None:
+                errors[i] = error
+    return errors, None
+
+
+def _verdict(index: int, start: int, errors: dict[int, str], stopped: int | None) -> str:
+    """The message of the check cell at ``index`` whose exercise starts at cell ``start``."""
+    if stopped is not None and stopped < start:
+        return f"not run: the kernel was killed at cell {stopped}"
+    earlier = [f"cell {i}: {errors[i]}" for i in range(start, index) if i in errors]
+    return earlier[0] if earlier else errors.get(index, "")
+
+
+def _find_checks(nb, solution: Solution) -> dict[str, int]:
+    """grade_id -> index of the submission's cell for that check (grade_id, else cell id)."""
+    by_grade_id, by_cell_id = {}, {}
+    for i, cell in enumerate(nb.cells):
+        meta = cell.metadata.get("nbgrader")
+        if isinstance(meta, dict) and isinstance(meta.get("grade_id"), str):
+            by_grade_id.setdefault(meta["grade_id"], i)
+        if cell.get("id"):
+            by_cell_id.setdefault(cell.id, i)
+    found = {}
+    for check in solution.checks:
+        index = by_grade_id.get(check.grade_id, by_cell_id.get(check.cell_id))
+        if index is not None and index not in found.values():
+            found[check.grade_id] = index
+    return found
+
+
+def grade_notebook(student: str, path: Path, solution: Solution, cell_timeout: int,
+                   file: str) -> list[Row]:
+    """One row per check of ``solution`` for the student's notebook at ``path``."""
+    def row(check: Check, message: str) -> Row:
+        return Row(student, solution.name, file, check.grade_id, message)
+
+    try:
+        nb = read_notebook(path)
+    except ExerciseError as err:
+        problem = f"{path.name} {str(err).removeprefix(f'{path} ')}"
+        return [row(check, problem) for check in solution.checks]
+    clear_outputs(nb)
+    found = _find_checks(nb, solution)
+    for check in solution.checks:
+        if check.grade_id in found:
+            cell = nb.cells[found[check.grade_id]]
+            cell.cell_type, cell.source = "code", check.source
+            cell.setdefault("outputs", [])
+            cell.setdefault("execution_count", None)
+    errors, stopped = execute(nb, path.parent, cell_timeout)
+    order = sorted(found.values())   # an exercise: the cells after the previous check cell
+    starts = {index: order[k - 1] + 1 if k else 0 for k, index in enumerate(order)}
+
+    def message(check: Check) -> str:
+        if check.grade_id not in found:
+            return (f"check cell {check.grade_id} is missing (deleted?): restore it from the "
+                    "exercise notebook")
+        index = found[check.grade_id]
+        return _verdict(index, starts[index], errors, stopped)
+
+    return [row(check, message(check)) for check in solution.checks]
+
+
+# --- a folder of submissions ---------------------------------------------------------------------
+
+
+def _wanted(notebook: str | None, solutions: dict[str, Solution],
+            matched: dict[str, dict[str, Path]]) -> list[str]:
+    if notebook is None:
+        return sorted({nn for per_student in matched.values() for nn in per_student})
+    nn = notebook.zfill(2)
+    if nn not in solutions:
+        raise ExerciseError(f"--notebook={notebook} is not allowed: expected one of "
+                            f"{', '.join(sorted(solutions))} (a solution notebook's NN)")
+    return [nn]
+
+
+def grade(submissions: Path, solutions: Path | None = None, notebook: str | None = None,
+          cell_timeout: int = 300) -> list[Row]:
+    """Rows for every student and exercise; prints one line per graded notebook."""
+    if cell_timeout < 1:
+        raise ExerciseError(f"--cell-timeout={cell_timeout} is not allowed: expected whole "
+                            "seconds >= 1")
+    known = load_solutions(solutions)
+    folders = student_folders(submissions)
+    matched, unknown = {}, {}
+    for folder in folders:
+        matched[folder.name], unknown[folder.name] = match_student(folder, known)
+    wanted = _wanted(notebook, known, matched)
+    rows = []
+    for folder in folders:
+        student = folder.name
+        for nn in wanted:
+            rows += _grade_one(student, matched[student].get(nn), folder, known[nn], cell_timeout)
+        rows += unknown[student] if notebook is None else []
+    return rows
+
+
+def _grade_one(student: str, path: Path | None, folder: Path, solution: Solution,
+               cell_timeout: int) -> list[Row]:
+    """Rows for one student and notebook; a problem grading it never stops the others."""
+    if path is None:
+        return [Row(student, solution.name, "", c.grade_id, "not submitted")
+                for c in solution.checks]
+    file = path.relative_to(folder).as_posix()
+    try:
+        rows = grade_notebook(student, path, solution, cell_timeout, file)
+    except Exception as err:  # a kernel that will not start, a broken cell structure, ...
+        rows = [Row(student, solution.name, file, c.grade_id,
+                    _one_line(f"not graded: {type(err).__name__}: {err}"))
+                for c in solution.checks]
+    passed = sum(not r.message for r in rows)
+    print(f"graded {student}/{file} as {solution.name}: {passed}/{len(rows)} passed")
+    return rows
+
+
+# --- tables --------------------------------------------------------------------------------------
+
+
+def to_csv(rows: list[Row]) -> str:
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(COLUMNS)
+    writer.writerows(r.values() for r in rows)
+    return buffer.getvalue()
+
+
+def to_markdown(rows: list[Row]) -> str:
+    def line(values) -> str:
+        return "| " + " | ".join(v.replace("|", "\\|") for v in values) + " |"
+    return "\n".join([line(COLUMNS), "|" + "---|" * len(COLUMNS)]
+                     + [line(r.values()) for r in rows]) + "\n"
+
+
+def _check_out(out: Path) -> None:
+    if Path(out).exists() and not Path(out).is_dir():
+        raise ExerciseError(f"--out={out} is not allowed: expected a folder for grades.csv and "
+                            "grades.md")
+
+
+def write_tables(rows: list[Row], out: Path) -> tuple[Path, Path]:
+    """Write ``grades.csv`` and ``grades.md`` into ``out``; return their paths."""
+    out = Path(out)
+    _check_out(out)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = out / "grades.csv", out / "grades.md"
+    paths[0].write_text(to_csv(rows), encoding="utf-8")
+    paths[1].write_text(to_markdown(rows), encoding="utf-8")
+    return paths
+
+
+# --- command line --------------------------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m blockmem_lite exercises grade",
+                                     description="Run every student's notebooks headless and "
+                                     "write grades.csv and grades.md.")
+    parser.add_argument("submissions", type=Path, help="folder with one folder per student")
+    parser.add_argument("--notebook", metavar="NN", default=None,
+                        help="grade only this notebook (default: every one submitted)")
+    parser.add_argument("--out", type=Path, default=Path("grades"),
+                        help="folder for grades.csv and grades.md (default: ./grades)")
+    parser.add_argument("--cell-timeout", type=int, default=300, metavar="S",
+                        help="seconds a cell may run before its kernel is killed (default: 300)")
+    parser.add_argument("--solutions", type=Path, default=None,
+                        help="folder of solution notebooks (default: notebooks/solutions)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``exercises grade``: grade, write the tables, say what was graded; 2 on a usage error."""
+    args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        _check_out(args.out)   # before minutes of grading
+        rows = grade(args.submissions, args.solutions, args.notebook, args.cell_timeout)
+        csv_path, md_path = write_tables(rows, args.out)
+    except ExerciseError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    students = len({r.student for r in rows})
+    passed = sum(not r.message for r in rows)
+    print(f"{passed}/{len(rows)} checks passed for {students} student(s); wrote {csv_path} "
+          f"and {md_path}")
+    return 0

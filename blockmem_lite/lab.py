@@ -1,0 +1,564 @@
+"""The comparison lab: every registered mechanism on the same work, the papers' claims beside ours.
+
+``reproduce(preset, out=...)`` trains every architecture (plugins included) on the same data,
+with the same token budget and seed, and measures, per entry:
+
+* ``lm``: validation loss after training (a multi-chunk CAT at each chunk size);
+* ``recall``: a fresh model trained on a mix of passkey and MQAR rows, then accuracy
+  against distance, beyond each mechanism's local span too ("when does memory pay?");
+
+and once for all of them, in one process so the ratios are same-run ratios:
+
+* ``bench``: training and decoding tokens/s and memory vs dense with their FLOP ceilings
+  (``bench.bench_phase`` on the lab's own configs), and the decoding state after t
+  tokens at several lengths, next to each mechanism's analytic state model.
+
+Each finished (task, entry) is stored in ``OUT/results.json`` at once (atomically), so an
+interrupted run continues where it stopped and recomputes nothing. ``report.md`` (with
+the claims table) is written at the end; the command line adds ``plots/*.html``
+(``viz.lab_figures.write_plots``). One progress line covers
+the whole plan, with an ETA.
+
+The lab names no mechanism: what a mechanism needs beyond "train it, measure it" it
+declares in its ``LabSpec`` (CAT's multi-chunk config and chunk sizes, ARMT starting
+from the trained dense model, MoC's iso-FLOP dense baseline, each one's local span).
+The local-window baseline of the memory-pays experiment is ``registry.LOCAL_BASELINE``.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import math
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch.utils.data import ConcatDataset
+
+from blockmem_lite import bench, metrics, registry, tasks
+from blockmem_lite.checkpoints import atomic_write, atomic_write_bytes, prepare_folder
+from blockmem_lite.config import PRESET_NAMES, ModelConfig, RunConfig, preset
+from blockmem_lite.corpora import load_corpus, make_loaders
+from blockmem_lite.labdata import recall_beyond
+from blockmem_lite.models.base import build_model
+from blockmem_lite.runtime import pick_device, seed_everything
+from blockmem_lite.train import Trainer
+from blockmem_lite.units import fmt, human_duration
+from blockmem_lite.validation import check_choice, fail
+
+RESULTS_NAME = "results.json"
+RESULTS_FORMAT = "blockmem_lite.lab/1"
+DETERMINISTIC = ("lm", "recall")        # tasks whose results are equal when rerun (no timing)
+
+# how much work each preset's lab does (the model sizes come from the preset itself)
+LAB_SIZES = {
+    "tiny": dict(steps=20, recall_steps=20, recall_rows=64, eval_rows=32, bench_lens=(32,),
+                 state_lens=(32, 64), warmup=1, repeats=1, decode_burst=2),
+    "fast": dict(steps=60, recall_steps=60, recall_rows=256, eval_rows=48, bench_lens=(64, 128),
+                 state_lens=(64, 256, 1024), warmup=1, repeats=2, decode_burst=4),
+    "class": dict(steps=300, recall_steps=300, recall_rows=2048, eval_rows=96,
+                  bench_lens=(256, 1024), state_lens=(256, 1024, 4096, 16384), warmup=3,
+                  repeats=5, decode_burst=16),
+    "gpu": dict(steps=3000, recall_steps=2000, recall_rows=4096, eval_rows=256,
+                bench_lens=(1024, 4096), state_lens=(1024, 4096, 16384, 65536), warmup=5,
+                repeats=10, decode_burst=32),
+}
+
+
+# --- the plan ----------------------------------------------------------------------------------
+@dataclass
+class Entry:
+    """One model of the lab: a label, its architecture and config, where it comes from."""
+
+    label: str
+    arch: str
+    cfg: ModelConfig
+    run: RunConfig
+    baseline_of: str = ""              # e.g. the iso-FLOP dense model of "moc"
+
+    @property
+    def spec(self) -> registry.LabSpec:
+        return registry.get(self.arch).lab if not self.baseline_of else registry.LabSpec()
+
+    def local_span(self, overrides: dict) -> int | None:
+        spec = self.spec
+        return spec.local_span(dataclasses.replace(self.cfg, **overrides)) \
+            if spec.local_span else None
+
+    def variants(self) -> list[tuple[str, dict]]:
+        spec = self.spec
+        return spec.variants(self.cfg) if spec.variants else [("", {})]
+
+
+def plan_entries(preset_name: str, archs=None, steps: int | None = None) -> list[Entry]:
+    """Dense first, then every architecture (default: all registered) and its baselines."""
+    check_choice("preset", preset_name, PRESET_NAMES)
+    archs = bench.resolve_archs(archs if archs is not None else registry.names())
+    archs = [registry.BASELINE] + [a for a in archs if a != registry.BASELINE]
+    steps = steps or LAB_SIZES[preset_name]["steps"]
+    entries = []
+    for arch in archs:
+        run = preset(preset_name, arch=arch, steps=steps)
+        spec = registry.get(arch).lab
+        cfg = spec.config(run.model) if spec.config else run.model
+        entries.append(Entry(arch, arch, cfg, dataclasses.replace(run, model=cfg)))
+        if spec.iso_flop_baseline:
+            base_cfg = metrics.iso_flop_dense_config(cfg)
+            entries.append(Entry(f"{base_cfg.arch} iso-FLOP ({arch})", base_cfg.arch, base_cfg,
+                                 dataclasses.replace(run, model=base_cfg), baseline_of=arch))
+    return entries
+
+
+def plan_tasks(entries: list[Entry]) -> list[tuple[str, str]]:
+    """[(task, entry label)]: language modelling for all, then recall for all, then one bench."""
+    return ([("lm", e.label) for e in entries] + [("recall", e.label) for e in entries]
+            + [("bench", "*")])
+
+
+# --- progress ------------------------------------------------------------------------------------
+class PlanProgress:
+    """One text progress bar over the whole plan; training steps feed it between tasks.
+    ``stream=None`` keeps it silent."""
+
+    WEIGHT = {"lm": 1.0, "recall": 1.0, "bench": 2.0}    # rough relative cost of a task
+
+    def __init__(self, plan, done: set, stream=sys.stderr, min_interval_s: float = 2.0):
+        self.plan, self.stream, self.min_interval_s = plan, stream, min_interval_s
+        self.total = sum(self.WEIGHT[t] for t, _ in plan)
+        self.done = sum(self.WEIGHT[t] for t, label in plan if f"{t}/{label}" in done)
+        self.start_done, self.start = self.done, time.perf_counter()
+        self.current, self.fraction, self._last = "", 0.0, 0.0
+
+    def begin(self, task: str, label: str) -> None:
+        self.current, self.weight, self.fraction = f"{task} {label}", self.WEIGHT[task], 0.0
+        self._print(force=True)
+
+    def finish(self) -> None:
+        self.done += self.weight
+        self.fraction = 0.0
+        self._print(force=True)
+
+    def on_step(self, trainer, rec) -> None:           # a Trainer callback
+        self.fraction = rec["step"] / max(1, rec["total_steps"])
+        self._print()
+
+    def line(self) -> str:
+        progress = self.done + self.weight * self.fraction if self.current else self.done
+        share = progress / self.total
+        elapsed = time.perf_counter() - self.start
+        rate = (progress - self.start_done) / elapsed if elapsed > 0 else 0.0
+        eta = (self.total - progress) / rate if rate > 0 else None
+        bar = "#" * int(30 * share) + "-" * (30 - int(30 * share))
+        eta_text = human_duration(eta) if eta is not None else "?"
+        return (f"[{bar}] {100 * share:3.0f}%  {human_duration(elapsed)} elapsed, eta "
+                f"{eta_text}  {self.current}")
+
+    def _print(self, force: bool = False) -> None:
+        now = time.perf_counter()
+        if self.stream is not None and (force or now - self._last >= self.min_interval_s):
+            print(f"[reproduce] {self.line()}", file=self.stream, flush=True)
+            self._last = now
+
+
+# --- the tasks -----------------------------------------------------------------------------------
+class Lab:
+    """One reproduce run: its plan, the store in ``out`` and the models trained so far."""
+
+    def __init__(self, preset_name: str, out, archs=None, corpus=None, steps: int | None = None,
+                 progress: bool = True):
+        self.preset = preset_name
+        self.sizes = dict(LAB_SIZES[preset_name], **({"steps": steps} if steps else {}))
+        self.entries = plan_entries(preset_name, archs, self.sizes["steps"])
+        self.by_label = {e.label: e for e in self.entries}
+        self.plan = plan_tasks(self.entries)
+        self.out = prepare_folder(out, name="--out")
+        self.corpus = corpus if corpus is not None else load_corpus("offline")
+        self.meta = self._meta()
+        self.results = self._load()
+        self.progress = PlanProgress(self.plan, set(self.results["done"]),
+                                     stream=sys.stderr if progress else None)
+        self.models: dict[str, torch.nn.Module] = {}
+
+    # --- the store -----------------------------------------------------------------------
+    def _meta(self) -> dict:
+        device = pick_device(self.entries[0].run.train.device)
+        meta = {"format": RESULTS_FORMAT, "preset": self.preset,
+                "entries": [e.label for e in self.entries], "sizes": self.sizes,
+                "corpus": self.corpus.name, "corpus_source": self.corpus.source,
+                "seed": self.entries[0].run.train.seed, "device": device.type,
+                "machine": bench.machine(device), "torch": torch.__version__}
+        return json.loads(json.dumps(meta))                 # as it reads back from the file
+
+    def _load(self) -> dict:
+        path = self.out / RESULTS_NAME
+        if not path.is_file():
+            return {"meta": self.meta, "done": {}}
+        stored = json.loads(path.read_text())
+        keys = ("format", "preset", "entries", "sizes", "corpus", "seed")
+        changed = [k for k in keys if stored.get("meta", {}).get(k) != self.meta[k]]
+        if changed:
+            fail("--out", str(self.out), f"holds a run with other settings ({', '.join(changed)} "
+                                         "differ); resume it with the same ones or use another "
+                                         "folder")
+        return stored
+
+    def _store(self, key: str, value) -> None:
+        self.results["done"][key] = value
+        atomic_write_bytes(self.out / RESULTS_NAME,
+                           json.dumps(self.results, indent=1, default=float).encode())
+
+    # --- running -------------------------------------------------------------------------
+    def run(self) -> dict:
+        """Every task not stored yet, in plan order; then the report."""
+        for task, label in self.plan:
+            key = f"{task}/{label}"
+            if key in self.results["done"]:
+                continue
+            self.progress.begin(task, label)
+            self._store(key, getattr(self, f"_{task}")(label))
+            self.progress.finish()
+        self.results["claims"] = claims_table(self.results)
+        self.results["memory_pays"] = memory_pays(self.results)
+        atomic_write_bytes(self.out / RESULTS_NAME,
+                           json.dumps(self.results, indent=1, default=float).encode())
+        write_report(self.results, self.out)
+        return self.results
+
+    def _trainer(self, model, run: RunConfig, train_data, val_data=None) -> Trainer:
+        return Trainer(model, dataclasses.replace(run.train, checkpoint_dir=None), train_data,
+                       val_data, callbacks=[self.progress], run_cfg=run)
+
+    def _model(self, entry: Entry):
+        """A fresh model for ``entry`` (seeded), or the one its LabSpec starts from."""
+        seed_everything(entry.run.train.seed)
+        if entry.spec.start:
+            return entry.spec.start(entry.cfg, _copies(self._trained()))
+        return build_model(entry.cfg)
+
+    def _trained(self) -> dict:
+        """Every language model trained so far (reloaded from OUT/models after a resume)."""
+        for entry in self.entries:
+            path = self.out / "models" / f"{_file_name(entry.label)}.pt"
+            if entry.label not in self.models and path.is_file():
+                model = self._model_without_start(entry)
+                model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+                self.models[entry.label] = model
+        return self.models
+
+    def _model_without_start(self, entry: Entry):
+        seed_everything(entry.run.train.seed)
+        return build_model(entry.cfg) if not entry.spec.start else \
+            entry.spec.start(entry.cfg, _copies(self.models))
+
+    def _lm(self, label: str) -> dict:
+        entry = self.by_label[label]
+        start = time.perf_counter()
+        train_loader, val_loader = make_loaders(entry.run, corpus=self.corpus)
+        model = self._model(entry)
+        trainer = self._trainer(model, entry.run, train_loader, val_loader)
+        history = trainer.fit()
+        val_loss = {}
+        for variant, overrides in entry.variants():
+            if overrides:
+                entry.spec.switch(model, overrides)
+            val_loss[variant] = trainer.evaluate()
+        self.models[label] = model
+        path = self.out / "models" / f"{_file_name(label)}.pt"
+        atomic_write(path, lambda f: torch.save(model.state_dict(), f))
+        return {"arch": entry.arch, "baseline_of": entry.baseline_of, "val_loss": val_loss,
+                "starts_from_trained": entry.spec.start is not None,
+                "train_loss": history.loss[-1], "steps": trainer.step,
+                "tokens": trainer.step * entry.run.train.batch_size * entry.cfg.seq_len,
+                "params": model.num_params(), "seconds": time.perf_counter() - start,
+                "loss_curve": history.loss,
+                "val_curve": [list(p) for p in zip(history.val_step, history.val_loss,
+                                                   strict=True)]}
+
+    def _recall(self, label: str) -> dict:
+        entry = self.by_label[label]
+        seq_len, vocab = entry.cfg.seq_len, entry.cfg.vocab_size
+        train = recall_training_rows(self.sizes["recall_rows"], seq_len, vocab, seed=1)
+        run = dataclasses.replace(entry.run, train=dataclasses.replace(
+            entry.run.train, steps=self.sizes["recall_steps"], eval_every=10**9))
+        model = self._model(entry)
+        self._trainer(model, run, train).fit()
+        curves, spans = {}, {}
+        for variant, overrides in entry.variants():
+            if overrides:
+                entry.spec.switch(model, overrides)
+            curves[variant] = recall_curves(model, seq_len, vocab, self.sizes["eval_rows"])
+            spans[variant] = entry.local_span(overrides)
+        return {"arch": entry.arch, "curves": curves, "local_span": spans,
+                "chance": {"passkey": 1 / 10 if HAYSTACK == "quiet" else
+                           1 / tasks.content_vocab(vocab),
+                           "mqar": 2 / tasks.content_vocab(vocab)}}
+
+    def _bench(self, label: str) -> dict:
+        """All entries, every variant, timed interleaved with dense at each length."""
+        sizes, first = self.sizes, self.entries[0].cfg
+        base = dict(d_model=first.d_model, n_layer=first.n_layer, n_head=first.n_head,
+                    vocab_size=first.vocab_size)
+        device = pick_device(self.entries[0].run.train.device)
+        ctx = bench.BenchContext(base, list(sizes["bench_lens"]), None, device,
+                                 bench.resolve_dtype("auto", device), torch.get_num_threads(),
+                                 sizes["warmup"], sizes["repeats"], sizes["decode_burst"],
+                                 ("saved",), False)
+        records = []
+        for seq_len in sizes["bench_lens"]:
+            for phase in bench.PHASES:
+                extra = (ctx.warmup + ctx.repeats) * ctx.burst if phase == "decode" else 0
+                entries = self._bench_entries(seq_len + extra)
+                records += bench.bench_phase(ctx, entries, phase, seq_len,
+                                             bench.default_batch(phase, seq_len))
+        return {"records": records, "state": self._state_curves()}
+
+    def _bench_entries(self, seq_len: int) -> list[bench.Entry]:
+        """Every entry and variant at ``seq_len``; the record's variant names the entry when
+        it is not its arch's own (e.g. "iso-FLOP (moc)"), then the variant (e.g. "C=16")."""
+        out = []
+        for entry in self.entries:
+            own = entry.label[len(entry.arch):].strip() if entry.label != entry.arch else ""
+            for variant, overrides in entry.variants():
+                cfg = dataclasses.replace(entry.cfg, seq_len=max(seq_len, entry.cfg.seq_len),
+                                          **overrides)
+                out.append(bench.Entry(entry.arch, f"{own} {variant}".strip(), overrides, cfg))
+        return out
+
+    def _state_curves(self) -> dict:
+        """Decoding state bytes after t tokens, measured (prefill) and analytic, per entry."""
+        curves = {}
+        for entry in self.entries:
+            mechanism = registry.get(entry.arch)
+            for variant, overrides in entry.variants():
+                label = f"{entry.label} {variant}".strip()
+                measured, analytic = [], []
+                for t in self.sizes["state_lens"]:
+                    cfg = dataclasses.replace(entry.cfg, seq_len=max(t, entry.cfg.seq_len),
+                                              **overrides)
+                    seed_everything(0)
+                    model = build_model(cfg)
+                    measured.append(int(metrics.prefill_state(model, 1, t).nbytes()))
+                    analytic.append(mechanism.state_bytes(cfg, t) if mechanism.state_bytes
+                                    else None)
+                curves[label] = {"t": list(self.sizes["state_lens"]), "measured": measured,
+                                 "analytic": analytic}
+        return curves
+
+
+def _file_name(label: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_" else "_" for c in label)
+
+
+def _copies(models: dict) -> dict:
+    """Deep copies, so an entry that starts from trained models never changes them."""
+    return {label: copy.deepcopy(model) for label, model in models.items()}
+
+
+# --- recall rows -------------------------------------------------------------------------------
+KEY_LEN = 1                 # one token to find: the rows measure reach, not copying skill
+MQAR_PAIRS = 4
+HAYSTACK = "quiet"          # a repeated fill token (tasks.passkey)
+
+
+def recall_distances(seq_len: int) -> list[int]:
+    """Passkey distances from a few tokens to most of the context."""
+    top = seq_len - KEY_LEN
+    points = sorted({max(KEY_LEN + 1, round(top * f)) for f in (0.05, 0.15, 0.3, 0.5, 0.7, 0.95)})
+    return [d for d in points if KEY_LEN + 1 <= d <= top]
+
+
+def recall_training_rows(n: int, seq_len: int, vocab: int, seed: int):
+    """A Dataset of ``n`` rows: three quarters passkey at every distance of
+    ``recall_distances``, a quarter MQAR."""
+    distances = recall_distances(seq_len)
+    per = max(1, 3 * n // (4 * len(distances)))
+    parts = [tasks.passkey(per, seq_len, d, key_len=KEY_LEN, filler=HAYSTACK, vocab_size=vocab,
+                           seed=seed + i).dataset() for i, d in enumerate(distances)]
+    parts.append(tasks.mqar(n // 4, seq_len, MQAR_PAIRS, vocab_size=vocab, seed=seed).dataset())
+    return ConcatDataset(parts)
+
+
+def recall_curves(model, seq_len: int, vocab: int, rows: int) -> dict:
+    """Accuracy against distance on held-out passkey and MQAR rows (other seeds)."""
+    distances = recall_distances(seq_len)
+    passkey = tasks.accuracy_vs_distance(
+        model, lambda d: tasks.passkey(rows, seq_len, d, key_len=KEY_LEN, filler=HAYSTACK,
+                                       vocab_size=vocab, seed=10_000 + d), distances)
+    low, high = 2 * MQAR_PAIRS, seq_len + 1 - 2 * MQAR_PAIRS          # what mqar allows
+    mqar_distances = sorted({min(max(d, low), high) for d in distances})
+    mqar = tasks.accuracy_vs_distance(
+        model, lambda d: tasks.mqar(rows, seq_len, MQAR_PAIRS, distance=d, vocab_size=vocab,
+                                    seed=20_000 + d), mqar_distances)
+    keep = ("distance", "accuracy", "n_answers")
+    return {"passkey": [{k: r[k] for k in keep} for r in passkey],
+            "mqar": [{k: r[k] for k in keep} for r in mqar]}
+
+
+# --- claims and the memory-pays experiment ---------------------------------------------------
+def claims_table(results: dict, archs=None) -> list[dict]:
+    """For every registered claim (of ``archs``, default all): the paper's value, the kit's,
+    their ratio, the FLOP ceiling where one applies, and a verdict (reproduced / not
+    reproduced / not comparable) with a one-line reason."""
+    rows = []
+    for mechanism in registry.mechanisms():
+        if archs is None or mechanism.name in archs:
+            rows.extend(_claim_row(mechanism.name, claim, results) for claim in mechanism.claims)
+    return rows
+
+
+def results_from(val_loss: dict | None = None, bench_records=(), recall: dict | None = None,
+                 state: dict | None = None) -> dict:
+    """A lab-style result from measurements made elsewhere (e.g. in a notebook), so
+    ``claims_table`` can judge them: ``val_loss`` {label: loss or {variant: loss}},
+    ``bench_records`` from ``bench.run_bench``, ``recall`` {label: lab recall record},
+    ``state`` {label: {"t", "measured", "analytic"}}."""
+    done = {f"lm/{label}": {"val_loss": loss if isinstance(loss, dict) else {"": loss}}
+            for label, loss in (val_loss or {}).items()}
+    done.update({f"recall/{label}": record for label, record in (recall or {}).items()})
+    done["bench/*"] = {"records": list(bench_records), "state": state or {}}
+    return {"meta": {}, "done": done}
+
+
+CLAIM_COLUMNS = ("mechanism", "claim", "verdict", "why", "paper", "kit", "ceiling")
+
+
+def format_claims(rows: list[dict]) -> str:
+    """The claims table as fixed-width text (notebooks print it; the report has markdown)."""
+    return bench.text_table(list(CLAIM_COLUMNS), [
+        [r["arch"], r["quantity"], r["verdict"], r["reason"],
+         f"{fmt(r['paper_value'], '.4g')} {r['unit']}".strip(), fmt(r["kit_value"], ".3g"),
+         fmt(r["ceiling"], ".2f")] for r in rows], left_columns=4)
+
+
+def _claim_row(arch: str, claim: registry.Claim, results: dict) -> dict:
+    kit = claim.kit(results) if claim.comparable and claim.kit else None
+    ceiling = claim.ceiling(results) if claim.ceiling else None
+    ratio = kit / claim.value if kit is not None and claim.value else None
+    if not claim.comparable:
+        verdict, reason = "not comparable", claim.note
+    elif kit is None or (isinstance(kit, float) and math.isnan(kit)):
+        verdict, reason = "not comparable", "this run did not measure it"
+    elif claim.holds(kit):
+        verdict, reason = "reproduced", f"at kit scale: {claim.statement} ({kit:.3g} {claim.unit})"
+    else:
+        verdict, reason = "not reproduced", (f"at kit scale the kit measures {kit:.3g} "
+                                             f"{claim.unit}: not {claim.statement}")
+    if claim.note and claim.comparable:
+        reason += f"; {claim.note}"
+    return {"arch": arch, "key": claim.key, "paper": claim.paper, "arxiv": claim.arxiv,
+            "where": claim.where, "quantity": claim.quantity, "paper_value": claim.value,
+            "unit": claim.unit, "setting": claim.setting, "kit_value": kit, "ratio": ratio,
+            "ceiling": ceiling, "verdict": verdict, "reason": reason}
+
+
+def _answers_beyond(record: dict, variant: str, span: int) -> int:
+    return sum(r["n_answers"] for r in record["curves"][variant]["passkey"]
+               if r["distance"] > span)
+
+
+def memory_pays(results: dict) -> list[dict]:
+    """Per entry with a local span: recall beyond it, against the local-window baseline at the
+    same span and against dense; "pays" when it beats the local baseline by more than the
+    noise of the difference of two rates measured on the held-out rows (2 standard errors,
+    at the widest p = 1/2)."""
+    rows, done = [], results["done"]
+    local = done.get(f"recall/{registry.LOCAL_BASELINE}")
+    for key, record in done.items():
+        label = key.split("/", 1)[1] if key.startswith("recall/") else None
+        if label is None or label == registry.LOCAL_BASELINE:
+            continue
+        for variant, span in record["local_span"].items():
+            if span is None:
+                continue
+            mine = recall_beyond(results, label, variant=variant, span=span)
+            base = recall_beyond(results, registry.LOCAL_BASELINE, span=span) if local else None
+            n_mine = _answers_beyond(record, variant, span)
+            n_base = _answers_beyond(local, "", span) if local else 0
+            noise = 2 * math.sqrt(0.25 / n_mine + 0.25 / n_base) if n_mine and n_base else None
+            pays = None not in (mine, base, noise) and mine - base > noise
+            rows.append({"entry": f"{label} {variant}".strip(), "local_span": span,
+                         "recall_beyond": mine, "local_baseline": base,
+                         "dense": recall_beyond(results, registry.BASELINE, span=span),
+                         "noise": noise, "pays": pays})
+    return rows
+
+
+# --- the report ----------------------------------------------------------------------------------
+def _md_table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
+
+
+def report_markdown(results: dict) -> str:
+    """The markdown report: setup, language modelling, speed and memory, recall, the memory-pays
+    experiment and the claims table."""
+    meta = results["meta"]
+    parts = [f"# blockmem_lite reproduce: preset {meta['preset']}",
+             f"Machine: {meta['machine']} ({meta['device']}), torch {meta['torch']}. Corpus: "
+             f"{meta['corpus']} ({meta['corpus_source']}). Every model trained on the same "
+             f"data, {meta['sizes']['steps']} steps, seed {meta['seed']}.", "",
+             "## Language modelling (validation loss, nats per token)"]
+    rows = []
+    for key, record in results["done"].items():
+        if key.startswith("lm/"):
+            for variant, loss in record["val_loss"].items():
+                mark = " *" if record.get("starts_from_trained") else ""
+                rows.append([f"{key[3:]} {variant}".strip() + mark, f"{loss:.4f}",
+                             f"{record['params'] / 1e6:.2f}M", f"{record['tokens']:,}",
+                             human_duration(record["seconds"])])
+    parts += [_md_table(["model", "val loss", "params", "tokens", "time"], rows), "",
+              "\\* starts from a model trained earlier in this run (ARMT wraps the trained "
+              "dense model), then trains its own budget.", ""]
+    records = results["done"].get("bench/*", {}).get("records", [])
+    if records:
+        parts += ["## Speed and memory vs dense (same run)", "", "```",
+                  bench.format_table(records), "```", ""]
+    parts += ["## When does memory pay? (passkey recall beyond the local span)", ""]
+    parts.append(_md_table(
+        ["model", "local span", "recall beyond", "local window", "dense", "noise", "pays"],
+        [[r["entry"], str(r["local_span"]), fmt(r["recall_beyond"], ".2f"),
+          fmt(r["local_baseline"], ".2f"), fmt(r["dense"], ".2f"), fmt(r["noise"], ".2f"),
+          "yes" if r["pays"] else "no"] for r in results.get("memory_pays", [])]))
+    parts += ["", "## The papers' claims at kit scale", ""]
+    parts.append(_md_table(
+        ["mechanism", "claim", "where", "paper", "kit", "ceiling", "verdict", "why"],
+        [[r["arch"], r["quantity"], f"{r['paper']} ({r['where']})",
+          f"{fmt(r['paper_value'], '.4g')} {r['unit']}", fmt(r["kit_value"], ".3g"),
+          fmt(r["ceiling"], ".2f"), r["verdict"], r["reason"]]
+         for r in results.get("claims", [])]))
+    parts += ["", "Plots: " + ", ".join(f"[{name}](plots/{name}.html)" for name in PLOTS), ""]
+    return "\n".join(parts)
+
+
+PLOTS = ("pareto", "state_vs_length", "recall_vs_distance")     # viz.lab_figures writes them
+
+
+def write_report(results: dict, out: Path) -> Path:
+    """OUT/report.md (the command line adds the plots, ``viz.lab_figures.write_plots``)."""
+    path = Path(out) / "report.md"
+    atomic_write_bytes(path, report_markdown(results).encode())
+    return path
+
+
+def reproduce(preset_name: str = "fast", out="runs/reproduce", archs=None, corpus=None,
+              paths=None, steps: int | None = None, progress: bool = True) -> dict:
+    """Run (or continue) the lab; returns the results (also in ``out/results.json``)."""
+    if corpus is None or isinstance(corpus, str):
+        corpus = load_corpus(corpus or ("files" if paths else "offline"), paths=paths)
+    return Lab(preset_name, out, archs, corpus, steps, progress).run()
+
+
+def summary(results: dict) -> str:
+    """A few lines for the terminal: where the report is, the verdicts, the memory result."""
+    verdicts = [r["verdict"] for r in results.get("claims", [])]
+    counts = ", ".join(f"{verdicts.count(v)} {v}" for v in
+                       ("reproduced", "not reproduced", "not comparable"))
+    pays = [r["entry"] for r in results.get("memory_pays", []) if r["pays"]]
+    return (f"claims: {counts}; memory pays beyond the local span for: "
+            f"{', '.join(pays) or 'none at this scale'}")
+
+

@@ -1,0 +1,164 @@
+"""Figures of a comparison-lab result (``lab.reproduce``): what notebook 10 and the report show.
+
+Each builder takes the results dict (``OUT/results.json``), optionally a subset of entries
+(``labels``), and returns a plotly figure built with ``viz.figures``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import plotly.graph_objects as go
+
+from blockmem_lite.lab import PLOTS
+from blockmem_lite.labdata import bench_record
+from blockmem_lite.viz import figures
+
+
+def _lm_entries(results: dict) -> list[tuple[str, str, dict]]:
+    """[(label, variant, lm record)] for every trained entry and variant."""
+    return [(key[3:], variant, record) for key, record in results["done"].items()
+            if key.startswith("lm/") for variant in record["val_loss"]]
+
+
+def _name(label: str, variant: str) -> str:
+    return f"{label} {variant}".strip()
+
+
+def _keep(name: str, labels: Sequence | None) -> bool:
+    return labels is None or name in labels or name.split(" ")[0] in labels
+
+
+def _empty(title: str, why: str):
+    """A figure with no data and a note saying why (a partial result lacks that task)."""
+    fig = go.Figure()
+    fig.add_annotation(text=why, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper")
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False)
+    return figures._finish(fig, title)
+
+
+def pareto_front(points: dict) -> list[str]:
+    """The names of ``points`` {name: (speed, loss)} that no other point dominates (another
+    point at least as fast *and* at least as good, better in one), fastest first."""
+    front = [name for name, (x, y) in points.items()
+             if not any(x2 >= x and y2 <= y and (x2 > x or y2 < y)
+                        for other, (x2, y2) in points.items() if other != name)]
+    return sorted(front, key=lambda name: (-points[name][0], points[name][1]))
+
+
+def pareto_points(results: dict, labels: Sequence | None = None,
+                  phase: str = "train") -> dict:
+    """{model name: (same-run ``phase`` tokens/s vs dense, validation loss)} for every entry
+    with both measurements (dense is 1.0 by definition)."""
+    points = {}
+    for label, variant, record in _lm_entries(results):
+        name = _name(label, variant)
+        if not _keep(name, labels):
+            continue
+        arch = record["arch"]
+        own = label[len(arch):].strip() if label != arch else ""
+        bench = bench_record(results, arch, phase, variant=_name(own, variant))
+        ratio = 1.0 if bench and bench["ratio_vs_dense"] is None else \
+            (bench["ratio_vs_dense"] if bench else None)
+        if ratio is not None:
+            points[name] = (ratio, record["val_loss"][variant])
+    return points
+
+
+def pareto(results: dict, labels: Sequence | None = None, phase: str = "train"):
+    """Validation loss against same-run tokens/s vs dense (``phase`` train or decode): the
+    quality / throughput trade-off, one labelled point per model (hover names it), the
+    Pareto front joined by a dashed line."""
+    title = f"Quality vs {phase} speed (lower right is better; dashed: the Pareto front)"
+    points = pareto_points(results, labels, phase)
+    if not points:
+        return _empty(title, "no model has both a validation loss and a bench record")
+    fig = figures.scatter_points(points, title=title,
+                                 x_title=f"{phase} tokens/s vs dense (same run)",
+                                 y_title="validation loss (nats)")
+    fig.update_traces(hovertemplate="<b>%{text}</b><br>%{x:.2f}x dense<br>loss %{y:.4f}"
+                                    "<extra></extra>")
+    front = pareto_front(points)
+    fig.add_trace(go.Scatter(x=[points[n][0] for n in front], y=[points[n][1] for n in front],
+                             mode="lines", name="Pareto front", hoverinfo="skip",
+                             line=dict(color="#555555", dash="dash", shape="hv")))
+    return fig
+
+
+def state_vs_length(results: dict, labels: Sequence | None = None):
+    """Decoding state after t tokens: measured (solid) and each mechanism's analytic model
+    (dotted), one colour per model."""
+    curves = results["done"].get("bench/*", {}).get("state", {})
+    title = "Decoding state vs context length (dotted: the analytic model)"
+    series = {}
+    for name, curve in curves.items():
+        if not _keep(name, labels):
+            continue
+        kib = [b / 1024 for b in curve["measured"]]
+        series[name] = {"measured": (curve["t"], kib)}
+        if all(a is not None for a in curve["analytic"]):
+            series[name]["analytic"] = (curve["t"], [a / 1024 for a in curve["analytic"]])
+    if not series:
+        return _empty(title, "the decoding state was not measured in this run (no bench)")
+    fig = figures.line_chart(series, title=title, x_title="tokens in the context t",
+                             y_title="state (KiB)", log_x=True, log_y=True)
+    fig.for_each_trace(lambda trace: trace.update(line_dash="dot")
+                       if trace.name.endswith(": analytic") else None)
+    return fig
+
+
+def recall_vs_distance(results: dict, labels: Sequence | None = None, task: str = "passkey"):
+    """Accuracy against distance on held-out ``task`` rows (passkey or mqar), one line per
+    model; vertical lines at the local spans, a dotted line at chance."""
+    series, spans, chance = {}, {}, None
+    for key, record in results["done"].items():
+        if not key.startswith("recall/"):
+            continue
+        label = key[len("recall/"):]
+        for variant, curve in record["curves"].items():
+            name = _name(label, variant)
+            if not _keep(name, labels) or not curve.get(task):
+                continue
+            series[name] = ([r["distance"] for r in curve[task]],
+                            [r["accuracy"] for r in curve[task]])
+            span = record["local_span"].get(variant)
+            if span is not None:
+                spans.setdefault(f"span {span}", span)
+        chance = record["chance"].get(task, chance)
+    title = f"{task} recall vs distance (beyond a span, only a memory can help)"
+    if not series:
+        return _empty(title, f"{task} recall was not measured for these models in this run")
+    hlines = {"chance": chance} if chance is not None else None
+    return figures.line_chart(series, title=title, x_title="distance (tokens)",
+                              y_title="accuracy", hlines=hlines, vlines=spans,
+                              y_range=(0, 1.05))
+
+
+VERDICTS = ("reproduced", "not reproduced", "not comparable")
+
+
+def claims_overview(rows: Sequence[dict]):
+    """The claims table (``lab.claims_table``) at a glance: per mechanism, how many of its
+    papers' claims were reproduced, not reproduced, or not comparable at kit scale."""
+    title = "The papers' claims at kit scale"
+    if not rows:
+        return _empty(title, "no claims to judge")
+    archs = list(dict.fromkeys(r["arch"] for r in rows))
+    groups = {v: {a: sum(r["arch"] == a and r["verdict"] == v for r in rows) for a in archs}
+              for v in VERDICTS}
+    return figures.grouped_bars(groups, title=title, x_title="mechanism",
+                                y_title="claims", text_format="d")
+
+
+def write_plots(results: dict, out) -> list[Path]:
+    """Each figure of ``PLOTS`` as a standalone HTML file in ``out/plots`` (plotly.js beside
+    them, so they open offline)."""
+    folder = Path(out) / "plots"
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name in PLOTS:
+        paths.append(folder / f"{name}.html")
+        globals()[name](results).write_html(paths[-1], include_plotlyjs="directory")
+    return paths

@@ -1,0 +1,75 @@
+"""Planted wrong answers for notebooks/solutions/02_bcmt_blocks_and_decay_memory.ipynb.
+
+MUTANTS: check cell id -> [(description, original text in the solution region, replacement)].
+tests/test_mutants.py substitutes each one and proves the check cell rejects it.
+"""
+
+MUTANTS = {
+    "nb02-05": [  # my_decay_weights
+        ("missing normalisation: rows do not sum to 1",
+         "return w / w.sum(dim=-1, keepdim=True)", "return w"),
+        ("normalised over the wrong axis (columns)",
+         "w.sum(dim=-1, keepdim=True)", "w.sum(dim=-2, keepdim=True)"),
+        ("transposed: weights on the future blocks (j >= i)",
+         "* (j <= i)", "* (j >= i)"),
+        ("lag the wrong way round (j - i)",
+         "lag = (i - j).clamp(min=0).to(", "lag = (j - i).clamp(min=0).to("),
+        ("off by one: a block does not weigh its own summary (j < i)",
+         "* (j <= i)", "* (j < i)"),
+        ("alpha^i / alpha^j instead of alpha^(i-j): overflows for many blocks",
+         "w = alpha ** lag * (j <= i)",
+         "w = alpha ** i.to(torch.float64) / alpha ** j.to(torch.float64) * (j <= i)"),
+    ],
+    "nb02-08": [  # padded_block_summaries
+        ("pads the scores with 0 instead of -inf: padding gets weight",
+         'F.pad(scores, (0, missing), value=float("-inf"))', "F.pad(scores, (0, missing))"),
+        ("softmax over the blocks instead of within a block",
+         "scores.view(b, n, block_size).softmax(dim=-1)",
+         "scores.view(b, n, block_size).softmax(dim=-2)"),
+        ("pads at the front instead of the end",
+         "F.pad(states, (0, 0, 0, missing))                   # (B, N*L, D)\n"
+         '    scores = F.pad(scores, (0, missing), value=float("-inf"))',
+         "F.pad(states, (0, 0, missing, 0))                   # (B, N*L, D)\n"
+         '    scores = F.pad(scores, (missing, 0), value=float("-inf"))'),
+        ("missing normalisation: exp instead of softmax",
+         "scores.view(b, n, block_size).softmax(dim=-1)", "scores.view(b, n, block_size).exp()"),
+        ("plain mean instead of the weighted sum",
+         "(pi[..., None] * states.view(b, n, block_size, d)).sum(dim=2)",
+         "states.view(b, n, block_size, d).mean(dim=2)"),
+        ("blocks interleaved: (B, L, N, D) view transposed",
+         "states.view(b, n, block_size, d)", "states.view(b, block_size, n, d).transpose(1, 2)"),
+    ],
+    "nb02-12": [  # fixed_shift
+        ("torch.roll again: block 0 reads the last block's memory",
+         "return torch.cat([torch.zeros_like(memories[:, :1]), memories[:, :-1]], dim=1)",
+         "return torch.roll(memories, shifts=1, dims=1)"),
+        ("no shift: block i reads its own memory M_i",
+         "return torch.cat([torch.zeros_like(memories[:, :1]), memories[:, :-1]], dim=1)",
+         "return memories"),
+        ("shifted the wrong way: block i reads M_{i+1}",
+         "return torch.cat([torch.zeros_like(memories[:, :1]), memories[:, :-1]], dim=1)",
+         "return torch.cat([memories[:, 1:], torch.zeros_like(memories[:, :1])], dim=1)"),
+        ("shifted along the feature dimension",
+         "return torch.cat([torch.zeros_like(memories[:, :1]), memories[:, :-1]], dim=1)",
+         "return torch.cat([torch.zeros_like(memories[..., :1]), memories[..., :-1]], dim=-1)"),
+    ],
+    "nb02-16": [  # predicted_memory + predicted_horizon
+        ("alpha -> 0 predicted as no memory at all (zeros)",
+         "return summaries.clone()", "return torch.zeros_like(summaries)"),
+        ("alpha = 1: missing normalisation (running sum, not mean)",
+         "return summaries.cumsum(dim=1) / counts[None, :, None]",
+         "return summaries.cumsum(dim=1)"),
+        ("alpha = 1: cumulative mean over the features instead of the blocks",
+         "summaries.cumsum(dim=1)", "summaries.cumsum(dim=2)"),
+        ("alpha = 1: counts off by one",
+         "torch.arange(1, summaries.shape[1] + 1,", "torch.arange(2, summaries.shape[1] + 2,"),
+        ("horizon rounded down instead of up",
+         "math.ceil(0.9 * n_blocks)", "math.floor(0.9 * n_blocks)"),
+        ("horizon rounded to nearest",
+         "math.ceil(0.9 * n_blocks)", "round(0.9 * n_blocks)"),
+        ("alpha -> 0 horizon: 0 blocks instead of 1",
+         'return 1 if limit == "zero"', 'return 0 if limit == "zero"'),
+        ("alpha = 1 horizon: every block instead of 90%",
+         "math.ceil(0.9 * n_blocks)", "n_blocks"),
+    ],
+}

@@ -1,0 +1,56 @@
+"""Planted wrong answers for notebooks/solutions/04_cat_compress_and_attend.ipynb.
+
+MUTANTS: check cell id -> [(description, original text in the solution region, replacement)].
+tests/test_mutants.py substitutes each one and proves the check cell rejects it.
+"""
+
+MUTANTS = {
+    "nb04-05": [  # allowed (the CAT mask)
+        ("strict n < q: a slot may not see itself",
+         "return (n <= q) &", "return (n < q) &"),
+        ("no causality at all",
+         "return (n <= q) & (same_group | is_vector)", "return same_group | is_vector"),
+        ("groups of chunk_size slots: the vector slot left out of the width",
+         "same_group = (q // width) == (n // width)",
+         "same_group = (q // (width - 1)) == (n // (width - 1))"),
+        ("the vector is the group's last slot instead of its first",
+         "is_vector = (n % width) == 0", "is_vector = (n % width) == width - 1"),
+        ("missing parentheses: future vector slots visible",
+         "return (n <= q) & (same_group | is_vector)", "return (n <= q) & same_group | is_vector"),
+    ],
+    "nb04-08": [  # fixed_readout
+        ("the SEP offset forgotten",
+         "next_group = (k + 1) * width + (1 if separator else 0)",
+         "next_group = (k + 1) * width"),
+        ("the first token of a chunk jumps instead of the last",
+         "torch.where(j == chunk_size - 1,", "torch.where(j == 0,"),
+        ("next group read one slot late",
+         "next_group = (k + 1) * width +", "next_group = (k + 1) * width + 1 +"),
+        ("reads its own group's vector slot (k * width)",
+         "next_group = (k + 1) * width +", "next_group = k * width +"),
+        ("the colleague's bug again: every token reads its own slot",
+         "return torch.where(j == chunk_size - 1, next_group, own)", "return own"),
+    ],
+    "nb04-11": [  # cat_pairs + dense_pairs
+        ("the closing vector slot forgotten",
+         "for k in range(n_chunks + 1))", "for k in range(n_chunks))"),
+        ("a token does not count the pair with itself",
+         "(k + 1) + (j + 1) for k", "(k + 1) + j for k"),
+        ("a token sees k vector slots instead of k + 1",
+         "sum((k + 1) + (j + 1)", "sum(k + (j + 1)"),
+        ("dense pairs without the diagonal",
+         "seq_len * (seq_len + 1) // 2", "seq_len * (seq_len - 1) // 2"),
+        ("dense pairs without the causal mask",
+         "return seq_len * (seq_len + 1) // 2", "return seq_len * seq_len"),
+    ],
+    "nb04-15": [  # first_leak + leak_reaches
+        ("first leak one position late",
+         "first_leak = 0", "first_leak = 1"),
+        ("first leak at the end of the chunk",
+         "first_leak = 0", "first_leak = 3"),
+        ("leak reaches one token too far",
+         "leak_reaches = 3", "leak_reaches = 4"),
+        ("leak reaches the whole sequence",
+         "leak_reaches = 3", "leak_reaches = 15"),
+    ],
+}

@@ -1,0 +1,65 @@
+"""Planted wrong answers for notebooks/solutions/08_moc_mixture_of_chapters.ipynb.
+
+MUTANTS: check cell id -> [(description, original text in the solution region, replacement)].
+tests/test_mutants.py substitutes each one and proves the check cell rejects it.
+"""
+
+MUTANTS = {
+    "nb08-05": [  # my_chapter_weights
+        ("top-k over every chapter, the shared ones included",
+         "top_p, top_i = probs[..., n_shared:].topk(top_k, dim=-1)",
+         "top_p, top_i = probs.topk(top_k, dim=-1)"),
+        ("routed indices not shifted by n_shared",
+         "top_i + n_shared], dim=-1)", "top_i], dim=-1)"),
+        ("routed weights not renormalised over the top k",
+         "routed = routed_scale * top_p / top_p.sum(dim=-1, keepdim=True)",
+         "routed = routed_scale * top_p"),
+        ("missing final normalisation: weights sum to S + routed_scale",
+         "/ (n_shared + routed_scale)", ""),
+        ("normalised by 1 + routed_scale whatever the number of shared chapters",
+         "/ (n_shared + routed_scale)", "/ (1 + routed_scale)"),
+        ("router gradient cut: the top-k probabilities detached",
+         "routed = routed_scale * top_p / top_p.sum(dim=-1, keepdim=True)",
+         "routed = routed_scale * top_p.detach() / top_p.detach().sum(dim=-1, keepdim=True)"),
+    ],
+    "nb08-08": [  # my_load_balance + the three values
+        ("f summed over the decisions instead of averaged",
+         ".to(probs.dtype).mean(dim=0)", ".to(probs.dtype).sum(dim=0)"),
+        ("the factor C forgotten",
+         "return c * (f * probs.mean(dim=0)).sum()", "return (f * probs.mean(dim=0)).sum()"),
+        ("one-hot counts summed over the decisions, then averaged over the k slots",
+         "F.one_hot(routed_ids, c).sum(dim=1)", "F.one_hot(routed_ids, c).sum(dim=0)"),
+        ("uniform router: k forgotten (1)",
+         "uniform_value = top_k", "uniform_value = 1"),
+        ("collapsed router: C / k",
+         "collapsed_value = n_chapters", "collapsed_value = n_chapters / top_k"),
+        ("parked router: 1, as if balanced",
+         "parked_value = 0.0", "parked_value = 1.0"),
+    ],
+    "nb08-12": [  # my_z_loss + the two values
+        ("not squared",
+         "torch.logsumexp(logits, dim=-1).pow(2).mean()", "torch.logsumexp(logits, dim=-1).mean()"),
+        ("logsumexp over the wrong dimension",
+         "torch.logsumexp(logits, dim=-1)", "torch.logsumexp(logits, dim=0)"),
+        ("max logit instead of logsumexp",
+         "torch.logsumexp(logits, dim=-1)", "logits.amax(dim=-1)"),
+        ("square of the mean instead of the mean of the squares",
+         ".pow(2).mean()", ".mean().pow(2)"),
+        ("uniform value not squared",
+         "uniform_z = math.log(n_chapters) ** 2", "uniform_z = math.log(n_chapters)"),
+        ("shifted logits predicted to give the same L_z (shift invariance of softmax)",
+         "shifted_z = (3 + math.log(n_chapters)) ** 2", "shifted_z = math.log(n_chapters) ** 2"),
+    ],
+    "nb08-18": [  # reading the routing trace
+        ("the shared chapter 0 counted too",
+         "routed = chapters[..., 1:].flatten(0, 1)", "routed = chapters.flatten(0, 1)"),
+        ("fraction of all k reads instead of the decisions",
+         "counts[most_used].item() / routed.shape[0]", "counts[most_used].item() / routed.numel()"),
+        ("argmax over counts[1:] without adding 1 back",
+         "most_used = int(counts.argmax())", "most_used = int(counts[1:].argmax())"),
+        ("window 0: any instead of all",
+         "(chapters[:, 0] == chapters[0, 0]).all()", "(chapters[:, 0] == chapters[0, 0]).any()"),
+        ("window 0: compares the windows of sequence 0, not window 0 of every sequence",
+         "(chapters[:, 0] == chapters[0, 0]).all()", "(chapters[0] == chapters[0, 0]).all()"),
+    ],
+}

@@ -1,0 +1,128 @@
+"""The comparison lab: ``reproduce --preset fast`` end to end (every registered architecture,
+plugins included, the JSON, the report, the claims table), and an interrupted run that
+continues to the same result as an uninterrupted one."""
+
+import json
+
+import pytest
+
+from blockmem_lite import lab, registry
+from blockmem_lite.cli import reproduce_main
+from blockmem_lite.corpora import load_corpus
+
+DETERMINISTIC_DROP = ("seconds",)          # wall-clock fields differ between runs
+
+
+@pytest.fixture(scope="module")
+def fast_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("reproduce_fast")
+    assert reproduce_main(["--preset", "fast", "--out", str(out)]) == 0
+    return out, json.loads((out / lab.RESULTS_NAME).read_text())
+
+
+def test_every_registered_architecture_is_trained_measured_and_benched(fast_run):
+    _, results = fast_run
+    done = results["done"]
+    for arch in registry.names():                      # plugins registered in this session too
+        assert f"lm/{arch}" in done and f"recall/{arch}" in done, arch
+        assert any(r["arch"] == arch for r in done["bench/*"]["records"]), arch
+        assert done[f"lm/{arch}"]["val_loss"], arch
+    assert "lm/dense iso-FLOP (moc)" in done            # MoC's iso-FLOP baseline (its LabSpec)
+    assert set(done["lm/cat"]["val_loss"]) == {"C=4", "C=8", "C=16", "C=32"}
+    assert done["lm/armt"]["starts_from_trained"] is True
+
+
+def test_the_json_has_its_keys(fast_run):
+    _, results = fast_run
+    assert set(results) >= {"meta", "done", "claims", "memory_pays"}
+    assert set(results["meta"]) >= {"format", "preset", "entries", "sizes", "corpus", "seed",
+                                     "device", "machine", "torch"}
+    assert results["meta"]["preset"] == "fast"
+    record = results["done"]["lm/dense"]
+    assert set(record) >= {"val_loss", "tokens", "params", "steps", "loss_curve"}
+    recall = results["done"]["recall/bcmt"]
+    assert set(recall["curves"][""]) == {"passkey", "mqar"}
+    assert recall["local_span"][""] == 16                 # the fast preset's block
+    state = results["done"]["bench/*"]["state"]["dense"]
+    assert state["measured"][1] == 4 * state["measured"][0]   # dense: the KV cache grows with t
+    assert state["analytic"] == state["measured"]
+
+
+def test_the_claims_table_has_a_row_and_a_verdict_for_every_registered_claim(fast_run):
+    _, results = fast_run
+    claims = {c.key for m in registry.mechanisms() for c in m.claims}
+    rows = {r["key"]: r for r in results["claims"]}
+    assert set(rows) == claims and len(claims) >= 12
+    for row in rows.values():
+        assert row["verdict"] in ("reproduced", "not reproduced", "not comparable"), row
+        assert row["reason"] and row["paper"] and row["where"]
+    assert rows["armt.babilong"]["verdict"] == "not comparable"
+    assert rows["bcmt.train_speed"]["kit_value"] is not None
+    assert rows["bcmt.train_speed"]["ceiling"] is not None
+
+
+def test_the_report_and_the_plots_are_written(fast_run):
+    out, results = fast_run
+    report = (out / "report.md").read_text()
+    for heading in ("Language modelling", "Speed and memory vs dense", "When does memory pay",
+                    "The papers' claims at kit scale"):
+        assert heading in report
+    assert all((out / "plots" / f"{name}.html").is_file() for name in lab.PLOTS)
+    assert report.count("| bcmt |") >= 1
+
+
+def test_a_verdict_follows_the_claim(fast_run):
+    """Teeth: the same claim flips with the measured value."""
+    _, results = fast_run
+    claim = next(c for c in registry.get("bcmt").claims if c.key == "bcmt.honly_worse")
+    faked = json.loads(json.dumps(results))
+    faked["done"]["lm/honly"]["val_loss"][""] = faked["done"]["lm/bcmt"]["val_loss"][""] + 0.1
+    assert lab._claim_row("bcmt", claim, faked)["verdict"] == "reproduced"
+    faked["done"]["lm/honly"]["val_loss"][""] = faked["done"]["lm/bcmt"]["val_loss"][""] - 0.1
+    assert lab._claim_row("bcmt", claim, faked)["verdict"] == "not reproduced"
+    del faked["done"]["lm/honly"]
+    assert lab._claim_row("bcmt", claim, faked)["verdict"] == "not comparable"
+
+
+def _deterministic(results: dict) -> dict:
+    return {key: {k: v for k, v in value.items() if k not in DETERMINISTIC_DROP}
+            for key, value in results["done"].items() if key.split("/")[0] in lab.DETERMINISTIC}
+
+
+def test_an_interrupted_run_continues_to_the_uninterrupted_result(tmp_path, monkeypatch):
+    corpus = load_corpus("offline")
+    whole = lab.Lab("tiny", tmp_path / "whole", corpus=corpus, progress=False).run()
+    real, calls = lab.Lab._recall, []
+
+    def interrupted(self, label):
+        calls.append(label)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(self, label)
+
+    monkeypatch.setattr(lab.Lab, "_recall", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        lab.Lab("tiny", tmp_path / "split", corpus=corpus, progress=False).run()
+    stored = json.loads((tmp_path / "split" / lab.RESULTS_NAME).read_text())["done"]
+    assert len([k for k in stored if k.startswith("recall/")]) == 2      # kept, not lost
+    rerun = []
+    monkeypatch.setattr(lab.Lab, "_recall", lambda self, label: rerun.append(label)
+                        or real(self, label))
+    monkeypatch.setattr(lab.Lab, "_lm", lambda self, label: pytest.fail(f"lm/{label} rerun"))
+    resumed = lab.Lab("tiny", tmp_path / "split", corpus=corpus, progress=False).run()
+    assert not set(calls[:2]) & set(rerun)                              # nothing recomputed
+    assert _deterministic(resumed) == _deterministic(whole)
+
+
+def test_a_folder_holding_another_plan_is_refused(tmp_path):
+    corpus = load_corpus("offline")
+    lab.Lab("tiny", tmp_path, archs=["dense"], corpus=corpus, progress=False).run()
+    with pytest.raises(ValueError, match="holds a run with other settings .*entries"):
+        lab.Lab("tiny", tmp_path, archs=["dense", "bcmt"], corpus=corpus, progress=False)
+
+
+def test_cli_errors(tmp_path, capsys):
+    assert reproduce_main(["--preset", "tiny", "--arch", "nope", "--out", str(tmp_path)]) == 2
+    assert "arch='nope' is not allowed" in capsys.readouterr().err
+    assert reproduce_main(["--preset", "tiny", "--steps", "0", "--out", str(tmp_path)]) == 2
+    assert "--steps=0 is not allowed" in capsys.readouterr().err

@@ -1,0 +1,314 @@
+"""Mutation teeth: every check cell of the solution notebooks rejects planted wrong answers.
+
+The mutants live as data in ``tests/mutants/NN_topic.py``: ``MUTANTS`` maps the id of a check
+cell to a list of ``(description, original, replacement)``; ``original`` is text that must occur
+exactly once in the solution regions (``### BEGIN SOLUTION`` .. ``### END SOLUTION``) of the
+code cells between the previous check cell and this one, the exercise that check judges.
+
+``test_mutants_match_their_solutions`` (no kernel) fails on drift: an original no longer in its
+exercise, an unknown check id, an exercise with fewer than ``MIN_MUTANTS`` mutants.
+
+``test_checks_kill_every_mutant`` runs each covered solution notebook in ONE kernel (fast mode,
+headless): the cells before an exercise run once; the exercise's span (its first solution cell
+up to and including its check cell) runs with the solution (the check must pass), then once per
+mutant with the mutant substituted (the check cell must fail with an assertion or a runtime
+error, not a SyntaxError/NameError/..., which would be the mutant's fault, and no earlier cell
+of the span may fail), then with the solution again (the check must pass again: no mutant left
+state behind that changes the verdict). The check's message is recorded for the summary
+(``pytest -s`` prints every mutant; tests/conftest.py prints the table at the end).
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+import runpy
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from blockmem_lite.exercises import BEGIN, END, check_cell_indices, read_notebook, solutions_dir
+
+MUTANTS_DIR = Path(__file__).parent / "mutants"
+MIN_MUTANTS = 3
+CELL_TIMEOUT = 240
+# A check cell failing with one of these says the mutant is broken, not that the check has teeth.
+MUTANT_FAULTS = {"SyntaxError", "IndentationError", "TabError", "NameError", "UnboundLocalError",
+                 "NotImplementedError", "ImportError", "ModuleNotFoundError", "AttributeError",
+                 "KeyboardInterrupt"}
+FAST_ENV = {"BLOCKMEM_FAST": "1", "BLOCKMEM_HEADLESS": "1", "PLOTLY_RENDERER": "json",
+            "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_WAIT_POLICY": "PASSIVE"}
+
+
+# --- exercises and mutants as data ----------------------------------------------------------
+
+
+@dataclass
+class Region:
+    cell: int
+    start: int      # offsets into the cell's source: the text between the marker lines
+    end: int
+
+
+@dataclass
+class Exercise:
+    check: int                      # index of the check cell
+    check_id: str
+    regions: list[Region] = field(default_factory=list)
+
+    @property
+    def first(self) -> int:
+        return self.regions[0].cell if self.regions else self.check
+
+
+@dataclass
+class Mutant:
+    description: str
+    original: str
+    replacement: str
+
+
+def _regions(source: str, cell: int) -> list[Region]:
+    found, start, offset = [], None, 0
+    for line in source.splitlines(keepends=True):
+        if line.strip() == BEGIN:
+            start = offset + len(line)
+        elif line.strip() == END and start is not None:
+            found.append(Region(cell, start, offset))
+            start = None
+        offset += len(line)
+    return found
+
+
+def exercises_of(nb) -> list[Exercise]:
+    """One exercise per check cell: the solution regions of the code cells since the last one."""
+    out, previous = [], -1
+    for c in check_cell_indices(nb):
+        ex = Exercise(c, nb.cells[c].get("id", f"cell-{c}"))
+        for i in range(previous + 1, c):
+            if nb.cells[i].cell_type == "code":
+                ex.regions += _regions(nb.cells[i].source, i)
+        out.append(ex)
+        previous = c
+    return out
+
+
+def mutants_path(notebook: Path) -> Path:
+    return MUTANTS_DIR / (notebook.stem + ".py")
+
+
+def load_mutants(notebook: Path) -> dict[str, list[Mutant]]:
+    raw = runpy.run_path(str(mutants_path(notebook)))["MUTANTS"]
+    return {check_id: [Mutant(*m) for m in mutants] for check_id, mutants in raw.items()}
+
+
+def locate(nb, ex: Exercise, original: str) -> list[tuple[int, int]]:
+    """(cell, offset) of every occurrence of ``original`` inside the exercise's regions."""
+    hits = []
+    for r in ex.regions:
+        text = nb.cells[r.cell].source
+        for m in re.finditer(re.escape(original), text[r.start:r.end]):
+            hits.append((r.cell, r.start + m.start()))
+    return hits
+
+
+def drift_problems(nb, mutants: dict[str, list[Mutant]], name: str) -> list[str]:
+    problems = []
+    by_id = {ex.check_id: ex for ex in exercises_of(nb)}
+    for ex in by_id.values():
+        if ex.regions and len(mutants.get(ex.check_id, [])) < MIN_MUTANTS:
+            problems.append(f"{name}: check {ex.check_id} has "
+                            f"{len(mutants.get(ex.check_id, []))} mutants, needs {MIN_MUTANTS}")
+    for check_id, ms in mutants.items():
+        ex = by_id.get(check_id)
+        if ex is None or not ex.regions:
+            problems.append(f"{name}: {check_id} is not a check cell with solution regions "
+                            "before it")
+            continue
+        if len({m.description for m in ms}) != len(ms):
+            problems.append(f"{name}: {check_id} has duplicate mutant descriptions")
+        for m in ms:
+            hits = len(locate(nb, ex, m.original))
+            if hits != 1 or m.original == m.replacement:
+                problems.append(f"{name}: {check_id} mutant {m.description!r}: original occurs "
+                                f"{hits} times in the exercise's solution regions (needs 1)"
+                                + (" and equals its replacement" if hits == 1 else ""))
+    return problems
+
+
+def mutate(nb, ex: Exercise, m: Mutant) -> dict[int, str]:
+    """The mutated source of the one cell the mutant changes: {cell index: source}."""
+    [(cell, offset)] = locate(nb, ex, m.original)
+    src = nb.cells[cell].source
+    return {cell: src[:offset] + m.replacement + src[offset + len(m.original):]}
+
+
+COVERED = sorted(p for p in solutions_dir().glob("*.ipynb") if mutants_path(p).exists())
+UNCOVERED = sorted(p.name for p in solutions_dir().glob("*.ipynb") if not mutants_path(p).exists())
+
+
+def test_mutants_match_their_solutions():
+    assert COVERED, "no tests/mutants/NN_topic.py"
+    assert not [p for p in MUTANTS_DIR.glob("*.py")
+                if not (solutions_dir() / (p.stem + ".ipynb")).exists()], \
+        "a mutants file has no solution notebook"
+    problems = []
+    for path in COVERED:
+        problems += drift_problems(read_notebook(path), load_mutants(path), path.name)
+    assert problems == [], "\n".join(problems)
+
+
+# --- running ---------------------------------------------------------------------------------
+
+
+def _error(cell) -> tuple[str, str] | None:
+    for o in cell.get("outputs", []):
+        if o.output_type == "error":
+            return o.ename, o.evalue
+    return None
+
+
+class _Kernel:
+    """One kernel for one notebook; runs cells (copies, with an optional new source)."""
+
+    def __init__(self, client):
+        self.client = client
+
+    def run(self, nb, index: int, source: str | None = None):
+        cell = copy.deepcopy(nb.cells[index])
+        if source is not None:
+            cell.source = source
+        cell.outputs = []
+        self.client.execute_cell(cell, index)
+        return cell
+
+    def run_span(self, nb, start: int, stop: int, sources: dict[int, str] | None = None):
+        """Cells start..stop (inclusive); stops at the first error: (index, ename, evalue)."""
+        for i in range(start, stop + 1):
+            if nb.cells[i].cell_type != "code":
+                continue
+            err = _error(self.run(nb, i, (sources or {}).get(i)))
+            if err:
+                return (i, *err)
+        return None
+
+
+def _first_line(text: str) -> str:
+    lines = [ln.strip() for ln in re.sub(r"\x1b\[[0-9;]*m", "", text).splitlines() if ln.strip()]
+    return " / ".join(lines[:3])[:200]
+
+
+def run_mutants(path: Path, mutants: dict[str, list[Mutant]]) -> tuple[list[dict], list[str]]:
+    """Rows (one per mutant) and problems for one solution notebook."""
+    from nbclient import NotebookClient
+
+    nb = read_notebook(path)
+    # the client writes each executed cell back into its notebook: give it a copy
+    client = NotebookClient(copy.deepcopy(nb), timeout=CELL_TIMEOUT, kernel_name="python3", allow_errors=True,
+                            interrupt_on_timeout=True,
+                            resources={"metadata": {"path": str(path.parent)}})
+    rows, problems, done = [], [], -1
+    with client.setup_kernel():
+        kernel = _Kernel(client)
+        for ex in exercises_of(nb):
+            if not ex.regions:
+                continue
+            err = kernel.run_span(nb, done + 1, ex.first - 1)
+            if err:
+                problems.append(f"cell {err[0]} fails before {ex.check_id}: {err[1]}: "
+                                f"{_first_line(err[2])}")
+                break
+            if err := kernel.run_span(nb, ex.first, ex.check):
+                problems.append(f"{ex.check_id}: the solution fails (cell {err[0]}): {err[1]}: "
+                                f"{_first_line(err[2])}")
+                break
+            for m in mutants.get(ex.check_id, []):
+                if len(locate(nb, ex, m.original)) != 1:
+                    problems.append(f"{ex.check_id}: mutant {m.description!r} does not match its "
+                                    "solution region once (see test_mutants_match_their_solutions)")
+                    continue
+                t0 = time.perf_counter()
+                err = kernel.run_span(nb, ex.first, ex.check, mutate(nb, ex, m))
+                row = {"notebook": path.stem[:2], "check": ex.check_id, "mutant": m.description,
+                       "seconds": time.perf_counter() - t0}
+                if err is None:
+                    row.update(verdict="SURVIVED", message="the check passed")
+                    problems.append(f"{ex.check_id}: mutant survived: {m.description}")
+                elif err[0] != ex.check:
+                    row.update(verdict="INVALID", message=f"cell {err[0]}: {err[1]}")
+                    problems.append(f"{ex.check_id}: mutant {m.description!r} fails in cell "
+                                    f"{err[0]} before the check ({err[1]}: "
+                                    f"{_first_line(err[2])}): fix the mutant")
+                elif err[1] in MUTANT_FAULTS:
+                    row.update(verdict="INVALID", message=f"{err[1]}: {_first_line(err[2])}")
+                    problems.append(f"{ex.check_id}: mutant {m.description!r} raises {err[1]}: "
+                                    "that is the mutant's fault, fix it")
+                else:
+                    row.update(verdict="killed", kind=err[1], message=_first_line(err[2]))
+                rows.append(row)
+            if err := kernel.run_span(nb, ex.first, ex.check):
+                problems.append(f"{ex.check_id}: the solution fails after its mutants ran "
+                                f"(state left behind?): {err[1]}: {_first_line(err[2])}")
+                break
+            killed = sum(r["verdict"] == "killed" for r in rows if r["check"] == ex.check_id)
+            if killed < MIN_MUTANTS:
+                problems.append(f"{ex.check_id}: only {killed} mutants killed, needs "
+                                f"{MIN_MUTANTS}")
+            done = ex.check
+    return rows, problems
+
+
+@pytest.mark.parametrize("path", COVERED, ids=[p.stem[:2] for p in COVERED])
+def test_checks_kill_every_mutant(path, monkeypatch, mutant_summary):
+    for key, value in FAST_ENV.items():
+        monkeypatch.setenv(key, value)
+    t0 = time.perf_counter()
+    rows, problems = run_mutants(path, load_mutants(path))
+    elapsed = time.perf_counter() - t0
+    mutant_summary.append({"notebook": path.stem, "rows": rows, "seconds": elapsed,
+                           "problems": problems})
+    print(f"\n{path.name}: {len(rows)} mutants in {elapsed:.0f} s")
+    for r in rows:
+        print(f"  {r['check']:<9} {r['verdict']:<8} {r.get('kind', ''):<13} {r['mutant']}\n"
+              f"  {'':<9} -> {r['message']}")
+    assert problems == [], f"{path.name}:\n" + "\n".join(problems)
+
+
+def test_harness_reports_survivors_and_broken_mutants(tmp_path, monkeypatch):
+    import nbformat
+    from nbformat.v4 import new_code_cell, new_notebook
+
+    nb = new_notebook(cells=[
+        new_code_cell("def double(x):\n    ### BEGIN SOLUTION\n    return 2 * x\n"
+                      "    ### END SOLUTION"),
+        new_code_cell("from blockmem_lite.checks import check_equal\n"
+                      "check_equal(double(3), 6, 'double(3)')", metadata={"tags": ["check"]}),
+    ])
+    path = tmp_path / "99_toy.ipynb"
+    nbformat.write(nb, str(path))
+    nb = read_notebook(path)
+    check_id = nb.cells[1].id
+    mutants = {check_id: [Mutant("adds instead", "2 * x", "2 + x"),      # 2 + 3 != 6: killed
+                          Mutant("same value", "2 * x", "x + x"),        # survives
+                          Mutant("typo", "2 * x", "2 * y")]}             # NameError: invalid
+    for key, value in FAST_ENV.items():
+        monkeypatch.setenv(key, value)
+    rows, problems = run_mutants(path, mutants)
+    assert [r["verdict"] for r in rows] == ["killed", "SURVIVED", "INVALID"]
+    assert rows[0]["kind"] == "CheckFailed" and "double(3)" in rows[0]["message"]
+    assert any("survived: same value" in p for p in problems)
+    assert any("raises NameError" in p for p in problems)
+    assert any("only 1 mutants killed" in p for p in problems)
+    assert drift_problems(nb, {check_id: mutants[check_id][:1] + [Mutant("gone", "3 * x", "x")]},
+                          "99_toy.ipynb") == [
+        f"99_toy.ipynb: check {check_id} has 2 mutants, needs 3",
+        f"99_toy.ipynb: {check_id} mutant 'gone': original occurs 0 times in the exercise's "
+        "solution regions (needs 1)"]
+
+
+def test_uncovered_notebooks_are_listed():
+    """Not a gate: says which solution notebooks have no mutants yet (see the summary)."""
+    if UNCOVERED:
+        pytest.skip("no mutants yet for: " + ", ".join(UNCOVERED))
