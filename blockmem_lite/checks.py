@@ -33,6 +33,27 @@ class CheckFailed(AssertionError):
     """A check did not hold; the message says expected vs got."""
 
 
+AFTER_A_FAILED_CHECK = ("Fix the cell(s) above and run this check again. Run All stops "
+                        "here; to go on to the next exercise, click its first cell and use "
+                        "Run > Run Selected Cell and All Below.")
+
+
+def show_check_failure(shell, etype, value, tb, tb_offset=None) -> None:
+    """IPython's rendering of a CheckFailed: the check's message and what to do next, not a
+    traceback through checks.py (the failure is in the student's cell, not in here)."""
+    shell._showtraceback(etype, value, [f"CheckFailed: {value}", AFTER_A_FAILED_CHECK])
+
+
+def _install_in_ipython() -> None:
+    """Render CheckFailed briefly in a running IPython shell (a notebook); elsewhere nothing."""
+    import sys
+
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    if shell is not None and hasattr(shell, "set_custom_exc"):
+        shell.set_custom_exc((CheckFailed,), show_check_failure)
+
+
 def _ok(text: str) -> None:
     print(f"OK {text}")
 
@@ -446,3 +467,6 @@ def _judge_causality(probes: list[int], moved: list[torch.Tensor], atol: float,
     _ok(f"causal: outputs at positions <= p unchanged when inputs after p change "
         f"(probes {probes}; max change {worst_past:.2g} < atol={atol:g}; "
         f"later outputs moved by >= {least_future:.2g})")
+
+
+_install_in_ipython()

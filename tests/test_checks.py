@@ -357,3 +357,24 @@ RIGHT_ANSWERS = {
 def test_right_answers_in_other_forms_pass(case, capsys):
     RIGHT_ANSWERS[case]()
     _one_ok_line(capsys)
+
+
+def test_a_failed_check_renders_briefly_in_ipython():
+    """In a notebook a CheckFailed shows its message and what to do next, not a traceback
+    through checks.py; the cell still fails (so Run All, nbval and grading see it)."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from blockmem_lite import checks
+
+    shell = InteractiveShell.instance()
+    shown = []
+    shell._showtraceback = lambda etype, value, stb: shown.append((etype, str(value), stb))
+    shell.set_custom_exc((checks.CheckFailed,), checks.show_check_failure)
+    result = shell.run_cell("from blockmem_lite.checks import check_equal\n"
+                            "check_equal(41, 42, 'the answer')")
+    assert not result.success and isinstance(result.error_in_exec, checks.CheckFailed)
+    (etype, value, stb), = shown
+    assert etype is checks.CheckFailed and "the answer: not equal" in value
+    assert len(stb) == 2 and stb[0].startswith("CheckFailed: the answer: not equal")
+    assert "Run > Run Selected Cell and All Below" in stb[1]
+    assert not any("checks.py" in line for line in stb)
