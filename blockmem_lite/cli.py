@@ -428,7 +428,7 @@ def reproduce_main(argv: list[str] | None = None) -> int:
             results = lab.reproduce(args.preset, out, _split(args.arch) if args.arch else None,
                                     corpus, steps=args.steps)
             _write_plots(results, out)
-    except (ValueError, RunLocked, CorpusUnavailable) as e:
+    except (ValueError, OSError, RunLocked, CorpusUnavailable) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -126,3 +126,6 @@ def test_cli_errors(tmp_path, capsys):
     assert "arch='nope' is not allowed" in capsys.readouterr().err
     assert reproduce_main(["--preset", "tiny", "--steps", "0", "--out", str(tmp_path)]) == 2
     assert "--steps=0 is not allowed" in capsys.readouterr().err
+    assert reproduce_main(["--preset", "tiny", "--paths", str(tmp_path / "none.txt"), "--out",
+                           str(tmp_path)]) == 2
+    assert "text files not found" in capsys.readouterr().err
