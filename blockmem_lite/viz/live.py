@@ -171,7 +171,9 @@ class _LiveView:
                         "printing progress as text")
 
     def _build_widget(self) -> None:
-        raise NotImplementedError
+        """Build ``self.widget``; each view (dashboard, monitor) defines its own."""
+        raise TypeError(f"{type(self).__name__} defines no widget: a live view must override "
+                        "_build_widget")
 
     def display(self) -> None:
         """Show the widget in the notebook (widget mode; text mode shows nothing)."""
