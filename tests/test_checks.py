@@ -12,6 +12,7 @@ from blockmem_lite.checks import (
     CheckFailed,
     check_causal,
     check_close,
+    default_tolerances,
     check_equal,
     check_shape,
     check_true,
@@ -104,6 +105,25 @@ def test_check_close_uses_rtol_and_accepts_numbers(capsys):
         check_close(torch.tensor(1000.2), 1000.0, "loss", atol=0.0, rtol=1e-4)
     check_close([0.5, 0.25], torch.tensor([0.5, 0.25]))
     _one_ok_line(capsys)
+
+
+def test_check_close_defaults_follow_the_dtype_as_torch_testing_does(capsys):
+    one = torch.ones(4, dtype=torch.float64)
+    check_close(one + 5e-8, one, "float64 at 5e-8")        # inside 1e-7 + 1e-7 * 1
+    assert "atol=1e-07, rtol=1e-07" in _one_ok_line(capsys)
+    with pytest.raises(CheckFailed, match="atol=1e-07 \\+ rtol=1e-07"):
+        check_close(one + 1e-6, one, "float64 at 1e-6")      # the old rtol=1e-4 let this pass
+    check_close((one + 1e-6).float(), one, "float32 vs float64")    # held to float32's
+    assert "atol=1e-05, rtol=1.3e-06" in _one_ok_line(capsys)
+    with pytest.raises(CheckFailed):
+        check_close((one + 1e-4).float(), one, "float32 at 1e-4")
+    check_close(0.1 + 0.2, 0.3, "Python floats are float64")
+    assert "rtol=1e-07" in _one_ok_line(capsys)
+    with pytest.raises(CheckFailed, match="atol=0 \\+ rtol=0"):
+        check_close(torch.tensor([1, 2]), torch.tensor([1, 3]), "integers: exact")
+    check_close(one + 1e-6, one, "atol given, rtol from the dtype", atol=1e-5)
+    assert "atol=1e-05, rtol=1e-07" in _one_ok_line(capsys)
+    assert default_tolerances(torch.float32, torch.float64) == (1.3e-6, 1e-5)
 
 
 def test_check_close_none_says_what_to_do():
@@ -261,7 +281,7 @@ BAD_ARGUMENTS = {  # a teacher's or student's bad argument: ValueError `name=val
     "close atol nan": (lambda: check_close(1.0, 2.0, atol=math.nan), "atol=nan is not allowed"),
     "close atol inf": (lambda: check_close(1.0, 2.0, atol=math.inf), "atol=inf is not allowed"),
     "close rtol str": (lambda: check_close(1.0, 2.0, rtol="0.1"), "rtol='0.1' is not allowed"),
-    "close atol None": (lambda: check_close(1.0, 2.0, atol=None), _EXPECT_ARGS),
+    "close atol str": (lambda: check_close(1.0, 2.0, atol="1e-3"), "atol='1e-3' is not allowed"),
     "close atol -1": (lambda: check_close(1.0, 1.0, atol=-1), "atol=-1 is not allowed: " +
                       _EXPECT_ARGS + " >= 0"),
     "equal name int": (lambda: check_equal(1, 1, 3), "name=3 is not allowed"),

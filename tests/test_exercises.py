@@ -62,12 +62,13 @@ def _write(nb, path: Path) -> Path:
 def test_stub_replaces_the_solution_keeping_indentation_and_hint():
     student = stub_code(SOLUTION)
     assert "q @ k.T" not in student and "### BEGIN SOLUTION" not in student
-    assert '    # HINT: scale by sqrt(d)\n    raise NotImplementedError("Exercise: scale by sqrt(d)")' \
+    assert '    # HINT: scale by sqrt(d)\n    raise NotImplementedError("Exercise: replace this line' \
         in student
+    assert student.count("scale by sqrt(d)") == 1, "the hint is shown once, as a comment"
     assert student.startswith('import torch\n\ndef scores(q, k):\n    """(T, d)')
     namespace = {}
     exec(compile(student, "student", "exec"), namespace)
-    with pytest.raises(NotImplementedError, match="Exercise: scale by sqrt"):
+    with pytest.raises(NotImplementedError, match="Exercise: replace this line with your code"):
         namespace["scores"](None, None)
 
 
@@ -88,6 +89,11 @@ def test_exercise_clears_outputs_replaces_markdown_and_keeps_the_solution_intact
     assert [c.id for c in student.cells] == [c.id for c in solution.cells]
     assert solution.cells[1].outputs and "q @ k.T" in solution.cells[1].source  # input unchanged
     assert student.metadata["blockmem_lite"]["generated_from"] == "solutions/01_scores.ipynb"
+    goes_on = [i for i, c in enumerate(student.cells)
+               if exercises.GOES_ON_TAG in c.metadata.get("tags", [])]
+    stubbed = [i for i, c in enumerate(student.cells) if "NotImplementedError" in c.source]
+    assert goes_on == sorted(set(stubbed) | {2, 4}), "stub and check cells let Run All go on"
+    assert not any(exercises.GOES_ON_TAG in c.metadata.get("tags", []) for c in solution.cells)
 
 
 @pytest.mark.parametrize("source, problem", [
