@@ -422,11 +422,14 @@ def _calls_into(piece, library: dict[int, str], by_name: dict[str, str],
 
 
 def _cell_filled(cell) -> bool:
+    """A closure cell that holds a value (an unfilled one raises on access)."""
     try:
-        cell.cell_contents
+        return cell.cell_contents is not _EMPTY
     except ValueError:
         return False
-    return True
+
+
+_EMPTY = object()
 
 
 def _is_own_helper(value, piece) -> bool:

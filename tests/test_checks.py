@@ -12,11 +12,11 @@ from blockmem_lite.checks import (
     CheckFailed,
     check_causal,
     check_close,
-    default_tolerances,
     check_equal,
     check_shape,
     check_true,
     default_probes,
+    default_tolerances,
 )
 from blockmem_lite.masks import causal_mask
 from blockmem_lite.nn import reference_attention

@@ -307,7 +307,7 @@ def giveaways(solution, elsewhere: dict[str, str]) -> list[str]:
             long_lines = [line for line in region if len(line) >= MIN_ANSWER_LINE]
             found += [f"cell {i}: its HINT holds the answer line {line!r}"
                       for line in long_lines if line in hints]
-            for a, b in zip(region, region[1:]):
+            for a, b in zip(region, region[1:], strict=False):
                 if len(a + b) < 2 * MIN_ANSWER_LINE:
                     continue
                 found += [f"cell {i}: the answer lines {a!r} / {b!r} stand in {where}"

@@ -32,8 +32,14 @@ from pathlib import Path
 
 import pytest
 
-from blockmem_lite.exercises import (BEGIN, END, check_cell_indices, read_notebook, solutions_dir,
-                                     stub_code)
+from blockmem_lite.exercises import (
+    BEGIN,
+    END,
+    check_cell_indices,
+    read_notebook,
+    solutions_dir,
+    stub_code,
+)
 
 MUTANTS_DIR = Path(__file__).parent / "mutants"
 MIN_MUTANTS = 3
