@@ -688,9 +688,13 @@ def test_slider_widget_mode_labels_are_not_cut_and_moving_rebuilds():
                                      beta=(0.5, 0.0, 1.0, 0.05))
     except RuntimeError as exc:
         pytest.skip(f"widgets cannot be built in this process: {exc}")
-    sel, beta = view.widget.children[:2]
+    sel, beta = view.controls["chunk_size"], view.controls["beta"]
     assert type(sel).__name__ == "SelectionSlider" and type(beta).__name__ == "FloatSlider"
-    assert sel.description == "chunk size C" and sel.style.description_width == "initial"
+    assert view.widget.children[0].children == (view.labels["chunk_size"], sel)
+    label = view.labels["chunk_size"].value                  # its own widget, never cut
+    assert ">chunk size C</div>" in label and "white-space: nowrap" in label
+    assert "min-width: 7.7em" in label                       # as wide as the longest label
+    assert sel.description == "" and ">beta</div>" in view.labels["beta"].value
     assert calls == [(8, 0.5)]                               # run once at the defaults
     sel.value = 16
     assert calls[-1] == (16, 0.5) and view.values == {"chunk_size": 16, "beta": 0.5}
