@@ -7,10 +7,13 @@
 Modes:
 
 * ``widget``: an ipywidgets box with a status line (step, loss, val loss,
-  tokens/s, peak memory and how it was read, elapsed, ETA) above a plotly
-  ``FigureWidget`` of train and validation loss. Redrawn at most
-  ``max_updates_per_s`` times a second (points are buffered in between) and
-  always on evaluation and at the end.
+  tokens/s, peak memory and how it was read, elapsed, ETA) above one plotly
+  ``FigureWidget`` of three rows on a shared step axis: train and validation
+  loss; tokens/s; memory in MiB with the reading method on the axis
+  ("MiB (RSS)", "MiB (CUDA peak)"), the axis spanning the readings (not from
+  zero, so growth shows) and the peak dotted. The title carries step/total and
+  the ETA. Redrawn (one ``batch_update``) at most ``max_updates_per_s`` times a
+  second (points are buffered in between) and always on evaluation and at the end.
 * ``text``: one compact line at most every ``print_every_s`` seconds, plus a
   line per evaluation and a final summary line.
 * ``auto`` (default): text when ``BLOCKMEM_HEADLESS=1`` (CI: kernels driven by
@@ -22,10 +25,20 @@ Modes:
 A dashboard follows one run; use a fresh one (or a distinct ``title``) per run.
 If it is fed a step not after its last one, it starts over as a new run.
 
+``LiveComparison`` follows several runs trained one after another in one widget
+(notebooks 03, 05, 09, 10): the same three rows, one colour and one legend entry
+per run, the latest values of every run in a status table; in text mode each line
+starts with its run's name. ``live.run(name)`` is the callback of one run:
+
+    live = LiveComparison(runs=list(runs), total_steps=cfg.train.steps, title="dense vs BCMT")
+    for name, run_cfg in runs.items():
+        histories[name] = Trainer(..., callbacks=[live.run(name)]).fit()
+    live.figure()            # the static overlay; live.loss_figure(): loss, one panel per family
+
 ``LiveMonitor`` is the generic version for anything else worth watching while a
 model trains (routing, memory norms, recall): a ``probe(trainer, rec) -> data``
 run every ``every`` steps and a ``figure(data) -> go.Figure`` builder (plus an
-optional ``text(data) -> str`` for text mode). Both classes share one base,
+optional ``text(data) -> str`` for text mode). All three share one base,
 ``_LiveView``: the same mode rule, the same ``Throttle`` for redraws and prints.
 
     monitor = LiveMonitor(probe=lambda trainer, rec: {"norm": weight_norm(trainer.model)},
