@@ -36,9 +36,10 @@ class CheckFailed(AssertionError):
     """A check did not hold; the message says expected vs got."""
 
 
-AFTER_A_FAILED_CHECK = ("Fix the cell(s) above and run this check again. Run All stops "
-                        "here; to go on to the next exercise, click its first cell and use "
-                        "Run > Run Selected Cell and All Below.")
+AFTER_A_FAILED_CHECK = ("Fix the cell(s) above and run this check again. In the exercise "
+                        "notebooks Run All goes on to the next exercise (their check cells are "
+                        "tagged raises-exception); elsewhere it stops here: to go on, click the "
+                        "next cell and use Run > Run Selected Cell and All Below.")
 
 
 def show_check_failure(shell, etype, value, tb, tb_offset=None) -> None:
