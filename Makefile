@@ -28,13 +28,18 @@ export OMP_WAIT_POLICY ?= PASSIVE
 TEST_ENV := BLOCKMEM_FAST=1 BLOCKMEM_HEADLESS=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 \
 	PLOTLY_RENDERER=json PYTHONHASHSEED=0
 
-.PHONY: setup hygiene lab test lint exercises bench clean-notebooks help
+PRESET ?= fast
+SITE ?= site
+
+.PHONY: setup hygiene lab test lint exercises bench site clean-notebooks help
 
 help:
 	@echo "make lab    - set up (if needed) and open JupyterLab on notebooks/ (stop: Ctrl-C twice);"
 	@echo "              options for Jupyter: make lab LAB_ARGS=\"--no-browser --ip=0.0.0.0\""
 	@echo "make test   - set up (if needed) and run every test (library + notebooks, fast mode)"
 	@echo "make bench  - run the dense benchmark and print the table"
+	@echo "make site   - static HTML pages of every notebook with outputs into site/ (fast mode);"
+	@echo "              make site PRESET=class for the class-mode site a teacher publishes"
 	@echo "make exercises - regenerate notebooks/exercises/ from notebooks/solutions/"
 	@echo "make clean-notebooks - clear outputs of every notebook before committing"
 
@@ -82,3 +87,6 @@ bench: setup
 
 clean-notebooks: setup
 	$(BIN)/python -m blockmem_lite exercises strip notebooks
+
+site: setup
+	$(BIN)/python -m blockmem_lite site --preset $(PRESET) --out $(SITE)

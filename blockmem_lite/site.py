@@ -84,7 +84,7 @@ def execute(path: Path, preset: str):
                        resources={"metadata": {"path": str(path.parent)}}).execute()
     except CellExecutionError as err:
         raise SiteError(f"{path.name}: a cell failed, so its page is not built:\n"
-                        f"{_first_lines(str(err))}") from None
+                        f"{_error_text(str(err))}") from None
     finally:
         for key, value in saved.items():
             if value is None:
@@ -94,9 +94,10 @@ def execute(path: Path, preset: str):
     return nb
 
 
-def _first_lines(text: str, n: int = 12) -> str:
+def _error_text(text: str, limit: int = 2000) -> str:
+    """The cell's error without colour codes or blank lines: its last ``limit`` characters."""
     plain = re.sub(r"\x1b\[[0-9;]*m", "", text)
-    return "\n".join(line for line in plain.splitlines() if line.strip())[-2000:] if n else plain
+    return "\n".join(line for line in plain.splitlines() if line.strip())[-limit:]
 
 
 def error_outputs(nb) -> list[str]:
