@@ -18,6 +18,7 @@ argument (a negative tolerance, a str where a bool is needed) is a ValueError
 from __future__ import annotations
 
 import builtins
+import dis
 import functools
 import inspect
 import math
@@ -387,6 +388,16 @@ def _names_used(code) -> set[str]:
     return names
 
 
+def _attributes_used(code) -> set[str]:
+    """The attribute names the code object (and the code nested in it) loads: ``x.name``."""
+    names = {i.argval for i in dis.get_instructions(code)
+             if i.opname in ("LOAD_ATTR", "LOAD_METHOD")}
+    for const in code.co_consts:
+        if hasattr(const, "co_names"):
+            names |= _attributes_used(const)
+    return names
+
+
 def _calls_into(piece, library: dict[int, str], by_name: dict[str, str],
                 seen: set[int]) -> str | None:
     """The name of the first library piece ``piece`` uses (following helpers defined in the
@@ -407,13 +418,13 @@ def _calls_into(piece, library: dict[int, str], by_name: dict[str, str],
         for value in cells:
             if id(value) in library:
                 return library[id(value)]
+        for name in sorted(_attributes_used(fn.__code__) & set(by_name)):
+            return by_name[name]            # an attribute: armt.dpfp, even beside a global dpfp
         scope = {**vars(builtins), **fn.__globals__}
         for name in sorted(_names_used(fn.__code__)):
             value = scope.get(name)
             if value is not None and id(value) in library:
                 return library[id(value)]
-            if value is None and name in by_name:        # an attribute: armt.dpfp, self.x.dpfp
-                return by_name[name]
         for value in [scope.get(n) for n in _names_used(fn.__code__)] + cells:
             if _is_own_helper(value, piece):
                 found = _calls_into(value, library, by_name, seen)
@@ -456,7 +467,10 @@ def check_own_work(piece, *library, name: str | None = None) -> None:
     label = name or getattr(piece, "__name__", "your answer")
     _require_text("name", label)
     named = _library_names(library)
-    by_name = {getattr(p, "__name__", ""): named[id(p)] for p in library}
+    # attribute names to refuse: functions and classes; a method's name (forward, read) is
+    # too common to refuse by name, so methods are caught by identity only
+    by_name = {p.__name__: named[id(p)] for p in library
+               if hasattr(p, "__name__") and "." not in getattr(p, "__qualname__", "")}
     used = _calls_into(piece, named, by_name, set())
     if used is not None:
         short = used.rsplit(".", 1)[-1]
