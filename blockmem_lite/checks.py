@@ -398,6 +398,18 @@ def _attributes_used(code) -> set[str]:
     return names
 
 
+def _modules_reached(scope: dict, attributes: set[str], depth: int = 3) -> list:
+    """The modules in ``scope`` and those reached from them through the attribute names the
+    code loads (``blockmem_lite.models.armt``): where a kit function may be looked up."""
+    found = [v for v in scope.values() if inspect.ismodule(v)]
+    frontier = found
+    for _ in range(depth):
+        frontier = [getattr(m, a) for m in frontier for a in attributes
+                    if inspect.ismodule(getattr(m, a, None))]
+        found += frontier
+    return found
+
+
 def _calls_into(piece, library: dict[int, str], by_name: dict[str, str],
                 seen: set[int]) -> str | None:
     """The name of the first library piece ``piece`` uses (following helpers defined in the
@@ -418,9 +430,13 @@ def _calls_into(piece, library: dict[int, str], by_name: dict[str, str],
         for value in cells:
             if id(value) in library:
                 return library[id(value)]
-        for name in sorted(_attributes_used(fn.__code__) & set(by_name)):
-            return by_name[name]            # an attribute: armt.dpfp, even beside a global dpfp
         scope = {**vars(builtins), **fn.__globals__}
+        attributes = _attributes_used(fn.__code__)
+        own = set(vars(piece)) if isinstance(piece, type) else set()   # self.name: its own
+        for name in sorted((attributes & set(by_name)) - own):
+            if any(id(getattr(m, name, None)) in library
+                   for m in _modules_reached(scope, attributes)):
+                return by_name[name]        # lab.memory_pays, even beside a global memory_pays
         for name in sorted(_names_used(fn.__code__)):
             value = scope.get(name)
             if value is not None and id(value) in library:

@@ -455,6 +455,26 @@ def test_check_own_work_rejects_the_kits_piece(answer, library, used):
     assert "write that piece yourself" in str(err.value)
 
 
+def _deep_attribute(n, alpha):
+    import blockmem_lite
+    return blockmem_lite.models.bcmt.decay_weights(n, alpha)
+
+
+class _OwnMethodOfTheSameName(torch.nn.Module):
+    def decay_weights(self, n, alpha):                    # the learner's own, same name
+        return _own_decay(n, alpha)
+
+    def forward(self, n):
+        return self.decay_weights(n, 0.8)
+
+
+def test_check_own_work_follows_module_attributes_but_not_own_methods(capsys):
+    with pytest.raises(CheckFailed, match="decay_weights"):
+        check_own_work(_deep_attribute, _bcmt.decay_weights)
+    check_own_work(_OwnMethodOfTheSameName, _bcmt.decay_weights)
+    _one_ok_line(capsys)
+
+
 def test_check_own_work_accepts_own_code_and_common_method_names(capsys):
     check_own_work(_own_decay, _bcmt.decay_weights, name="my_decay_weights")
     assert _one_ok_line(capsys).startswith("OK my_decay_weights: your own code")
