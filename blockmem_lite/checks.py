@@ -434,9 +434,10 @@ def _calls_into(piece, library: dict[int, str], by_name: dict[str, str],
         attributes = _attributes_used(fn.__code__)
         own = set(vars(piece)) if isinstance(piece, type) else set()   # self.name: its own
         for name in sorted((attributes & set(by_name)) - own):
-            if any(id(getattr(m, name, None)) in library
-                   for m in _modules_reached(scope, attributes)):
-                return by_name[name]        # lab.memory_pays, even beside a global memory_pays
+            in_a_module = any(id(getattr(m, name, None)) in library
+                              for m in _modules_reached(scope, attributes))
+            if in_a_module or name not in scope:  # lab.memory_pays (beside a global of that
+                return by_name[name]              # name too); registry.get("dense").state_bytes
         for name in sorted(_names_used(fn.__code__)):
             value = scope.get(name)
             if value is not None and id(value) in library:

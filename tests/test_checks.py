@@ -429,6 +429,11 @@ def memory_pays(results):                                 # the kit's name, call
     return _lab.memory_pays(results)
 
 
+def _through_an_object(cfg, t):
+    from blockmem_lite import registry
+    return registry.get("bcmt").state_bytes(cfg, t)
+
+
 class _Subclassed(_bcmt.BCMTLayer):
     pass
 
@@ -446,9 +451,11 @@ class _CallsTheShift(torch.nn.Module):
     (__import__("functools").partial(_bcmt.decay_weights, alpha=0.8), (_bcmt.decay_weights,),
      "decay_weights"),
     (memory_pays, (_lab.memory_pays,), "memory_pays"),
+    (_through_an_object, (_bcmt.state_bytes,), "state_bytes"),
     (_Subclassed, (_bcmt.BCMTLayer,), "BCMTLayer"),
     (_CallsTheShift, (_bcmt.BCMTLayer, _bcmt.shift_one_block), "shift_one_block"),
-], ids=["direct", "helper", "lambda", "itself", "partial", "same name", "subclass", "method"])
+], ids=["direct", "helper", "lambda", "itself", "partial", "same name", "object attribute",
+         "subclass", "method"])
 def test_check_own_work_rejects_the_kits_piece(answer, library, used):
     with pytest.raises(CheckFailed, match=f"uses the kit's own blockmem_lite.*{used}") as err:
         check_own_work(answer, *library)
