@@ -18,6 +18,7 @@ argument (a negative tolerance, a str where a bool is needed) is a ValueError
 from __future__ import annotations
 
 import builtins
+import dis
 import functools
 import inspect
 import math
@@ -387,6 +388,28 @@ def _names_used(code) -> set[str]:
     return names
 
 
+def _attributes_used(code) -> set[str]:
+    """The attribute names the code object (and the code nested in it) loads: ``x.name``."""
+    names = {i.argval for i in dis.get_instructions(code)
+             if i.opname in ("LOAD_ATTR", "LOAD_METHOD")}
+    for const in code.co_consts:
+        if hasattr(const, "co_names"):
+            names |= _attributes_used(const)
+    return names
+
+
+def _modules_reached(scope: dict, attributes: set[str], depth: int = 3) -> list:
+    """The modules in ``scope`` and those reached from them through the attribute names the
+    code loads (``blockmem_lite.models.armt``): where a kit function may be looked up."""
+    found = [v for v in scope.values() if inspect.ismodule(v)]
+    frontier = found
+    for _ in range(depth):
+        frontier = [getattr(m, a) for m in frontier for a in attributes
+                    if inspect.ismodule(getattr(m, a, None))]
+        found += frontier
+    return found
+
+
 def _calls_into(piece, library: dict[int, str], by_name: dict[str, str],
                 seen: set[int]) -> str | None:
     """The name of the first library piece ``piece`` uses (following helpers defined in the
@@ -408,12 +431,17 @@ def _calls_into(piece, library: dict[int, str], by_name: dict[str, str],
             if id(value) in library:
                 return library[id(value)]
         scope = {**vars(builtins), **fn.__globals__}
+        attributes = _attributes_used(fn.__code__)
+        own = set(vars(piece)) if isinstance(piece, type) else set()   # self.name: its own
+        for name in sorted((attributes & set(by_name)) - own):
+            in_a_module = any(id(getattr(m, name, None)) in library
+                              for m in _modules_reached(scope, attributes))
+            if in_a_module or name not in scope:  # lab.memory_pays (beside a global of that
+                return by_name[name]              # name too); registry.get("dense").state_bytes
         for name in sorted(_names_used(fn.__code__)):
             value = scope.get(name)
             if value is not None and id(value) in library:
                 return library[id(value)]
-            if value is None and name in by_name:        # an attribute: armt.dpfp, self.x.dpfp
-                return by_name[name]
         for value in [scope.get(n) for n in _names_used(fn.__code__)] + cells:
             if _is_own_helper(value, piece):
                 found = _calls_into(value, library, by_name, seen)
@@ -456,16 +484,20 @@ def check_own_work(piece, *library, name: str | None = None) -> None:
     label = name or getattr(piece, "__name__", "your answer")
     _require_text("name", label)
     named = _library_names(library)
-    by_name = {getattr(p, "__name__", ""): named[id(p)] for p in library}
+    # attribute names to refuse: functions and classes; a method's name (forward, read) is
+    # too common to refuse by name, so methods are caught by identity only
+    by_name = {p.__name__: named[id(p)] for p in library
+               if hasattr(p, "__name__") and "." not in getattr(p, "__qualname__", "")}
     used = _calls_into(piece, named, by_name, set())
     if used is not None:
         short = used.rsplit(".", 1)[-1]
-        raise _failure(label, f"uses the kit's own {used}",
+        whose = "the kit's own " if used.startswith("blockmem_lite.") else ""
+        raise _failure(label, f"uses {whose}{used}",
                        "this exercise asks you to write that piece yourself; the checks below "
                        "compare your answer with the kit's, so calling it would pass without "
                        "testing anything",
-                       f"write it from torch operations (the kit's {short} may still be used "
-                       "after this exercise, to check or to compare)")
+                       f"write it from torch operations ({short} may still be used after "
+                       "this exercise, to check or to compare)")
     _ok(f"{label}: your own code (it does not call the kit's "
         f"{', '.join(sorted(n.rsplit('.', 1)[-1] for n in named.values()))})")
 
@@ -485,10 +517,13 @@ def swap_modules(model: torch.nn.Module, library_cls: type, make_yours: Callable
         new = make_yours(old)
         if not isinstance(new, torch.nn.Module):
             raise _not_allowed("make_yours", new, "a function returning your torch.nn.Module")
+        like = next(old.parameters(), None)
+        if like is not None:                      # the kit's device and dtype (float64 too)
+            new = new.to(device=like.device, dtype=like.dtype)
         _load_same_weights(new, old, name)
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, new.to(next(old.parameters()).device))
+        setattr(parent, child, new)
     return len(targets)
 
 
