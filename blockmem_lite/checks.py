@@ -17,6 +17,10 @@ argument (a negative tolerance, a str where a bool is needed) is a ValueError
 
 from __future__ import annotations
 
+import builtins
+import dis
+import functools
+import inspect
 import math
 import numbers
 from collections.abc import Callable, Iterable, Sequence
@@ -33,9 +37,10 @@ class CheckFailed(AssertionError):
     """A check did not hold; the message says expected vs got."""
 
 
-AFTER_A_FAILED_CHECK = ("Fix the cell(s) above and run this check again. Run All stops "
-                        "here; to go on to the next exercise, click its first cell and use "
-                        "Run > Run Selected Cell and All Below.")
+AFTER_A_FAILED_CHECK = ("Fix the cell(s) above and run this check again. In the exercise "
+                        "notebooks Run All goes on to the next exercise (their check cells are "
+                        "tagged raises-exception); elsewhere it stops here: to go on, click the "
+                        "next cell and use Run > Run Selected Cell and All Below.")
 
 
 def show_check_failure(shell, etype, value, tb, tb_offset=None) -> None:
@@ -131,10 +136,20 @@ def _as_tensor(value, name: str, role: str) -> torch.Tensor:
     if isinstance(value, (str, bytes, dict, set)):
         raise _failure(name, f"{got} {_kind(value)}, not {NEEDS_NUMBERS}")
     try:
-        return torch.as_tensor(numpy.array(value) if _is_array(value) else value)
+        if _is_array(value):
+            return torch.as_tensor(numpy.array(value))
+        return torch.as_tensor(value, dtype=torch.float64) if _holds_python_floats(value) \
+            else torch.as_tensor(value)
     except (TypeError, ValueError, RuntimeError) as err:
         raise _failure(name, f"{got} {_kind(value)}, which cannot be read as numbers",
                        f"expected {NEEDS_NUMBERS}; {str(err).splitlines()[0]}") from None
+
+
+def _holds_python_floats(value) -> bool:
+    """A Python float, or a (nested) list / tuple with one: read as float64, as Python holds it."""
+    if isinstance(value, float):
+        return True
+    return isinstance(value, (list, tuple)) and any(_holds_python_floats(v) for v in value)
 
 
 def _index_text(flat_index: int, shape: torch.Size) -> str:
@@ -187,18 +202,60 @@ def check_shape(x, expected: Sequence[int | None], name: str = "tensor") -> None
     _ok(f"{name}: shape {_shape_text(got)}")
 
 
-def check_close(got, expected, name: str = "values", atol: float = 1e-5,
-                rtol: float = 1e-4) -> None:
+# The defaults of torch.testing.assert_close, per dtype: (rtol, atol). A comparison of two
+# dtypes uses the looser pair, so float32 against a float64 reference is held to float32's.
+DEFAULT_TOLERANCES = {
+    torch.float16: (1e-3, 1e-5), torch.bfloat16: (1.6e-2, 1e-5), torch.float32: (1.3e-6, 1e-5),
+    torch.float64: (1e-7, 1e-7), torch.complex32: (1e-3, 1e-5),
+    torch.complex64: (1.3e-6, 1e-5), torch.complex128: (1e-7, 1e-7),
+}
+
+
+def default_tolerances(*dtypes: torch.dtype) -> tuple[float, float]:
+    """``(rtol, atol)`` that ``torch.testing.assert_close`` uses for these dtypes (0, 0 for
+    integers and bools): the loosest of them."""
+    pairs = [DEFAULT_TOLERANCES.get(d, (0.0, 0.0)) for d in dtypes]
+    return max(r for r, _ in pairs), max(a for _, a in pairs)
+
+
+def _tolerances(g: torch.Tensor, e: torch.Tensor, atol, rtol) -> tuple[float, float]:
+    """``(atol, rtol)``: each as given, or the dtype default when None."""
+    default_rtol, default_atol = default_tolerances(g.dtype, e.dtype)
+    atol = default_atol if atol is None else _tolerance("atol", atol)
+    rtol = default_rtol if rtol is None else _tolerance("rtol", rtol)
+    return atol, rtol
+
+
+def _all_close(g: torch.Tensor, e: torch.Tensor, atol: float, rtol: float) -> bool:
+    """The verdict, delegated to ``torch.testing.assert_close`` (NaN matches NaN)."""
+    try:
+        torch.testing.assert_close(g, e, rtol=rtol, atol=atol, equal_nan=True, check_dtype=False,
+                                   check_device=False, check_layout=False, check_stride=False)
+    except AssertionError:
+        return False
+    return True
+
+
+def check_close(got, expected, name: str = "values", atol: float | None = None,
+                rtol: float | None = None) -> None:
     """Elementwise ``|got - expected| <= atol + rtol * |expected|``; NaN only where expected is NaN.
 
-    Complex values are compared as complex numbers. On failure the message gives
-    the number of bad elements, the max abs diff, its index and both values
-    there, plus the dtypes.
+    The verdict is ``torch.testing.assert_close``'s; so are the defaults, which follow the
+    dtypes: float64 is held to rtol = atol = 1e-7, float32 to rtol 1.3e-6 and atol 1e-5, and a
+    float32 result against a float64 reference to float32's (the looser). Give ``atol`` or
+    ``rtol`` to loosen or tighten one of them; the other keeps its default. Python floats are
+    read as float64. Complex values are compared as complex numbers. On failure the message
+    gives the number of bad elements, the max abs diff, its index and both values there, plus
+    the dtypes.
     """
-    atol, rtol = _tolerance("atol", atol), _tolerance("rtol", rtol)
+    if atol is not None:
+        _tolerance("atol", atol)
+    if rtol is not None:
+        _tolerance("rtol", rtol)
     _require_text("name", name)
     g = _as_tensor(got, name, "got")
     e = _as_tensor(expected, name, "expected")
+    atol, rtol = _tolerances(g, e, atol, rtol)
     dtypes = f"dtypes: got {str(g.dtype).replace('torch.', '')}, " \
              f"expected {str(e.dtype).replace('torch.', '')}"
     if g.shape != e.shape:
@@ -216,8 +273,8 @@ def check_close(got, expected, name: str = "values", atol: float = 1e-5,
     ranked = diff.nan_to_num(nan=float("inf")).flatten()
     worst = int(ranked.argmax())
     max_diff = diff.flatten()[worst].item()
-    if not bool(close.all()):
-        n_bad = int((~close).sum())
+    if not _all_close(g, e, atol, rtol):
+        n_bad = max(int((~close).sum()), 1)
         raise _failure(name, f"{n_bad} of {g.numel()} values differ by more than "
                     f"atol={atol:g} + rtol={rtol:g} * |expected|",
               f"max abs diff {max_diff:.3g} at index {_index_text(worst, g.shape)}: "
@@ -291,6 +348,268 @@ def check_true(condition, message: str, detail: str = "") -> None:
     if not _truth(condition):
         raise _failure("check", f"expected: {message}", *([detail] if detail else []))
     _ok(message)
+
+
+# --- own work -------------------------------------------------------------------------------
+
+
+def _library_names(library) -> dict[int, str]:
+    """id -> a readable name for every library piece (a function, class or method)."""
+    named = {}
+    for piece in library:
+        if not callable(piece):
+            raise _not_allowed("library", piece, "functions or classes of blockmem_lite")
+        module = getattr(piece, "__module__", "") or ""
+        named[id(piece)] = f"{module}.{getattr(piece, '__qualname__', repr(piece))}"
+    return named
+
+
+def _functions_of(piece) -> list:
+    """The Python functions that make up ``piece``: itself, or a class's methods."""
+    if isinstance(piece, type):
+        found = []
+        for value in vars(piece).values():
+            value = value.__func__ if isinstance(value, (staticmethod, classmethod)) else value
+            if isinstance(value, property):
+                found += [f for f in (value.fget, value.fset) if f is not None]
+            elif callable(value) and hasattr(value, "__code__"):
+                found.append(value)
+        return found
+    piece = getattr(piece, "__func__", piece)
+    return [piece] if hasattr(piece, "__code__") else []
+
+
+def _names_used(code) -> set[str]:
+    """Every global or attribute name the code object (and the code nested in it) loads."""
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if hasattr(const, "co_names"):
+            names |= _names_used(const)
+    return names
+
+
+def _attributes_used(code) -> set[str]:
+    """The attribute names the code object (and the code nested in it) loads: ``x.name``."""
+    names = {i.argval for i in dis.get_instructions(code)
+             if i.opname in ("LOAD_ATTR", "LOAD_METHOD")}
+    for const in code.co_consts:
+        if hasattr(const, "co_names"):
+            names |= _attributes_used(const)
+    return names
+
+
+def _modules_reached(scope: dict, attributes: set[str], depth: int = 3) -> list:
+    """The modules in ``scope`` and those reached from them through the attribute names the
+    code loads (``blockmem_lite.models.armt``): where a kit function may be looked up."""
+    found = [v for v in scope.values() if inspect.ismodule(v)]
+    frontier = found
+    for _ in range(depth):
+        frontier = [getattr(m, a) for m in frontier for a in attributes
+                    if inspect.ismodule(getattr(m, a, None))]
+        found += frontier
+    return found
+
+
+def _calls_into(piece, library: dict[int, str], by_name: dict[str, str],
+                seen: set[int]) -> str | None:
+    """The name of the first library piece ``piece`` uses (following helpers defined in the
+    same module, e.g. the notebook's own functions), or None."""
+    if id(piece) in seen:
+        return None
+    seen.add(id(piece))
+    if id(piece) in library:
+        return library[id(piece)]
+    if isinstance(piece, type):
+        for base in piece.__mro__[1:]:
+            if id(base) in library:
+                return library[id(base)]
+    if isinstance(piece, functools.partial):
+        return _calls_into(piece.func, library, by_name, seen)
+    for fn in _functions_of(piece):
+        cells = [c.cell_contents for c in (fn.__closure__ or ()) if _cell_filled(c)]
+        for value in cells:
+            if id(value) in library:
+                return library[id(value)]
+        scope = {**vars(builtins), **fn.__globals__}
+        attributes = _attributes_used(fn.__code__)
+        own = set(vars(piece)) if isinstance(piece, type) else set()   # self.name: its own
+        for name in sorted((attributes & set(by_name)) - own):
+            in_a_module = any(id(getattr(m, name, None)) in library
+                              for m in _modules_reached(scope, attributes))
+            if in_a_module or name not in scope:  # lab.memory_pays (beside a global of that
+                return by_name[name]              # name too); registry.get("dense").state_bytes
+        for name in sorted(_names_used(fn.__code__)):
+            value = scope.get(name)
+            if value is not None and id(value) in library:
+                return library[id(value)]
+        for value in [scope.get(n) for n in _names_used(fn.__code__)] + cells:
+            if _is_own_helper(value, piece):
+                found = _calls_into(value, library, by_name, seen)
+                if found:
+                    return found
+    return None
+
+
+def _cell_filled(cell) -> bool:
+    """A closure cell that holds a value (an unfilled one raises on access)."""
+    try:
+        return cell.cell_contents is not _EMPTY
+    except ValueError:
+        return False
+
+
+_EMPTY = object()
+
+
+def _is_own_helper(value, piece) -> bool:
+    """A function or class written next to ``piece`` (same module: the notebook's)."""
+    return (isinstance(value, type) or inspect.isfunction(value)) and \
+        getattr(value, "__module__", None) == getattr(piece, "__module__", None)
+
+
+def check_own_work(piece, *library, name: str | None = None) -> None:
+    """``piece`` (a function or class the learner wrote) is not, does not subclass and does not
+    call any of ``library``, the kit's own version of what the exercise asks for.
+
+    Checks that compare with the library cannot tell the library's answer from the learner's,
+    so an exercise that asks for a piece the library has runs this first. It reads the
+    bytecode: globals, attribute names (``armt.dpfp``), closures, base classes, and the
+    helpers the notebook defines that ``piece`` uses, recursively.
+    """
+    if not callable(piece):
+        raise _not_allowed("piece", piece, "the function or class the exercise asks for")
+    if not library:
+        raise ValueError("library=() is not allowed: expected the library pieces the exercise "
+                         "asks the learner to write")
+    label = name or getattr(piece, "__name__", "your answer")
+    _require_text("name", label)
+    named = _library_names(library)
+    # attribute names to refuse: functions and classes; a method's name (forward, read) is
+    # too common to refuse by name, so methods are caught by identity only
+    by_name = {p.__name__: named[id(p)] for p in library
+               if hasattr(p, "__name__") and "." not in getattr(p, "__qualname__", "")}
+    used = _calls_into(piece, named, by_name, set())
+    if used is not None:
+        short = used.rsplit(".", 1)[-1]
+        whose = "the kit's own " if used.startswith("blockmem_lite.") else ""
+        raise _failure(label, f"uses {whose}{used}",
+                       "this exercise asks you to write that piece yourself; the checks below "
+                       "compare your answer with the kit's, so calling it would pass without "
+                       "testing anything",
+                       f"write it from torch operations ({short} may still be used after "
+                       "this exercise, to check or to compare)")
+    _ok(f"{label}: your own code (it does not call the kit's "
+        f"{', '.join(sorted(n.rsplit('.', 1)[-1] for n in named.values()))})")
+
+
+# --- a learner's layer plugged into a model ----------------------------------------------------
+
+
+def swap_modules(model: torch.nn.Module, library_cls: type, make_yours: Callable) -> int:
+    """Replace every ``library_cls`` module inside ``model`` by ``make_yours(old)``, loading the
+    old module's weights into the new one (so both start from the same numbers); returns how
+    many were replaced. A weight name or shape the new module lacks is a CheckFailed naming it.
+    """
+    if not isinstance(library_cls, type):
+        raise _not_allowed("library_cls", library_cls, "a torch.nn.Module class of the kit")
+    targets = [(name, m) for name, m in model.named_modules() if type(m) is library_cls]
+    for name, old in targets:
+        new = make_yours(old)
+        if not isinstance(new, torch.nn.Module):
+            raise _not_allowed("make_yours", new, "a function returning your torch.nn.Module")
+        like = next(old.parameters(), None)
+        if like is not None:                      # the kit's device and dtype (float64 too)
+            new = new.to(device=like.device, dtype=like.dtype)
+        _load_same_weights(new, old, name)
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, child, new)
+    return len(targets)
+
+
+def _load_same_weights(new: torch.nn.Module, old: torch.nn.Module, where: str) -> None:
+    mine, theirs = new.state_dict(), old.state_dict()
+    missing = sorted(set(theirs) - set(mine))
+    extra = sorted(set(mine) - set(theirs))
+    wrong = sorted(k for k in set(mine) & set(theirs) if mine[k].shape != theirs[k].shape)
+    if missing or extra or wrong:
+        raise _failure(f"your {type(new).__name__} at {where}",
+                       "its weights do not match the kit's layer, so they cannot be shared",
+                       *([f"missing: {', '.join(missing)}"] if missing else []),
+                       *([f"not in the kit's layer: {', '.join(extra)}"] if extra else []),
+                       *(f"{k}: shape {tuple(mine[k].shape)}, the kit's is "
+                         f"{tuple(theirs[k].shape)}" for k in wrong),
+                       "name and shape the parameters as the kit's layer does "
+                       f"({type(old).__name__}: {', '.join(list(theirs)[:8])}...)")
+    new.load_state_dict(theirs)
+
+
+def _loss_curve(model: torch.nn.Module, batches, lr: float, seed: int) -> list[float]:
+    """Train ``model`` on ``batches`` [(tokens, targets)] with AdamW; the loss before each step."""
+    torch.manual_seed(seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    model.train()
+    curve = []
+    for tokens, targets in batches:
+        loss = model(tokens, targets).loss
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        curve.append(float(loss.detach()))
+    model.eval()
+    return curve
+
+
+def check_plugged_in(make_model: Callable, plug_in: Callable, batches, name: str = "your layer",
+                     lr: float = 3e-3, seed: int = 0, atol: float | None = None,
+                     curve_rtol: float = 2e-3) -> tuple[list[float], list[float]]:
+    """The learner's piece, plugged into a model, does what the kit's does.
+
+    ``make_model()`` builds the kit's model (seeded: two calls give the same weights);
+    ``plug_in(model)`` puts the learner's piece into it in place of the kit's and returns how
+    many places it replaced (``swap_modules`` does this for a layer class). Then, against a
+    second ``make_model()`` with the kit's piece:
+
+    1. the weights are the same (the swap shares them) and the forward on ``batches[0]``'s
+       tokens gives the same logits (``atol`` as in ``check_close``);
+    2. the model with the learner's piece is causal (``check_causal``);
+    3. training both on ``batches`` (AdamW, ``lr``) gives the same early loss curve, to
+       ``curve_rtol``, and the loss falls.
+
+    Returns ``(kit_curve, your_curve)`` for a plot.
+    """
+    _require_text("name", name)
+    lr = _tolerance("lr", lr, positive=True)
+    curve_rtol = _tolerance("curve_rtol", curve_rtol)
+    batches = list(batches)
+    if len(batches) < 2:
+        raise _not_allowed("batches", batches, "two or more (tokens, targets) pairs")
+    kit, yours = make_model(), make_model()
+    replaced = plug_in(yours)
+    if not _is_int(replaced) or replaced < 1:
+        raise _failure(name, f"plug_in replaced {replaced!r} pieces of the model",
+                       "expected it to put your piece in at least one place (it returns how "
+                       "many it replaced)")
+    for (key, theirs), (key2, mine) in zip(kit.state_dict().items(), yours.state_dict().items(),
+                                           strict=False):
+        if key != key2 or theirs.shape != mine.shape or not torch.equal(theirs, mine):
+            raise _failure(name, "the weights are not shared with the kit's model",
+                           f"first difference at {key!r} / {key2!r}; plug_in must copy the "
+                           "kit's weights into your piece (swap_modules does)")
+    tokens = batches[0][0]
+    kit.eval()
+    yours.eval()
+    with torch.no_grad():
+        check_close(yours(tokens).logits, kit(tokens).logits,
+                    f"{name}: logits on shared weights vs the kit's", atol=atol)
+    check_causal(yours, tokens)
+    kit_curve = _loss_curve(kit, batches, lr, seed)
+    your_curve = _loss_curve(yours, batches, lr, seed)
+    check_close(your_curve, kit_curve, f"{name}: loss over {len(batches)} training steps vs "
+                "the kit's", atol=1e-4, rtol=curve_rtol)
+    check_true(your_curve[-1] < your_curve[0],
+               f"{name}: the loss falls in training ({your_curve[0]:.3f} -> {your_curve[-1]:.3f})")
+    return kit_curve, your_curve
 
 
 # --- causality ------------------------------------------------------------------------------

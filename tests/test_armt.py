@@ -432,3 +432,39 @@ def test_a3_layer_major_loop_equals_the_segment_loop(layers):
     # teeth: the memory matters here, so a loop that dropped it would differ
     without = torch.cat([model(x[:, i:i + S]).logits for i in range(0, x.shape[1], S)], 1)
     assert (without - expected).abs().max() > 1e-6
+
+
+class _ReadWriteOnly(torch.nn.Module):
+    """A memory layer that is not an AssociativeMemoryLayer: the same parameters, read and write
+    from the pure functions, nothing else (what notebook 06's capstone plugs in)."""
+
+    def __init__(self, old):
+        super().__init__()
+        self.w_q, self.w_k, self.w_v, self.w_beta = old.w_q, old.w_k, old.w_v, old.w_beta
+        self.eps = old.eps
+
+    def read(self, h, memory):
+        return associative_read(dpfp(self.w_q(h)), *memory, self.eps)
+
+    def write(self, m, memory):
+        k, beta = dpfp(self.w_k(m)), torch.sigmoid(self.w_beta(m))[..., 0]
+        A, z = memory if memory is not None else (None, None)
+        return associative_write(A, z, k, self.w_v(m), beta, eps=self.eps)
+
+
+def test_the_model_uses_its_memory_layers_only_through_read_and_write():
+    """The seam notebook 06's capstone relies on: any module with read(h, (A, z)) and
+    write(m, memory or None) can stand in for an AssociativeMemoryLayer (swap_modules)."""
+    from blockmem_lite.checks import swap_modules
+    from blockmem_lite.models.armt import AssociativeMemoryLayer
+
+    model, x = _model(), _tokens()
+    expected = model(x).logits
+    _, state = model.prefill(x[:, :-1])
+    expected_step = model.step(x[:, -1], state)[0]
+    assert swap_modules(model, AssociativeMemoryLayer, _ReadWriteOnly) == len(model.memory) == 2
+    assert not any(isinstance(m, AssociativeMemoryLayer) for m in model.modules())
+    assert torch.allclose(model(x).logits, expected, atol=1e-10)
+    _, state = model.prefill(x[:, :-1])
+    assert torch.allclose(model.step(x[:, -1], state)[0], expected_step, atol=1e-10)
+    assert torch.allclose(model.run_layer_major(x), expected, atol=1e-10)

@@ -6,10 +6,12 @@ import pytest
 import torch
 
 from blockmem_lite import build_model, preset
-from blockmem_lite.checks import check_causal
+from blockmem_lite.checks import check_causal, swap_modules
 from blockmem_lite.masks import cat_mask
+from blockmem_lite.models import cat
 from blockmem_lite.models.base import State
 from blockmem_lite.models.cat import CATLM
+from blockmem_lite.nn import Block, RotaryEmbedding, SelfAttention, reference_attention
 from blockmem_lite.trace import trace
 
 SIZES = (2, 4, 8)
@@ -180,6 +182,62 @@ def test_trace_records_mask_compressed_vectors_and_attention_split():
     share = t["layer0.compressed_share"]                                  # (B, H, S)
     assert torch.allclose(share[..., 0], torch.ones_like(share[..., 0]))  # g_0 sees itself only
     assert ((share > 0) & (share <= 1 + 1e-12)).all()
+
+
+class _MaskedSoftmax(torch.nn.Module):
+    """A learner's decoder attention as notebook 05 asks for it: plain softmax under
+    ``cat_mask``, with CATAttention's parameter names; it records how the model calls it."""
+
+    def __init__(self, dim, n_head, rope_base):
+        super().__init__()
+        self.n_head = n_head
+        self.qkv = torch.nn.Linear(dim, 3 * dim, bias=False)
+        self.out = torch.nn.Linear(dim, dim, bias=False)
+        self.rope = RotaryEmbedding(dim // n_head, rope_base)
+        self.calls = []
+
+    def forward(self, x, positions, n_chunks, chunk_size, separator=False):
+        self.calls.append((n_chunks, chunk_size, separator))
+        b, s, d = x.shape
+        q, k, v = self.qkv(x).view(b, s, 3, self.n_head, -1).permute(2, 0, 3, 1, 4)
+        y, _ = reference_attention(self.rope(q, positions), self.rope(k, positions), v,
+                                   mask=cat_mask(n_chunks, chunk_size, separator))
+        return self.out(y.transpose(1, 2).reshape(b, s, d))
+
+
+@pytest.mark.parametrize("multi", [False, True])
+def test_the_decoder_attention_is_a_module_a_learner_can_swap_in(multi):
+    model, swapped = _model(SIZES if multi else ()), _model(SIZES if multi else ())
+    assert all(type(b.attn) is cat.CATAttention for b in model.blocks)
+    assert all(type(b.attn) is SelfAttention for b in model.compressor.blocks)
+    made = []
+
+    def make(old):
+        made.append(_MaskedSoftmax(old.qkv.in_features, old.n_head, old.rope.base).double())
+        return made[-1]
+
+    assert swap_modules(swapped, cat.CATAttention, make) == len(model.blocks)
+    assert all(type(b.attn) is SelfAttention for b in swapped.compressor.blocks)
+    tokens = torch.randint(0, 256, (2, T - 3))
+    with torch.no_grad():
+        for c in model.chunk_sizes:
+            torch.testing.assert_close(swapped(tokens, chunk_size=c).logits,
+                                       model(tokens, chunk_size=c).logits, rtol=0, atol=1e-12)
+            assert made[0].calls[-1] == (math.ceil((T - 3) / c), c, multi)
+    check_causal(swapped, tokens)
+
+
+def test_cat_attention_draws_no_random_numbers_and_is_self_attention_without_a_layout():
+    torch.manual_seed(0)
+    block = cat._decoder_block(16, 2, 8 / 3, 10000.0, 1e-5, 0.0)
+    after_ours = torch.rand(4)
+    torch.manual_seed(0)
+    plain = Block(16, 2, 8 / 3, 10000.0, 1e-5, 0.0)
+    assert torch.equal(after_ours, torch.rand(4))
+    assert list(block.state_dict()) == list(plain.state_dict())
+    plain.load_state_dict(block.state_dict())
+    x, positions = torch.randn(2, 7, 16), torch.arange(7)
+    torch.testing.assert_close(block(x, positions), plain(x, positions), rtol=0, atol=0)
 
 
 def test_decoder_width_and_heads_keep_the_head_dim():

@@ -16,6 +16,7 @@ from blockmem_lite.checks import (
     check_shape,
     check_true,
     default_probes,
+    default_tolerances,
 )
 from blockmem_lite.masks import causal_mask
 from blockmem_lite.nn import reference_attention
@@ -104,6 +105,25 @@ def test_check_close_uses_rtol_and_accepts_numbers(capsys):
         check_close(torch.tensor(1000.2), 1000.0, "loss", atol=0.0, rtol=1e-4)
     check_close([0.5, 0.25], torch.tensor([0.5, 0.25]))
     _one_ok_line(capsys)
+
+
+def test_check_close_defaults_follow_the_dtype_as_torch_testing_does(capsys):
+    one = torch.ones(4, dtype=torch.float64)
+    check_close(one + 5e-8, one, "float64 at 5e-8")        # inside 1e-7 + 1e-7 * 1
+    assert "atol=1e-07, rtol=1e-07" in _one_ok_line(capsys)
+    with pytest.raises(CheckFailed, match="atol=1e-07 \\+ rtol=1e-07"):
+        check_close(one + 1e-6, one, "float64 at 1e-6")      # the old rtol=1e-4 let this pass
+    check_close((one + 1e-6).float(), one, "float32 vs float64")    # held to float32's
+    assert "atol=1e-05, rtol=1.3e-06" in _one_ok_line(capsys)
+    with pytest.raises(CheckFailed):
+        check_close((one + 1e-4).float(), one, "float32 at 1e-4")
+    check_close(0.1 + 0.2, 0.3, "Python floats are float64")
+    assert "rtol=1e-07" in _one_ok_line(capsys)
+    with pytest.raises(CheckFailed, match="atol=0 \\+ rtol=0"):
+        check_close(torch.tensor([1, 2]), torch.tensor([1, 3]), "integers: exact")
+    check_close(one + 1e-6, one, "atol given, rtol from the dtype", atol=1e-5)
+    assert "atol=1e-05, rtol=1e-07" in _one_ok_line(capsys)
+    assert default_tolerances(torch.float32, torch.float64) == (1.3e-6, 1e-5)
 
 
 def test_check_close_none_says_what_to_do():
@@ -261,7 +281,7 @@ BAD_ARGUMENTS = {  # a teacher's or student's bad argument: ValueError `name=val
     "close atol nan": (lambda: check_close(1.0, 2.0, atol=math.nan), "atol=nan is not allowed"),
     "close atol inf": (lambda: check_close(1.0, 2.0, atol=math.inf), "atol=inf is not allowed"),
     "close rtol str": (lambda: check_close(1.0, 2.0, rtol="0.1"), "rtol='0.1' is not allowed"),
-    "close atol None": (lambda: check_close(1.0, 2.0, atol=None), _EXPECT_ARGS),
+    "close atol str": (lambda: check_close(1.0, 2.0, atol="1e-3"), "atol='1e-3' is not allowed"),
     "close atol -1": (lambda: check_close(1.0, 1.0, atol=-1), "atol=-1 is not allowed: " +
                       _EXPECT_ARGS + " >= 0"),
     "equal name int": (lambda: check_equal(1, 1, 3), "name=3 is not allowed"),
@@ -378,3 +398,167 @@ def test_a_failed_check_renders_briefly_in_ipython():
     assert len(stb) == 2 and stb[0].startswith("CheckFailed: the answer: not equal")
     assert "Run > Run Selected Cell and All Below" in stb[1]
     assert not any("checks.py" in line for line in stb)
+
+
+# --- check_own_work ----------------------------------------------------------------------------
+
+from blockmem_lite import lab as _lab  # noqa: E402
+from blockmem_lite.checks import check_own_work, check_plugged_in, swap_modules  # noqa: E402
+from blockmem_lite.models import bcmt as _bcmt  # noqa: E402
+
+
+def _own_decay(n, alpha):
+    i = torch.arange(n)
+    return alpha ** (i[:, None] - i[None, :]).clamp(min=0) * (i[:, None] >= i[None, :])
+
+
+def _calls_directly(n, alpha):
+    return _bcmt.decay_weights(n, alpha)
+
+
+def _uses_a_helper(n, alpha):
+    return 1.0 * _calls_directly(n, alpha)
+
+
+def _calls_in_a_lambda(n, alpha):
+    inner = lambda: _bcmt.decay_weights(n, alpha)         # noqa: E731
+    return inner()
+
+
+def memory_pays(results):                                 # the kit's name, calling the kit
+    return _lab.memory_pays(results)
+
+
+def _through_an_object(cfg, t):
+    from blockmem_lite import registry
+    return registry.get("bcmt").state_bytes(cfg, t)
+
+
+class _Subclassed(_bcmt.BCMTLayer):
+    pass
+
+
+class _CallsTheShift(torch.nn.Module):
+    def forward(self, m):
+        return _bcmt.shift_one_block(m)
+
+
+@pytest.mark.parametrize("answer, library, used", [
+    (_calls_directly, (_bcmt.decay_weights,), "decay_weights"),
+    (_uses_a_helper, (_bcmt.decay_weights,), "decay_weights"),
+    (_calls_in_a_lambda, (_bcmt.decay_weights,), "decay_weights"),
+    (_bcmt.decay_weights, (_bcmt.decay_weights,), "decay_weights"),
+    (__import__("functools").partial(_bcmt.decay_weights, alpha=0.8), (_bcmt.decay_weights,),
+     "decay_weights"),
+    (memory_pays, (_lab.memory_pays,), "memory_pays"),
+    (_through_an_object, (_bcmt.state_bytes,), "state_bytes"),
+    (_Subclassed, (_bcmt.BCMTLayer,), "BCMTLayer"),
+    (_CallsTheShift, (_bcmt.BCMTLayer, _bcmt.shift_one_block), "shift_one_block"),
+], ids=["direct", "helper", "lambda", "itself", "partial", "same name", "object attribute",
+         "subclass", "method"])
+def test_check_own_work_rejects_the_kits_piece(answer, library, used):
+    with pytest.raises(CheckFailed, match=f"uses the kit's own blockmem_lite.*{used}") as err:
+        check_own_work(answer, *library)
+    assert "write that piece yourself" in str(err.value)
+
+
+def _deep_attribute(n, alpha):
+    import blockmem_lite
+    return blockmem_lite.models.bcmt.decay_weights(n, alpha)
+
+
+class _OwnMethodOfTheSameName(torch.nn.Module):
+    def decay_weights(self, n, alpha):                    # the learner's own, same name
+        return _own_decay(n, alpha)
+
+    def forward(self, n):
+        return self.decay_weights(n, 0.8)
+
+
+def test_check_own_work_follows_module_attributes_but_not_own_methods(capsys):
+    with pytest.raises(CheckFailed, match="decay_weights"):
+        check_own_work(_deep_attribute, _bcmt.decay_weights)
+    check_own_work(_OwnMethodOfTheSameName, _bcmt.decay_weights)
+    _one_ok_line(capsys)
+
+
+def test_check_own_work_accepts_own_code_and_common_method_names(capsys):
+    check_own_work(_own_decay, _bcmt.decay_weights, name="my_decay_weights")
+    assert _one_ok_line(capsys).startswith("OK my_decay_weights: your own code")
+
+    def calls_some_forward(module, x):
+        return module.forward(x)                          # not refused by the name "forward"
+    check_own_work(calls_some_forward, torch.nn.Linear.forward)
+    _one_ok_line(capsys)
+    with pytest.raises(ValueError, match="library=\\(\\) is not allowed"):
+        check_own_work(_own_decay)
+    with pytest.raises(ValueError, match="piece=3 is not allowed"):
+        check_own_work(3, _bcmt.decay_weights)
+
+
+# --- check_plugged_in ----------------------------------------------------------------------------
+
+
+def _tiny_bcmt():
+    from blockmem_lite.config import ModelConfig
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(arch="bcmt", vocab_size=32, d_model=32, n_layer=2, n_head=2,
+                                    seq_len=32, block_size=8))
+    for layer in model.blocks:
+        torch.nn.init.normal_(layer.memory_proj.weight, std=0.2)   # the memory path matters
+    return model
+
+
+def _batches(n=6):
+    g = torch.Generator().manual_seed(1)
+    data = [torch.randint(0, 32, (2, 33), generator=g) for _ in range(2)]
+    return [(data[i % 2][:, :-1], data[i % 2][:, 1:]) for i in range(n)]
+
+
+class _SameLayer(_bcmt.BCMTLayer):
+    pass
+
+
+class _LeakyLayer(_bcmt.BCMTLayer):
+    def forward(self, x, *args, **kwargs):
+        return super().forward(x, *args, **kwargs) + 0.05 * torch.roll(x, -1, dims=1)
+
+
+class _NoMemoryLayer(_bcmt.BCMTLayer):
+    def forward(self, x, positions, *args, **kwargs):
+        h = x + self.local_attention(self.norm1(x), positions)
+        return h + self.mlp(self.norm2(h))
+
+
+def _plug(cls):
+    return lambda model: swap_modules(model, _bcmt.BCMTLayer, lambda old: cls(model.cfg, True))
+
+
+def test_check_plugged_in_passes_the_same_layer_and_returns_both_curves(capsys):
+    kit, yours = check_plugged_in(_tiny_bcmt, _plug(_SameLayer), _batches(), "same layer")
+    assert kit == yours and len(kit) == 6 and kit[-1] < kit[0]
+    out = capsys.readouterr().out
+    assert "logits on shared weights" in out and "causal" in out and "loss falls" in out
+
+
+@pytest.mark.parametrize("layer, message", [
+    (_LeakyLayer, "logits on shared weights"),
+    (_NoMemoryLayer, "logits on shared weights"),
+])
+def test_check_plugged_in_rejects_a_wrong_layer(layer, message):
+    with pytest.raises(CheckFailed, match=message):
+        check_plugged_in(_tiny_bcmt, _plug(layer), _batches(), "wrong layer")
+
+
+def test_check_plugged_in_says_when_nothing_was_replaced_or_weights_differ():
+    with pytest.raises(CheckFailed, match="plug_in replaced 0 pieces"):
+        check_plugged_in(_tiny_bcmt, lambda model: 0, _batches(), "nothing")
+
+    class Renamed(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = torch.nn.Linear(32, 32)
+    with pytest.raises(CheckFailed, match="its weights do not match the kit's layer"):
+        swap_modules(_tiny_bcmt(), _bcmt.BCMTLayer, lambda old: Renamed())
+    with pytest.raises(ValueError, match="batches=.* is not allowed"):
+        check_plugged_in(_tiny_bcmt, _plug(_SameLayer), _batches(1), "one batch")

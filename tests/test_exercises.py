@@ -62,12 +62,13 @@ def _write(nb, path: Path) -> Path:
 def test_stub_replaces_the_solution_keeping_indentation_and_hint():
     student = stub_code(SOLUTION)
     assert "q @ k.T" not in student and "### BEGIN SOLUTION" not in student
-    assert '    # HINT: scale by sqrt(d)\n    raise NotImplementedError("Exercise: scale by sqrt(d)")' \
+    assert '    # HINT: scale by sqrt(d)\n    raise NotImplementedError("Exercise: replace this line' \
         in student
+    assert student.count("scale by sqrt(d)") == 1, "the hint is shown once, as a comment"
     assert student.startswith('import torch\n\ndef scores(q, k):\n    """(T, d)')
     namespace = {}
     exec(compile(student, "student", "exec"), namespace)
-    with pytest.raises(NotImplementedError, match="Exercise: scale by sqrt"):
+    with pytest.raises(NotImplementedError, match="Exercise: replace this line with your code"):
         namespace["scores"](None, None)
 
 
@@ -88,6 +89,11 @@ def test_exercise_clears_outputs_replaces_markdown_and_keeps_the_solution_intact
     assert [c.id for c in student.cells] == [c.id for c in solution.cells]
     assert solution.cells[1].outputs and "q @ k.T" in solution.cells[1].source  # input unchanged
     assert student.metadata["blockmem_lite"]["generated_from"] == "solutions/01_scores.ipynb"
+    goes_on = [i for i, c in enumerate(student.cells)
+               if exercises.GOES_ON_TAG in c.metadata.get("tags", [])]
+    stubbed = [i for i, c in enumerate(student.cells) if "NotImplementedError" in c.source]
+    assert goes_on == sorted(set(stubbed) | {2, 4}), "stub and check cells let Run All go on"
+    assert not any(exercises.GOES_ON_TAG in c.metadata.get("tags", []) for c in solution.cells)
 
 
 @pytest.mark.parametrize("source, problem", [
@@ -261,3 +267,82 @@ def test_every_check_cell_fails_on_the_student_stub(name, monkeypatch):
                           "exercises build`"
     problems = _teeth_report(_execute(path, monkeypatch))
     assert problems == [], f"{name}: " + "; ".join(problems)
+
+
+# --- the answer is not given away --------------------------------------------------------------
+
+MIN_ANSWER_LINE = 15    # shorter lines ("return w", "y = x + h") are words, not the answer
+
+
+def _squeeze(text: str) -> str:
+    return "".join(text.split())
+
+
+def answer_lines(source: str) -> list[list[str]]:
+    """Per solution region of a cell: its code lines (comments dropped), whitespace removed."""
+    regions, current = [], None
+    for line in source.split("\n"):
+        if line.strip() == exercises.BEGIN:
+            current = []
+        elif line.strip() == exercises.END and current is not None:
+            regions.append(current)
+            current = None
+        elif current is not None:
+            code = _squeeze(line.split("#", 1)[0]) if not line.lstrip().startswith("#") else ""
+            if code:
+                current.append(code)
+    return regions
+
+
+def giveaways(solution, elsewhere: dict[str, str]) -> list[str]:
+    """Where a notebook gives an answer away: a HINT holding a line of its answer, or two
+    consecutive answer lines standing verbatim in ``elsewhere`` ({where: text})."""
+    found, squeezed = [], {where: _squeeze(text) for where, text in elsewhere.items()}
+    for i, cell in enumerate(solution.cells):
+        if cell.cell_type != "code":
+            continue
+        hints = _squeeze(" ".join(m.group("text") for m in map(exercises._HINT.match,
+                                                                cell.source.split("\n")) if m))
+        for region in answer_lines(cell.source):
+            long_lines = [line for line in region if len(line) >= MIN_ANSWER_LINE]
+            found += [f"cell {i}: its HINT holds the answer line {line!r}"
+                      for line in long_lines if line in hints]
+            for a, b in zip(region, region[1:], strict=False):
+                if len(a + b) < 2 * MIN_ANSWER_LINE:
+                    continue
+                found += [f"cell {i}: the answer lines {a!r} / {b!r} stand in {where}"
+                          for where, text in squeezed.items() if a + b in text]
+    return found
+
+
+def _outside_the_answers(nb, label: str) -> dict[str, str]:
+    """Every cell's text but the solution regions: what a student sees."""
+    texts = {}
+    for i, cell in enumerate(nb.cells):
+        source = stub_code(cell.source) if cell.cell_type == "code" else cell.source
+        texts[f"{label} cell {i}"] = source
+    return texts
+
+
+@pytest.mark.parametrize("name", sorted(_names(solutions_dir())))
+def test_hints_and_notebooks_do_not_give_the_answer(name):
+    """A hint guides (a question, a shape, a property); it is not the answer's code. The answer
+    does not stand in the teaching notebook or elsewhere in the exercise notebook either."""
+    solution = read_notebook(solutions_dir() / name)
+    elsewhere = _outside_the_answers(solution, "the exercise notebook")
+    teaching = exercises.notebooks_dir() / name
+    if teaching.exists():
+        elsewhere |= _outside_the_answers(read_notebook(teaching), f"notebooks/{name}")
+    assert giveaways(solution, elsewhere) == []
+
+
+def test_giveaways_are_found():
+    nb = new_notebook(cells=[new_code_cell(
+        "def decay(n, a):\n    ### BEGIN SOLUTION\n    # HINT: lag = (i - j).clamp(min=0)\n"
+        "    lag = (i - j).clamp(min=0)\n    w = a ** lag * (j <= i)\n    ### END SOLUTION")])
+    teaching = {"notebook 02 cell 3": "lag = (i - j).clamp(min=0)\nw = a ** lag * (j <= i)\n"}
+    found = giveaways(nb, teaching)
+    assert found == ["cell 0: its HINT holds the answer line 'lag=(i-j).clamp(min=0)'",
+                     "cell 0: the answer lines 'lag=(i-j).clamp(min=0)' / 'w=a**lag*(j<=i)' "
+                     "stand in notebook 02 cell 3"]
+    assert giveaways(nb, {"other": "w = a ** lag"}) == found[:1]

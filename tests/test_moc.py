@@ -1,5 +1,6 @@
 """MoC: MECHANISMS.md 4.7 (M1-M7, M9) plus routing modes, state, trace, config and errors."""
 
+import copy
 import dataclasses
 import math
 
@@ -7,9 +8,11 @@ import pytest
 import torch
 
 from blockmem_lite import ModelConfig, build_model, metrics, preset
-from blockmem_lite.checks import CheckFailed, check_causal
+from blockmem_lite.checks import CheckFailed, check_causal, swap_modules
 from blockmem_lite.models.moc import (
     MemoryRead,
+    MoCBlock,
+    _block_options,
     chapter_weights,
     default_memory_layers,
     gather_chapters,
@@ -355,3 +358,34 @@ def test_iso_flop_dense_config_matches_the_flops_to_the_nearest_layer():
     assert dense.n_layer > cfg.n_layer
     assert gap(dense.n_layer) <= min(gap(dense.n_layer - 1), gap(dense.n_layer + 1))
     build_model(dense)                                       # a valid, buildable config
+
+
+# --- the seam: training calls a memory block as block(x, positions, bank) -------------------
+
+class _NarrowBlock(MoCBlock):
+    """A stand-in with the narrowest forward a memory block may have (notebook 08's capstone)."""
+
+    def forward(self, x, positions, bank):
+        return super().forward(x, positions, bank)
+
+
+def test_training_calls_a_memory_block_with_x_positions_and_bank_only():
+    kit = _model(memory_layers=(0, 1))
+    narrow = copy.deepcopy(kit)
+    replaced = swap_modules(narrow, MoCBlock, lambda old: _NarrowBlock(narrow.cfg).double())
+    assert replaced == 2 and all(type(narrow.blocks[i]) is _NarrowBlock for i in (0, 1))
+    x = _tokens()
+    y = torch.roll(x, -1, dims=1)
+    ours, theirs = narrow(x, y), kit(x, y)
+    assert torch.equal(ours.logits, theirs.logits) and torch.equal(ours.loss, theirs.loss)
+    assert ours.extras.keys() == theirs.extras.keys()
+    assert all(torch.equal(ours.extras[k], theirs.extras[k]) for k in ours.extras)
+    with pytest.raises(TypeError):          # caches and the reference path need the kit's block
+        narrow(x, reference=True)
+
+
+def test_block_options_pass_only_what_is_in_use():
+    cache, state = object(), object()
+    assert _block_options(None, False, None) == {}
+    assert _block_options(cache, False, None) == {"cache": cache}
+    assert _block_options(None, True, state) == {"layer_state": state, "reference": True}

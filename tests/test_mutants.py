@@ -14,7 +14,10 @@ up to and including its check cell) runs with the solution (the check must pass)
 mutant with the mutant substituted (the check cell must fail with an assertion or a runtime
 error, not a SyntaxError/NameError/..., which would be the mutant's fault, and no earlier cell
 of the span may fail), then with the solution again (the check must pass again: no mutant left
-state behind that changes the verdict). The check's message is recorded for the summary
+state behind that changes the verdict). Then the exercise is put back unanswered (the names its
+solution cells bind are forgotten and their stubs run), so every later cell runs as in a
+student's Run All with this exercise not done: a later exercise or prose cell that needs this
+answer fails the test (each exercise stands alone). The check's message is recorded for the summary
 (``pytest -s`` prints every mutant; tests/conftest.py prints the table at the end).
 """
 
@@ -29,7 +32,14 @@ from pathlib import Path
 
 import pytest
 
-from blockmem_lite.exercises import BEGIN, END, check_cell_indices, read_notebook, solutions_dir
+from blockmem_lite.exercises import (
+    BEGIN,
+    END,
+    check_cell_indices,
+    read_notebook,
+    solutions_dir,
+    stub_code,
+)
 
 MUTANTS_DIR = Path(__file__).parent / "mutants"
 MIN_MUTANTS = 3
@@ -194,6 +204,45 @@ class _Kernel:
                 return (i, *err)
         return None
 
+    def unanswer(self, nb, ex: Exercise) -> None:
+        """Put the exercise back as the student gets it: forget every top-level name its solution
+        cells bind, then run their stubbed versions (their NotImplementedError is expected)."""
+        cells = sorted({r.cell for r in ex.regions})
+        names = sorted(set().union(*(top_level_names(nb.cells[i].source) for i in cells)))
+        forget = nbformat_cell(f"for _name in {names!r}:\n    globals().pop(_name, None)")
+        self.client.execute_cell(forget, 0)
+        for i in cells:
+            self.run(nb, i, stub_code(nb.cells[i].source))
+
+
+def nbformat_cell(source: str):
+    from nbformat.v4 import new_code_cell
+
+    return new_code_cell(source)
+
+
+def top_level_names(source: str) -> set[str]:
+    """Names a cell binds at module level: assignments, loop targets, defs, classes, imports."""
+    import ast
+
+    names = set()
+    for stmt in ast.parse(source).body:
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(stmt.name)
+            continue
+        if isinstance(stmt, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).split(".")[0] for a in stmt.names}
+            continue
+        stack = [stmt]
+        while stack:
+            node = stack.pop()
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                names.add(node.id)
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef,
+                                     ast.Lambda)):
+                stack.extend(ast.iter_child_nodes(node))
+    return names
+
 
 def _first_line(text: str) -> str:
     lines = [ln.strip() for ln in re.sub(r"\x1b\[[0-9;]*m", "", text).splitlines() if ln.strip()]
@@ -217,8 +266,9 @@ def run_mutants(path: Path, mutants: dict[str, list[Mutant]]) -> tuple[list[dict
                 continue
             err = kernel.run_span(nb, done + 1, ex.first - 1)
             if err:
-                problems.append(f"cell {err[0]} fails before {ex.check_id}: {err[1]}: "
-                                f"{_first_line(err[2])}")
+                problems.append(f"cell {err[0]} fails before {ex.check_id} with the exercises "
+                                f"before it unanswered (as in a student's Run All), so it "
+                                f"depends on an answer: {err[1]}: {_first_line(err[2])}")
                 break
             if err := kernel.run_span(nb, ex.first, ex.check):
                 problems.append(f"{ex.check_id}: the solution fails (cell {err[0]}): {err[1]}: "
@@ -252,6 +302,7 @@ def run_mutants(path: Path, mutants: dict[str, list[Mutant]]) -> tuple[list[dict
                 problems.append(f"{ex.check_id}: the solution fails after its mutants ran "
                                 f"(state left behind?): {err[1]}: {_first_line(err[2])}")
                 break
+            kernel.unanswer(nb, ex)
             killed = sum(r["verdict"] == "killed" for r in rows if r["check"] == ex.check_id)
             if killed < MIN_MUTANTS:
                 problems.append(f"{ex.check_id}: only {killed} mutants killed, needs "
@@ -306,6 +357,36 @@ def test_harness_reports_survivors_and_broken_mutants(tmp_path, monkeypatch):
         f"99_toy.ipynb: check {check_id} has 2 mutants, needs 3",
         f"99_toy.ipynb: {check_id} mutant 'gone': original occurs 0 times in the exercise's "
         "solution regions (needs 1)"]
+
+
+def test_harness_finds_an_exercise_that_needs_an_earlier_answer(tmp_path, monkeypatch):
+    import nbformat
+    from nbformat.v4 import new_code_cell, new_notebook
+
+    check = "from blockmem_lite.checks import check_equal\n"
+    nb = new_notebook(cells=[
+        new_code_cell("def double(x):\n    ### BEGIN SOLUTION\n    return 2 * x\n"
+                      "    ### END SOLUTION"),
+        new_code_cell(check + "check_equal(double(3), 6, 'double(3)')", metadata={"tags": ["check"]}),
+        new_code_cell("table = [double(i) for i in range(3)]"),      # prose that needs exercise 1
+        new_code_cell("def triple(x):\n    ### BEGIN SOLUTION\n    return 3 * x\n"
+                      "    ### END SOLUTION"),
+        new_code_cell(check + "check_equal(triple(2), 6, 'triple(2)')", metadata={"tags": ["check"]}),
+    ])
+    path = tmp_path / "98_toy.ipynb"
+    nbformat.write(nb, str(path))
+    nb = read_notebook(path)
+    assert top_level_names(nb.cells[0].source) == {"double"}
+    for key, value in FAST_ENV.items():
+        monkeypatch.setenv(key, value)
+    _, problems = run_mutants(path, {})
+    needs = [p for p in problems if "depends on an answer" in p]
+    assert len(needs) == 1 and needs[0].startswith("cell 2 fails before") \
+        and "depends on an answer: NotImplementedError" in needs[0], problems
+    nb.cells[2].source = "table = [2 * i for i in range(3)]"          # now it stands alone
+    nbformat.write(nb, str(path))
+    _, problems = run_mutants(path, {})
+    assert not any("depends on an answer" in p for p in problems), problems
 
 
 def test_every_solution_notebook_has_mutants():

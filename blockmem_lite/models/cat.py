@@ -38,6 +38,9 @@ separator and bilinear resize of W_f; generation keeping only compressed past
 * the chunk-index table covers ``ceil(seq_len / min chunk size)`` chunks, so
   generation stops with an error past that many chunks.
 
+The decoder's attention is a module, ``CATAttention`` (SelfAttention's weights, CAT's
+pattern), so a learner's version can be swapped in (``checks.swap_modules``).
+
 ``reference_forward(model, tokens, chunk_size)`` builds the compressor outputs
 chunk by chunk, the interleaved sequence slot by slot and the readout token by
 token (fixed-C and multi-chunk); tests check that it equals the fast forward.
@@ -57,7 +60,14 @@ from blockmem_lite.flops import layer_matmul_flops, lm_head_flops
 from blockmem_lite.labdata import bench_value, best, loss_gap, memory_ratio
 from blockmem_lite.masks import cat_mask
 from blockmem_lite.models.base import LanguageModel, ModelOutput, State, check_tokens
-from blockmem_lite.nn import Block, KVCache, RMSNorm, init_weights, reference_attention
+from blockmem_lite.nn import (
+    Block,
+    KVCache,
+    RMSNorm,
+    SelfAttention,
+    init_weights,
+    reference_attention,
+)
 from blockmem_lite.registry import BenchOption, Claim, LabSpec, Mechanism, Options, register
 from blockmem_lite.trace import is_tracing, record, scope
 from blockmem_lite.validation import (
@@ -199,6 +209,60 @@ def _attend_split(q, k, v, sees_vector, sees_own) -> torch.Tensor:
     weights = torch.cat([to_vectors, to_own], dim=-1).softmax(dim=-1)
     from_vectors = weights[..., :groups].reshape(b, h, groups * width, groups) @ v_vec
     return from_vectors.view(b, h, groups, width, hd) + weights[..., groups:] @ v[..., 1:, :]
+
+
+class CATAttention(SelfAttention):
+    """The decoder's attention: SelfAttention's weights (``qkv``, ``out``), CAT's pattern.
+
+    Called with the layout, ``forward(x, positions, n_chunks=K, chunk_size=C,
+    separator=...)``: x (B, S, D) the normalised interleaved slots at RoPE ``positions``
+    (S,) -> (B, S, D). Every slot sees the slots of its own group up to itself and every
+    earlier compressed slot (``masks.cat_mask``): a token reads its own chunk causally and
+    the chunk vectors of earlier chunks, never its own chunk's vector, which opens the next
+    group. ``path`` picks how: ``per_chunk_attention`` (default), SDPA under the S x S
+    ``mask`` (``"masked"``) or plain softmax (``"reference"``, records the weights and the
+    share on compressed slots).
+
+    Called without ``n_chunks`` it is SelfAttention's forward: cached generation appends
+    slots causally, ``reference_forward`` passes its S x S mask.
+
+    The seam of notebook 05's capstone: ``checks.swap_modules(model, CATAttention, ...)``
+    puts a learner's module with the same weights in its place; the model calls it with
+    keywords, ``(x, positions, n_chunks=, chunk_size=, separator=)``, adding ``path=`` and
+    ``mask=`` only for the other paths (and when tracing the attention weights).
+    """
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None,
+                cache: KVCache | None = None, reference: bool = False,
+                mask: torch.Tensor | None = None, causal: bool = True, *,
+                n_chunks: int | None = None, chunk_size: int | None = None,
+                separator: bool = False, path: str = "per_chunk") -> torch.Tensor:
+        if n_chunks is None:
+            return super().forward(x, positions, cache, reference, mask, causal)
+        q, k, v = self.project_qkv(x, positions)                           # (B, H, S, hd)
+        if path == "per_chunk":
+            y = per_chunk_attention(q, k, v, n_chunks, chunk_size, separator)
+        elif path == "masked":
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        else:
+            y, weights = reference_attention(q, k, v, mask=mask)           # (B, H, S, S)
+            record("attn_weights", weights)
+            is_compressed = positions == 0                                  # slot n % W == 0
+            record("compressed_share", weights[..., is_compressed].sum(-1))  # (B, H, S)
+        return self.out(self.merge_heads(y))
+
+
+def _decoder_block(dim: int, n_head: int, mlp_ratio: float, rope_base: float, norm_eps: float,
+                   dropout: float) -> Block:
+    """A pre-norm Block whose attention is a CATAttention (same parameter names and shapes).
+
+    The CATAttention is built with the RNG forked: it draws no random numbers, so a seed
+    gives the same weights as a plain Block would (``init_weights`` sets them all anyway).
+    """
+    block = Block(dim, n_head, mlp_ratio, rope_base, norm_eps, dropout)
+    with torch.random.fork_rng(devices=[]):
+        block.attn = CATAttention(dim, n_head, rope_base, dropout)
+    return block
 
 
 class Compressor(nn.Module):
@@ -374,9 +438,9 @@ class CATLM(LanguageModel):
                                      cfg.chunk_size, max_chunks, self.width, cfg.mlp_ratio,
                                      cfg.rope_base, cfg.norm_eps, chunk_sizes=cfg.chunk_sizes)
         self.embed = nn.Embedding(cfg.vocab_size, self.width)              # E_d
-        self.blocks = nn.ModuleList(
-            Block(self.width, heads, cfg.mlp_ratio, cfg.rope_base, cfg.norm_eps, cfg.dropout)
-            for _ in range(cfg.n_layer))
+        self.blocks = nn.ModuleList(                                       # attn: CATAttention
+            _decoder_block(self.width, heads, cfg.mlp_ratio, cfg.rope_base, cfg.norm_eps,
+                           cfg.dropout) for _ in range(cfg.n_layer))
         self.norm = RMSNorm(self.width, cfg.norm_eps)
         self.head = nn.Linear(self.width, cfg.vocab_size, bias=False)
         # g_0: the dummy (fixed C) or the chunk-size indicator, one row per log2(C)
@@ -458,19 +522,12 @@ class CATLM(LanguageModel):
 
     def _decoder_block(self, block: Block, x: torch.Tensor, positions: torch.Tensor, k: int,
                        c: int, mask: torch.Tensor | None, path: str) -> torch.Tensor:
-        """One pre-norm decoder block with CAT's attention. x: (B, S, D)."""
-        attn = block.attn
-        q, keys, values = attn.project_qkv(block.norm1(x), positions)      # (B, H, S, hd)
-        if path == "per_chunk":
-            y = per_chunk_attention(q, keys, values, k, c, self.multi_chunk)
-        elif path == "masked":
-            y = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
-        else:
-            y, weights = reference_attention(q, keys, values, mask=mask)   # (B, H, S, S)
-            record("attn_weights", weights)
-            is_compressed = positions == 0                                  # slot n % W == 0
-            record("compressed_share", weights[..., is_compressed].sum(-1))  # (B, H, S)
-        x = x + block.drop(attn.out(attn.merge_heads(y)))
+        """One pre-norm decoder block; its attention (``block.attn``, a CATAttention or a
+        module swapped in for it) gets the layout. x: (B, S, D)."""
+        options = {} if path == "per_chunk" else {"path": path, "mask": mask}
+        h = block.attn(block.norm1(x), positions, n_chunks=k, chunk_size=c,
+                       separator=self.multi_chunk, **options)
+        x = x + block.drop(h)
         return x + block.drop(block.mlp(block.norm2(x)))
 
     # --- cached generation (MECHANISMS.md 3.6) ------------------------------------

@@ -487,6 +487,15 @@ class MoCState(DenseState):
         return super().tensors() + [t for st in self.memory.values() for t in st.tensors()]
 
 
+def _block_options(cache, reference: bool, layer_state) -> dict:
+    """The keywords a memory block is called with beyond ``(x, positions, bank)``: only those
+    in use. So training calls ``block(x, positions, bank)``, and any module with that forward,
+    MoCBlock's parameter names and a ``(y, Routing)`` result can stand in for a MoCBlock
+    (``checks.swap_modules``; notebook 08's capstone plugs the learner's block in this way)."""
+    options = {"cache": cache, "layer_state": layer_state, "reference": reference or None}
+    return {k: v for k, v in options.items() if v is not None}
+
+
 class MoCLM(DenseLM):
     """The dense stack with MoC memory layers reading one shared chapter bank."""
 
@@ -526,7 +535,8 @@ class MoCLM(DenseLM):
             with scope(f"layer{i}"):
                 if i in self.memory_layers:
                     layer_state = state.memory[i] if state is not None else None
-                    x, routing = block(x, positions, self.bank, cache, reference, layer_state)
+                    x, routing = block(x, positions, self.bank,
+                                       **_block_options(cache, reference, layer_state))
                     routings.append(routing)
                 else:
                     x = block(x, positions, cache, reference)

@@ -17,6 +17,13 @@ MUTANTS = {
          "is_vector = (n % width) == 0", "is_vector = (n % width) == width - 1"),
         ("missing parentheses: future vector slots visible",
          "return (n <= q) & (same_group | is_vector)", "return (n <= q) & same_group | is_vector"),
+        ("calls the kit's masks.cat_mask (the layout read back from S and W)",
+         "    same_group = (q // width) == (n // width)\n"
+         "    is_vector = (n % width) == 0\n"
+         "    return (n <= q) & (same_group | is_vector)\n",
+         "    s = q.numel()\n"
+         "    separator = (s - 2) % width == 0         # S = K*W + 2 with SEP, K*W + 1 without\n"
+         "    return cat_mask((s - 1 - separator) // width, width - 1 - separator, separator)\n"),
     ],
     "nb04-08": [  # fixed_readout
         ("the SEP offset forgotten",
@@ -30,6 +37,10 @@ MUTANTS = {
          "next_group = (k + 1) * width +", "next_group = k * width +"),
         ("the colleague's bug again: every token reads its own slot",
          "return torch.where(j == chunk_size - 1, next_group, own)", "return own"),
+        ("calls the kit's cat.readout_slots",
+         "    next_group = (k + 1) * width + (1 if separator else 0)\n"
+         "    return torch.where(j == chunk_size - 1, next_group, own)\n",
+         "    return cat.readout_slots(n_chunks, chunk_size, separator, device)\n"),
     ],
     "nb04-11": [  # cat_pairs + dense_pairs
         ("the closing vector slot forgotten",
@@ -42,6 +53,8 @@ MUTANTS = {
          "seq_len * (seq_len + 1) // 2", "seq_len * (seq_len - 1) // 2"),
         ("dense pairs without the causal mask",
          "return seq_len * (seq_len + 1) // 2", "return seq_len * seq_len"),
+        ("builds the mask after all: counts cat_mask's True entries",
+         "    return vectors + tokens\n", "    return int(cat_mask(n_chunks, chunk_size).sum())\n"),
     ],
     "nb04-15": [  # first_leak + leak_reaches
         ("first leak one position late",

@@ -5,19 +5,29 @@ tests/test_mutants.py substitutes each one and proves the check cell rejects it.
 """
 
 MUTANTS = {
-    "nb07-05": [  # armt_state_bytes
-        ("n_wrapped ignored: every layer counted as wrapped",
-         "n_wrapped = n_layer if n_wrapped is None else n_wrapped", "n_wrapped = n_layer"),
-        ("the memory tokens not cached",
-         "(segment_size + n_mem_tokens)", "segment_size"),
-        ("the normaliser z forgotten",
-         "6 * d_mem * (d_model + 1)", "6 * d_mem * d_model"),
-        ("DPFP expansion forgotten: 2 d_mem instead of 6 d_mem",
-         "memory = n_wrapped * 6 * d_mem", "memory = n_wrapped * 2 * d_mem"),
-        ("keys only, the values forgotten",
-         "cache = n_layer * 2 *", "cache = n_layer *"),
-        ("the batch forgotten",
-         "return batch * (cache + memory)", "return (cache + memory)"),
+    "nb07-05": [  # backbone_positions + unseen_positions
+        ("positions keep counting across segments",
+         "calls.append(torch.arange(n + (n_mem_tokens if writes else 0)))",
+         "calls.append(torch.arange(start, start + n + (n_mem_tokens if writes else 0)))"),
+        ("the last segment writes in model(tokens) too",
+         "writes = write_last or start + segment_size < total_len", "writes = True"),
+        ("write_last ignored: the last segment never writes",
+         "writes = write_last or start + segment_size < total_len",
+         "writes = start + segment_size < total_len"),
+        ("off by one: a full last segment counted as not the last",
+         "start + segment_size < total_len", "start + segment_size <= total_len"),
+        ("the short last segment padded to a full segment",
+         "n = min(segment_size, total_len - start)", "n = segment_size"),
+        ("the short tail dropped (floor division)",
+         "for start in range(0, total_len, segment_size):",
+         "for start in range(0, total_len // segment_size * segment_size, segment_size):"),
+        ("dense: every position counted, not only those past the trained length",
+         "return max(0, total_len - trained_len)", "return total_len"),
+        ("ARMT: training taken to write its last segment too",
+         "trained = set(torch.cat(backbone_positions(trained_len, segment_size, n_mem_tokens)).tolist())",
+         "trained = set(torch.cat(backbone_positions(trained_len, segment_size, n_mem_tokens, True)).tolist())"),
+        ("ARMT: counts compared instead of the sets of ids",
+         "return len(used - trained)", "return len(used) - len(trained)"),
     ],
     "nb07-10": [  # key_visible + best_possible_accuracy
         ("strict <: a key exactly window tokens back counted unseen",
@@ -48,6 +58,10 @@ MUTANTS = {
          "<= budget * full", "< budget * full"),
         ("off by one: k never reaches n_layer",
          "for k in range(n + 1)", "for k in range(n)"),
+        ("calls the kit's FLOP model instead of adding up the layers",
+         "return (c.n_layer * layer - (c.n_layer - n_memory_layers) * memory",
+         "return metrics.flops_per_token(dataclasses.replace(c, memory_layers=tuple(range(n_memory_layers))))\n"
+         "    (c.n_layer * layer - (c.n_layer - n_memory_layers) * memory"),
     ],
     "nb07-19": [  # segments_reached
         ("the loss segment itself counted as an earlier segment",

@@ -21,6 +21,13 @@ MUTANTS = {
         ("router gradient cut: the top-k probabilities detached",
          "routed = routed_scale * top_p / top_p.sum(dim=-1, keepdim=True)",
          "routed = routed_scale * top_p.detach() / top_p.detach().sum(dim=-1, keepdim=True)"),
+        ("routed_scale forgotten: the routed weights are ŵ alone",
+         "routed = routed_scale * top_p / top_p.sum(dim=-1, keepdim=True)",
+         "routed = top_p / top_p.sum(dim=-1, keepdim=True)"),
+        ("calls the kit's moc.chapter_weights where it can (S = 1)",
+         "top_p, top_i = probs[..., n_shared:].topk(top_k, dim=-1)",
+         "if n_shared == 1:\n        return moc.chapter_weights(probs, top_k, routed_scale)\n"
+         "    top_p, top_i = probs[..., n_shared:].topk(top_k, dim=-1)"),
     ],
     "nb08-08": [  # my_load_balance + the three values
         ("f summed over the decisions instead of averaged",
@@ -35,6 +42,9 @@ MUTANTS = {
          "collapsed_value = n_chapters", "collapsed_value = n_chapters / top_k"),
         ("parked router: 1, as if balanced",
          "parked_value = 0.0", "parked_value = 1.0"),
+        ("calls the kit's moc.load_balance_loss",
+         "return c * (f * probs.mean(dim=0)).sum()",
+         "return moc.load_balance_loss(probs, routed_ids)"),
     ],
     "nb08-12": [  # my_z_loss + the two values
         ("not squared",
@@ -49,6 +59,8 @@ MUTANTS = {
          "uniform_z = math.log(n_chapters) ** 2", "uniform_z = math.log(n_chapters)"),
         ("shifted logits predicted to give the same L_z (shift invariance of softmax)",
          "shifted_z = (3 + math.log(n_chapters)) ** 2", "shifted_z = math.log(n_chapters) ** 2"),
+        ("calls the kit's moc.z_loss",
+         "return torch.logsumexp(logits, dim=-1).pow(2).mean()", "return moc.z_loss(logits)"),
     ],
     "nb08-18": [  # reading the routing trace
         ("the shared chapter 0 counted too",
@@ -61,5 +73,42 @@ MUTANTS = {
          "(chapters[:, 0] == chapters[0, 0]).all()", "(chapters[:, 0] == chapters[0, 0]).any()"),
         ("window 0: compares the windows of sequence 0, not window 0 of every sequence",
          "(chapters[:, 0] == chapters[0, 0]).all()", "(chapters[0] == chapters[0, 0]).all()"),
+    ],
+    "nb08-25": [  # capstone: MyMoCBlock, route_windows, read_chapters
+        ("router reads the current window: window w routed from the tokens up to its own end "
+         "(a look-ahead)",
+         "sums = x.cumsum(dim=1)[:, r - 1:(n_windows - 1) * r:r]",
+         "sums = x.cumsum(dim=1)[:, 2 * r - 1::r]"),
+        ("router input is h after attention, not the stream x entering the block",
+         "routing = route_windows(self, x)\n        h = x + self.attn(self.norm1(x), positions)",
+         "h = x + self.attn(self.norm1(x), positions)\n        routing = route_windows(self, h)"),
+        ("softmax over the windows instead of the chapters",
+         "probs = logits.softmax(dim=-1)", "probs = logits.softmax(dim=1)"),
+        ("top-k over all chapters, the shared one included",
+         "probs[..., 1:].topk(block.top_k, dim=-1)", "probs.topk(block.top_k, dim=-1)"),
+        ("routed weights not renormalised over the top k",
+         "routed = block.routed_scale * top_p / top_p.sum(dim=-1, keepdim=True)",
+         "routed = block.routed_scale * top_p"),
+        ("shared chapter dropped: only the k routed chapters are read",
+         "weights = torch.cat([shared, routed], dim=-1) / (1 + block.routed_scale)\n"
+         "    ids = torch.cat([torch.zeros_like(top_i[..., :1]), top_i + 1], dim=-1)",
+         "weights = routed / block.routed_scale\n    ids = top_i + 1"),
+        ("a chapter's rows taken with stride 1: chapter c read from row c",
+         "routing.chapter_ids[..., None] * n_len + torch.arange",
+         "routing.chapter_ids[..., None] + torch.arange"),
+        ("gathered rows not RMS-normalised",
+         "mem = mem * torch.rsqrt(mem.pow(2).mean(dim=-1, keepdim=True) + block.eps)",
+         "mem = mem"),
+        ("chapter weight scales the values only, not the keys",
+         "mem = (mem * routing.weights[..., None, None]).flatten(2, 3)         # (B, W, M, D)\n"
+         "    keys, values = block.memory.kv(mem).chunk(2, dim=-1)",
+         "mem = mem.flatten(2, 3)\n    keys, values = block.memory.kv(mem).chunk(2, dim=-1)\n"
+         "    values = values * routing.weights.repeat_interleave(n_len, dim=-1)[..., None]"),
+        ("read softmax over the queries instead of the memory tokens",
+         "scores.softmax(dim=-1)", "scores.softmax(dim=-2)"),
+        ("calls the kit's moc.chapter_weights for the selection",
+         "return moc.Routing(logits, probs, ids, weights)",
+         "return moc.Routing(logits, probs, *moc.chapter_weights(probs, block.top_k, "
+         "block.routed_scale))"),
     ],
 }

@@ -23,6 +23,12 @@ MUTANTS = {
          "extra = memory_layer_extra_flops("),
         ("a dense layer's attention term (2 T d) forgotten",
          "extra / (24 * d * d + 2 * t * d)", "extra / (24 * d * d)"),
+        ("memory_layer_extra_flops calls the kit's moc.moc_extra_flops",
+         "n_read = (top_k + 1) * chapter_len",
+         "return moc.moc_extra_flops(d, n_chapters, top_k, chapter_len, route_every)"),
+        ("iso_flop_dense_layers calls the kit's metrics.iso_flop_dense_config",
+         "d, t = model_cfg.d_model, model_cfg.seq_len",
+         "return metrics.iso_flop_dense_config(model_cfg).n_layer"),
     ],
     "nb09-11": [  # lr_groups
         ("weight decay on every parameter, biases and norms too",
@@ -35,6 +41,12 @@ MUTANTS = {
          "key = (lr * scales.get(name, 1.0),", "key = (lr / scales.get(name, 1.0),"),
         ("decay only for tensors of more than 2 dims (matrices excluded)",
          "if p.dim() >= 2 else 0.0", "if p.dim() > 2 else 0.0"),
+        ("calls the kit's make_optimizer and reads its groups back",
+         'scales = model.lr_scales() if callable(getattr(model, "lr_scales", None)) else {}',
+         'return [(g["lr"], g["weight_decay"], {n for n, p in model.named_parameters()\n'
+         '                                         if any(p is q for q in g["params"])})\n'
+         '            for g in make_optimizer(model, TrainConfig(lr=lr, weight_decay=weight_decay))'
+         '.param_groups]'),
     ],
     "nb09-15": [  # forgetting
         ("share of the score, not of the room above chance",
