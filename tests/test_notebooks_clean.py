@@ -144,3 +144,19 @@ def test_jupyterlab_saves_widget_state_with_the_kit_settings():
     makefile = (REPO / "Makefile").read_text()
     assert "share/jupyter/lab/settings/overrides.json" in makefile
     assert "$(LAB_ARGS)" in makefile
+
+
+@pytest.mark.parametrize("path", ALL, ids=_ids(ALL))
+def test_the_filter_leaves_a_clean_notebook_byte_for_byte(path):
+    """Else a fresh checkout with the filter shows every notebook as modified. (In process,
+    as ``python -m nbstripout --keep-id`` does it: strip_output, then nbformat's writer.)"""
+    nbstripout = pytest.importorskip("nbstripout")
+    import nbformat
+
+    if output_problems(_load(path)):
+        pytest.skip("the working copy has outputs (the filter strips them on commit)")
+    nb = nbformat.reads(path.read_text(encoding="utf-8"), as_version=nbformat.NO_CONVERT)
+    stripped = nbstripout.strip_output(nb, keep_output=False, keep_count=False, keep_id=True)
+    assert nbformat.writes(stripped) + "\n" == path.read_text(encoding="utf-8"), (
+        f"{path.name}: nbstripout writes it differently (key order or layout); rewrite it "
+        "with `python -m nbstripout --keep-id -t FILE > tmp && mv tmp FILE`")
