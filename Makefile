@@ -31,12 +31,14 @@ TEST_ENV := BLOCKMEM_FAST=1 BLOCKMEM_HEADLESS=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFF
 PRESET ?= fast
 SITE ?= site
 
-.PHONY: setup hygiene lab test lint exercises bench site clean-notebooks help
+.PHONY: setup hygiene lab test test-browser lint exercises bench site clean-notebooks help
 
 help:
 	@echo "make lab    - set up (if needed) and open JupyterLab on notebooks/ (stop: Ctrl-C twice);"
 	@echo "              options for Jupyter: make lab LAB_ARGS=\"--no-browser --ip=0.0.0.0\""
 	@echo "make test   - set up (if needed) and run every test (library + notebooks, fast mode)"
+	@echo "make test-browser - only the notebooks in JupyterLab under headless Chromium (make test runs"
+	@echo "              it too whenever Chromium is installed)"
 	@echo "make bench  - run the dense benchmark and print the table"
 	@echo "make site   - static HTML pages of every notebook with outputs into site/ (fast mode);"
 	@echo "              make site PRESET=class for the class-mode site a teacher publishes"
@@ -81,6 +83,9 @@ test: setup lint
 	$(TEST_ENV) $(BIN)/python -m pytest tests \
 		--nbval-lax --nbval-current-env --nbval-cell-timeout=600 \
 		notebooks/*.ipynb notebooks/solutions/*.ipynb
+
+test-browser: setup
+	$(BIN)/python -m pytest tests/test_browser.py -m browser -ra
 
 bench: setup
 	$(BIN)/python -m blockmem_lite bench --arch dense --seq-len 256,1024,4096

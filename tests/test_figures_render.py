@@ -21,6 +21,11 @@ from blockmem_lite.models.bcmt import decay_weights  # noqa: E402
 from blockmem_lite.viz import figures, lab_figures, live  # noqa: E402
 from blockmem_lite.viz.live import LiveComparison, LiveDashboard, live_comparison  # noqa: E402
 
+
+def shown(view):
+    """The figure a view shows: its live FigureWidget, or the static one once all runs ended."""
+    return view._figure_widget if view._figure_widget is not None else view.static_figure
+
 # Public functions that are not figure builders (helpers, writers).
 NOT_BUILDERS = {
     figures: {"color", "memory_method_label", "run_family", "update_training_panels"},
@@ -357,11 +362,31 @@ def test_comparison_overlays_n_runs_in_n_colours_in_one_widget():
     assert len(cmp_.loss_figure(facet=None).data) == 5      # train + val, honly has no val yet
 
 
+def test_a_finished_view_turns_static_and_a_new_run_brings_the_live_widget_back():
+    """A saved notebook keeps live widgets' state (5 MB of plotly.js each); a static figure
+    is kilobytes and shows again on reopening."""
+    import ipywidgets
+
+    clock = FakeClock()
+    cmp_ = widget_or_skip(LiveComparison, runs=["dense", "bcmt"], clock=clock)
+    feed(cmp_.run("dense"), clock, 3)
+    assert cmp_._figure_widget is not None, "bcmt has not run yet: still live"
+    live_widget = cmp_._figure_widget
+    feed(cmp_.run("bcmt"), clock, 3)
+    assert cmp_._figure_widget is None and isinstance(cmp_.widget.children[1], ipywidgets.Output)
+    assert live_widget.comm is None, "the FigureWidget is closed, so its state is not saved"
+    assert [d.name for d in cmp_.static_figure.data][:1] == ["dense"]
+    assert len(cmp_.static_figure.to_json()) < 200_000
+    feed(cmp_.run("bcmt"), clock, 2, end=False)       # bcmt again: a new run, live again
+    assert isinstance(cmp_._figure_widget, go.FigureWidget)
+    assert cmp_.widget.children[1] is cmp_._figure_widget
+
+
 def test_comparison_adds_a_run_it_was_not_told_about():
     clock = FakeClock()
     cmp_ = widget_or_skip(LiveComparison, clock=clock)
     feed(cmp_.run("late"), clock, 3)
-    assert len(cmp_._figure_widget.data) == 5 and cmp_._figure_widget.data[0].name == "late"
+    assert len(shown(cmp_).data) == 5 and shown(cmp_).data[0].name == "late"
 
 
 def test_comparison_text_mode_prefixes_each_line_with_its_run(monkeypatch, capsys):

@@ -326,13 +326,18 @@ def widget_dashboard(**kwargs):
         pytest.skip(f"widgets cannot be built in this process: {exc}")
 
 
+def shown(view):
+    """The figure a view shows: its live FigureWidget, or the static one once all runs ended."""
+    return view._figure_widget if view._figure_widget is not None else view.static_figure
+
+
 def test_widget_mode_shows_every_point_with_bounded_updates(capsys):
     clock = FakeClock()
     dash = widget_dashboard(total_steps=2000, title="dense", clock=clock, max_updates_per_s=4)
     assert dash.mode == "widget" and isinstance(dash._figure_widget, go.FigureWidget)
     run_steps(dash, clock, 2000)                             # 2 s of fake time, 4 evals
     dash.on_end(None, history_dict())
-    train, val, speed, memory, peak = dash._figure_widget.data
+    train, val, speed, memory, peak = shown(dash).data
     assert tuple(train.x) == tuple(range(1, 2001)) == tuple(speed.x) == tuple(memory.x)
     assert train.y[-1] == pytest.approx(5.0 / 2000)
     assert tuple(val.x) == (500, 1000, 1500, 2000)
@@ -340,11 +345,11 @@ def test_widget_mode_shows_every_point_with_bounded_updates(capsys):
     assert dash.n_updates <= 1 + math.ceil(2.0 * 4) + 4 + 1
     assert "done" in dash._status.value and "dense" in dash._status.value
     assert "381 MiB RSS" in dash._status.value
-    assert tuple(dash._figure_widget.layout.xaxis.range) == (0, 2000)
+    assert tuple(shown(dash).layout.xaxis.range) == (0, 2000)
     assert speed.y[-1] == 1234.0 and memory.y[-1] == pytest.approx((400e6 + 2000) / 2**20)
     assert tuple(peak.y) == pytest.approx(((400e6 + 2000) / 2**20,) * 2)
-    assert dash._figure_widget.layout.yaxis3.title.text == "MiB (RSS)"
-    assert "done: step 2000/2000" in dash._figure_widget.layout.title.text
+    assert shown(dash).layout.yaxis3.title.text == "MiB (RSS)"
+    assert "done: step 2000/2000" in shown(dash).layout.title.text
     assert capsys.readouterr().out == ""                     # nothing printed outside a kernel
 
 
@@ -357,8 +362,8 @@ def test_widget_mode_new_run_starts_over_and_figure_uses_history():
     assert "interrupted" in fig.layout.title.text and len(fig.data) == 5
     run_steps(dash, clock, 5, total=5, eval_every=5)         # the same dashboard, a new run
     dash.on_end(None, history_dict(5))
-    assert tuple(dash._figure_widget.data[0].x) == (1, 2, 3, 4, 5)
-    assert tuple(dash._figure_widget.data[1].x) == (5,)
+    assert tuple(shown(dash).data[0].x) == (1, 2, 3, 4, 5)
+    assert tuple(shown(dash).data[1].x) == (5,)
 
 
 def test_figure_before_the_end_uses_the_points_received(headless):

@@ -347,6 +347,7 @@ class _TrainingView(_LiveView):
         super().__init__(title, mode, max_updates_per_s, print_every_s, clock)
         self.records: dict[str, RunRecord] = {}
         self._figure_widget = None
+        self.static_figure = None     # what the widget shows once every run has ended
         self._status = None
 
     def _build_widget(self) -> None:
@@ -360,6 +361,46 @@ class _TrainingView(_LiveView):
         self._figure_widget = fig
         self._status = ipywidgets.HTML(value=self._status_html())
         self.widget = ipywidgets.VBox([self._status, fig])
+
+    # ------------------------------------------------------------------ freezing
+
+    def _all_done(self) -> bool:
+        """Every run the view knows has ended: the dashboard's one run, or each run a
+        comparison was given up front (runs it only meets later count once they start)."""
+        return all(r.finished for r in self.records.values())
+
+    def _freeze(self) -> None:
+        """Swap the live FigureWidget for the same figure drawn statically, and close it.
+
+        A saved notebook keeps each live widget's state, and a plotly FigureWidget's holds
+        plotly.js (about 5 MB): three dashboards made a 15 MB notebook. The static figure
+        is a plain plotly output (kilobytes) that shows again when the notebook reopens.
+        The next step of a new run brings a live widget back (``_thaw``).
+        """
+        import ipywidgets
+        import plotly.graph_objects as go
+        from IPython.display import display
+
+        if self._figure_widget is None:
+            return
+        static = ipywidgets.Output()
+        self.static_figure = go.Figure(self._figure_widget)
+        if _in_notebook_kernel():     # elsewhere Output cannot capture: it would print
+            with static:
+                display(self.static_figure)
+        self._figure_widget.close()
+        self._figure_widget = None
+        self.widget.children = (self._status, static)
+
+    def _thaw(self) -> None:
+        import plotly.graph_objects as go
+
+        from blockmem_lite.viz.figures import training_panels
+
+        fig = go.FigureWidget(training_panels(list(self.records), single=self.single,
+                                              title=self._figure_title()))
+        self._figure_widget = fig
+        self.widget.children = (self._status, fig)
 
     # ------------------------------------------------------------------ feeding
 
@@ -392,6 +433,8 @@ class _TrainingView(_LiveView):
         if self.mode == "widget":
             self._show_once()
             self._refresh()
+            if self._all_done():
+                self._freeze()
         else:
             self._print_run(record, record.final_line())
 
@@ -413,6 +456,8 @@ class _TrainingView(_LiveView):
         """Redraw the widget with every point buffered so far (one batched message)."""
         from blockmem_lite.viz.figures import update_training_panels
 
+        if self._figure_widget is None:
+            self._thaw()
         fig = self._figure_widget
         with fig.batch_update():
             update_training_panels(fig, {name: r.as_history() for name, r in
