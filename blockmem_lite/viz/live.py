@@ -388,9 +388,10 @@ class _TrainingView(_LiveView):
         if _in_notebook_kernel():     # elsewhere Output cannot capture: it would print
             with static:
                 display(self.static_figure)
-        self._figure_widget.close()
+        live = self._figure_widget
         self._figure_widget = None
         self.widget.children = (self._status, static)
+        _close_after_the_cell(live)
 
     def _thaw(self) -> None:
         import plotly.graph_objects as go
@@ -547,6 +548,26 @@ class LiveDashboard(_TrainingView):
             parts.append("<b>interrupted</b>" if record.interrupted else "<b>done</b>")
         return ('<div style="font-family: monospace; font-size: 13px">'
                 + " · ".join(parts) + "</div>")
+
+
+def _close_after_the_cell(widget) -> None:
+    """Close ``widget`` once the running cell has finished (at once outside IPython).
+
+    Closed at once, a widget whose view is still on the page makes the front end raise "no
+    comm channel defined"; by the end of the cell the view has been taken off the page."""
+    import sys
+
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    if shell is None or not hasattr(shell, "events"):
+        widget.close()
+        return
+
+    def close_once(*_):
+        shell.events.unregister("post_run_cell", close_once)
+        widget.close()
+
+    shell.events.register("post_run_cell", close_once)
 
 
 def _last(values):
