@@ -20,6 +20,7 @@ COMMANDS = {   # name: (module, function, help)
     "reproduce": ("blockmem_lite.cli", "reproduce_main",
                   "every mechanism on the same work; the papers' claims beside ours"),
     "exercises": ("blockmem_lite.exercises", "main", "build|check|strip|grade student notebooks"),
+    "site": ("blockmem_lite.site", "main", "static HTML pages of the notebooks, with outputs"),
 }
 SUBCOMMANDS = {   # (command, subcommand): (module, function); grading sits above exercises
     ("exercises", "grade"): ("blockmem_lite.grading", "main"),

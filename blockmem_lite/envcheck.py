@@ -94,12 +94,12 @@ def _figure_widget() -> Item:
     return "FigureWidget", True, "plotly FigureWidget builds: live dashboards use widgets"
 
 
-def _setting(name: str, mode: str, meaning: str) -> Item:
-    """Informational: whether a mode variable is set (always OK)."""
+def _setting(name: str, mode: str, when_on: str, when_off: str) -> Item:
+    """Informational: whether a mode variable is set, and what that means now (always OK)."""
     value = os.environ.get(name)
     on = value is not None and value.strip().lower() in ("1", "true", "yes", "on")
     shown = "not set" if value is None else f"{name}={value}"
-    return name, True, f"{shown}: {mode} {'on' if on else 'off'} ({meaning})"
+    return name, True, f"{shown}: {mode} {'on' if on else 'off'}, {when_on if on else when_off}"
 
 
 def run_envcheck() -> list[Item]:
@@ -117,8 +117,12 @@ def run_envcheck() -> list[Item]:
         lambda: _package("psutil", "CPU memory readings fall back to /proc"),
         lambda: _package("nbval", "make test runs the notebooks: pip install -e '.[test]'"),
         _figure_widget,
-        lambda: _setting("BLOCKMEM_FAST", "fast mode", "tiny configs, as in CI"),
-        lambda: _setting("BLOCKMEM_HEADLESS", "headless mode", "dashboards print text"),
+        lambda: _setting("BLOCKMEM_FAST", "fast mode", "so notebooks use tiny configs, as CI does",
+                         "so notebooks use their full configs (BLOCKMEM_FAST=1: tiny ones, "
+                         "as in CI)"),
+        lambda: _setting("BLOCKMEM_HEADLESS", "headless mode", "so dashboards print text lines",
+                         "so dashboards draw widgets in a notebook (BLOCKMEM_HEADLESS=1: text "
+                         "lines)"),
     ]
     return [check() for check in checks]
 

@@ -169,7 +169,11 @@ class Lab:
     """One reproduce run: its plan, the store in ``out`` and the models trained so far."""
 
     def __init__(self, preset_name: str, out, archs=None, corpus=None, steps: int | None = None,
-                 progress: bool = True):
+                 progress: bool = True, live=None):
+        if live is not None and not callable(getattr(live, "run", None)):
+            raise ValueError(f"live={live!r} is not allowed: expected None or a live view with "
+                             "run(name) -> trainer callback (viz.live.LiveComparison)")
+        self.live = live
         self.preset = preset_name
         self.sizes = dict(LAB_SIZES[preset_name], **({"steps": steps} if steps else {}))
         self.entries = plan_entries(preset_name, archs, self.sizes["steps"])
@@ -228,9 +232,10 @@ class Lab:
         write_report(self.results, self.out)
         return self.results
 
-    def _trainer(self, model, run: RunConfig, train_data, val_data=None) -> Trainer:
+    def _trainer(self, model, run: RunConfig, train_data, val_data=None,
+                 callbacks=()) -> Trainer:
         return Trainer(model, dataclasses.replace(run.train, checkpoint_dir=None), train_data,
-                       val_data, callbacks=[self.progress], run_cfg=run)
+                       val_data, callbacks=[self.progress, *callbacks], run_cfg=run)
 
     def _model(self, entry: Entry):
         """A fresh model for ``entry`` (seeded), or the one its LabSpec starts from."""
@@ -259,7 +264,8 @@ class Lab:
         start = time.perf_counter()
         train_loader, val_loader = make_loaders(entry.run, corpus=self.corpus)
         model = self._model(entry)
-        trainer = self._trainer(model, entry.run, train_loader, val_loader)
+        live = [self.live.run(label)] if self.live is not None else []
+        trainer = self._trainer(model, entry.run, train_loader, val_loader, callbacks=live)
         history = trainer.fit()
         val_loss = {}
         for variant, overrides in entry.variants():
@@ -545,11 +551,14 @@ def write_report(results: dict, out: Path) -> Path:
 
 
 def reproduce(preset_name: str = "fast", out="runs/reproduce", archs=None, corpus=None,
-              paths=None, steps: int | None = None, progress: bool = True) -> dict:
-    """Run (or continue) the lab; returns the results (also in ``out/results.json``)."""
+              paths=None, steps: int | None = None, progress: bool = True, live=None) -> dict:
+    """Run (or continue) the lab; returns the results (also in ``out/results.json``).
+
+    ``live``: a ``viz.live.LiveComparison`` (anything with ``run(name)`` returning a trainer
+    callback) that draws each language model's training as it happens."""
     if corpus is None or isinstance(corpus, str):
         corpus = load_corpus(corpus or ("files" if paths else "offline"), paths=paths)
-    return Lab(preset_name, out, archs, corpus, steps, progress).run()
+    return Lab(preset_name, out, archs, corpus, steps, progress, live=live).run()
 
 
 def summary(results: dict) -> str:

@@ -51,3 +51,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
                       f"{nb['seconds']:>8.0f}")
         for problem in nb["problems"]:
             tr.write_line(f"    ! {problem}")
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "browser: runs the notebooks in JupyterLab in headless Chromium "
+        "(skipped without Chromium or playwright); deselect with -m 'not browser'")

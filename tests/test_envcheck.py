@@ -28,6 +28,16 @@ def test_run_envcheck_reports_torch_and_kit_ok():
     assert items["python"][0]
 
 
+def test_mode_lines_say_what_the_current_state_means(monkeypatch):
+    monkeypatch.delenv("BLOCKMEM_FAST", raising=False)
+    monkeypatch.setenv("BLOCKMEM_HEADLESS", "1")
+    items = {name: detail for name, _, detail in envcheck.run_envcheck()}
+    assert items["BLOCKMEM_FAST"].startswith("not set: fast mode off, so notebooks use their "
+                                             "full configs")
+    assert items["BLOCKMEM_HEADLESS"] == ("BLOCKMEM_HEADLESS=1: headless mode on, so dashboards "
+                                          "print text lines")
+
+
 def test_main_prints_ok_lines_and_returns_0(capsys, monkeypatch):
     monkeypatch.setenv("BLOCKMEM_FAST", "1")
     assert envcheck.main([]) == 0
@@ -35,7 +45,7 @@ def test_main_prints_ok_lines_and_returns_0(capsys, monkeypatch):
     lines = out.splitlines()
     assert any(line.startswith("OK   torch ") for line in lines)
     assert any(line.startswith("OK   kit ") for line in lines)
-    assert "BLOCKMEM_FAST=1: fast mode on" in out
+    assert "BLOCKMEM_FAST=1: fast mode on, so notebooks use tiny configs, as CI does" in out
     assert "all required items OK" in out
     # the detail column is aligned
     assert len({line.index(line.split()[2]) for line in lines[:4]}) == 1

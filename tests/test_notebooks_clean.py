@@ -2,6 +2,9 @@
 
 import json
 import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,6 +15,8 @@ NAME = re.compile(r"^\d{2}_[a-z0-9]+(_[a-z0-9]+)*\.ipynb$")
 ROOT = notebooks_dir()
 ALL = sorted(p for p in ROOT.rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts)
 MAIN = sorted(ROOT.glob("[0-9][0-9]_*.ipynb")) + sorted((ROOT / "solutions").glob("*.ipynb"))
+REPO = ROOT.parent
+FILTER = "filter.nbstripout.clean"
 
 
 def _ids(paths):
@@ -62,11 +67,63 @@ def test_the_checks_catch_a_dirty_notebook():
     assert NAME.match("01_dense_attention_from_scratch.ipynb")
 
 
+def _git(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True)
+
+
+def _in_git() -> bool:
+    return shutil.which("git") is not None and _git("rev-parse", "--is-inside-work-tree").returncode == 0
+
+
+def as_git_stores(path: Path) -> dict:
+    """The notebook as git holds it (the index's copy) in a checkout; the file otherwise."""
+    if _in_git():
+        shown = _git("show", f":{path.relative_to(REPO).as_posix()}")
+        if shown.returncode == 0:
+            return json.loads(shown.stdout)
+    return _load(path)
+
+
 @pytest.mark.parametrize("path", ALL, ids=_ids(ALL))
 def test_committed_without_outputs(path):
-    problems = output_problems(_load(path))
+    problems = output_problems(as_git_stores(path))
     assert problems == [], (f"{path.name}: {'; '.join(problems)}; run "
                             "`python -m blockmem_lite exercises strip notebooks`")
+
+
+@pytest.mark.parametrize("path", ALL, ids=_ids(ALL))
+def test_outputs_stay_in_the_working_copy_only_behind_the_filter(path):
+    """A notebook run in JupyterLab keeps its outputs on disk; git must not get them."""
+    if not output_problems(_load(path)) or not _in_git():
+        return
+    assert _git("config", "--get", FILTER).returncode == 0, (
+        f"{path.name} has outputs and this checkout has no nbstripout filter, so a commit "
+        "would store them: run `make setup` (it configures the filter), or strip them with "
+        "`python -m blockmem_lite exercises strip notebooks`")
+
+
+def test_the_filter_keeps_outputs_out_of_git_and_cell_ids_in(tmp_path):
+    """What `make setup` configures, tried on a scratch repository with a dirty notebook."""
+    pytest.importorskip("nbstripout")
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    assert "*.ipynb filter=nbstripout diff=ipynb" in (REPO / ".gitattributes").read_text()
+    assert "--keep-id" in (REPO / "Makefile").read_text()
+    _git("init", "-q", cwd=tmp_path)
+    _git("config", FILTER, f'"{sys.executable}" -m nbstripout --keep-id', cwd=tmp_path)
+    shutil.copy(REPO / ".gitattributes", tmp_path / ".gitattributes")
+    nb = {"nbformat": 4, "nbformat_minor": 5, "metadata": {"widgets": {"state": {}}},
+          "cells": [{"cell_type": "code", "id": "nb01-04", "execution_count": 3,
+                     "metadata": {"tags": ["check"]}, "source": "print(1)",
+                     "outputs": [{"output_type": "stream", "name": "stdout", "text": "1\n"}]}]}
+    (tmp_path / "01_x.ipynb").write_text(json.dumps(nb))
+    assert _git("add", "01_x.ipynb", cwd=tmp_path).returncode == 0
+    stored = json.loads(_git("show", ":01_x.ipynb", cwd=tmp_path).stdout)
+    assert output_problems(stored) == []
+    assert stored["cells"][0]["id"] == "nb01-04" and stored["cells"][0]["metadata"]["tags"] == \
+        ["check"]
+    assert output_problems(json.loads((tmp_path / "01_x.ipynb").read_text())) != [], \
+        "the working copy keeps its outputs"
 
 
 @pytest.mark.parametrize("path", ALL, ids=_ids(ALL))
@@ -78,3 +135,28 @@ def test_file_name_is_nn_topic(path):
 def test_one_parameters_cell_calling_notebook_config(path):
     problems = parameters_problems(_load(path))
     assert problems == [], f"{path.name}: {'; '.join(problems)}"
+
+
+def test_jupyterlab_saves_widget_state_with_the_kit_settings():
+    """`make setup` copies jupyter/overrides.json into the venv's JupyterLab settings."""
+    overrides = json.loads((REPO / "jupyter" / "overrides.json").read_text())
+    assert overrides["@jupyter-widgets/jupyterlab-manager:plugin"]["saveState"] is True
+    makefile = (REPO / "Makefile").read_text()
+    assert "share/jupyter/lab/settings/overrides.json" in makefile
+    assert "$(LAB_ARGS)" in makefile
+
+
+@pytest.mark.parametrize("path", ALL, ids=_ids(ALL))
+def test_the_filter_leaves_a_clean_notebook_byte_for_byte(path):
+    """Else a fresh checkout with the filter shows every notebook as modified. (In process,
+    as ``python -m nbstripout --keep-id`` does it: strip_output, then nbformat's writer.)"""
+    nbstripout = pytest.importorskip("nbstripout")
+    import nbformat
+
+    if output_problems(_load(path)):
+        pytest.skip("the working copy has outputs (the filter strips them on commit)")
+    nb = nbformat.reads(path.read_text(encoding="utf-8"), as_version=nbformat.NO_CONVERT)
+    stripped = nbstripout.strip_output(nb, keep_output=False, keep_count=False, keep_id=True)
+    assert nbformat.writes(stripped) + "\n" == path.read_text(encoding="utf-8"), (
+        f"{path.name}: nbstripout writes it differently (key order or layout); rewrite it "
+        "with `python -m nbstripout --keep-id -t FILE > tmp && mv tmp FILE`")

@@ -157,13 +157,26 @@ def test_loss_curves_read_history_objects_by_attribute():
 
 def test_training_summary_has_loss_throughput_and_memory_panels():
     fig = figures.training_summary(history_dict(interrupted=True), title="run A")
-    assert len(fig.data) == 4                                # train, val, tokens/s, memory
-    assert (fig.data[0].name, fig.data[1].name) == ("train", "val")
+    assert len(fig.data) == 5                                # train, val, tokens/s, memory, peak
+    assert (fig.data[0].name, fig.data[1].name) == ("train loss", "val loss")
     assert fig.data[0].line.color != fig.data[1].marker.color  # val stands out on the line
+    assert tuple(fig.data[2].y) == (1000.0,) * 10            # tokens/s
     assert tuple(fig.data[3].y) == (200.0,) * 10             # MiB
+    assert tuple(fig.data[4].y) == (200.0, 200.0) and fig.data[4].line.dash == "dot"
     assert fig.layout.yaxis3.title.text == "MiB (RSS)"
-    assert "interrupted" in fig.layout.title.text and "run A" in fig.layout.title.text
-    assert fig.data[3].yaxis == "y3" and fig.data[0].yaxis == "y"
+    lo, hi = fig.layout.yaxis3.range                         # around the readings, not 0..200
+    assert 190 < lo < 200 < hi < 210
+    title = fig.layout.title.text
+    assert "interrupted" in title and "run A" in title
+    assert "median 1.0k tok/s" in title and "peak 200 MiB RSS" in title
+    assert fig.data[3].yaxis == "y3" and fig.data[2].yaxis == "y2" and fig.data[0].yaxis == "y"
+
+
+def test_training_summary_memory_that_grows_is_not_a_flat_line():
+    h = history_dict()
+    h["memory_bytes"] = [(400 + s) * 2**20 for s in h["step"]]       # 401 .. 410 MiB
+    lo, hi = figures.training_summary(h).layout.yaxis3.range
+    assert lo > 390 and hi < 420                             # 9 MiB of growth fills the panel
 
 
 # ----------------------------------------------------------------------------- benchmarks
@@ -313,21 +326,30 @@ def widget_dashboard(**kwargs):
         pytest.skip(f"widgets cannot be built in this process: {exc}")
 
 
+def shown(view):
+    """The figure a view shows: its live FigureWidget, or the static one once all runs ended."""
+    return view._figure_widget if view._figure_widget is not None else view.static_figure
+
+
 def test_widget_mode_shows_every_point_with_bounded_updates(capsys):
     clock = FakeClock()
     dash = widget_dashboard(total_steps=2000, title="dense", clock=clock, max_updates_per_s=4)
     assert dash.mode == "widget" and isinstance(dash._figure_widget, go.FigureWidget)
     run_steps(dash, clock, 2000)                             # 2 s of fake time, 4 evals
     dash.on_end(None, history_dict())
-    train, val = dash._figure_widget.data
-    assert tuple(train.x) == tuple(range(1, 2001))
+    train, val, speed, memory, peak = shown(dash).data
+    assert tuple(train.x) == tuple(range(1, 2001)) == tuple(speed.x) == tuple(memory.x)
     assert train.y[-1] == pytest.approx(5.0 / 2000)
     assert tuple(val.x) == (500, 1000, 1500, 2000)
     # throttle: 1 + 2 s * 4/s time-driven redraws, plus one per eval and one at the end
     assert dash.n_updates <= 1 + math.ceil(2.0 * 4) + 4 + 1
     assert "done" in dash._status.value and "dense" in dash._status.value
     assert "381 MiB RSS" in dash._status.value
-    assert tuple(dash._figure_widget.layout.xaxis.range) == (0, 2000)
+    assert tuple(shown(dash).layout.xaxis.range) == (0, 2000)
+    assert speed.y[-1] == 1234.0 and memory.y[-1] == pytest.approx((400e6 + 2000) / 2**20)
+    assert tuple(peak.y) == pytest.approx(((400e6 + 2000) / 2**20,) * 2)
+    assert shown(dash).layout.yaxis3.title.text == "MiB (RSS)"
+    assert "done: step 2000/2000" in shown(dash).layout.title.text
     assert capsys.readouterr().out == ""                     # nothing printed outside a kernel
 
 
@@ -337,11 +359,11 @@ def test_widget_mode_new_run_starts_over_and_figure_uses_history():
     run_steps(dash, clock, 20, total=20, eval_every=10)
     dash.on_end(None, history_dict(interrupted=True))
     fig = dash.figure()
-    assert "interrupted" in fig.layout.title.text and len(fig.data) == 4
+    assert "interrupted" in fig.layout.title.text and len(fig.data) == 5
     run_steps(dash, clock, 5, total=5, eval_every=5)         # the same dashboard, a new run
     dash.on_end(None, history_dict(5))
-    assert tuple(dash._figure_widget.data[0].x) == (1, 2, 3, 4, 5)
-    assert tuple(dash._figure_widget.data[1].x) == (5,)
+    assert tuple(shown(dash).data[0].x) == (1, 2, 3, 4, 5)
+    assert tuple(shown(dash).data[1].x) == (5,)
 
 
 def test_figure_before_the_end_uses_the_points_received(headless):
@@ -445,17 +467,36 @@ def decay(n, alpha):
     return w / w.sum(-1, keepdims=True)
 
 
-def test_decay_heatmap_one_titled_panel_per_alpha_on_one_scale():
+def test_decay_heatmap_one_titled_panel_per_alpha_on_one_log_scale_and_lines():
     fig = figures.decay_heatmap({0.5: decay(6, 0.5), 0.9: decay(6, 0.9)})
-    assert len(fig.data) == 2 and fig.data[1].xaxis == "x2"
-    assert [a.text for a in fig.layout.annotations] == ["α = 0.5", "α = 0.9"]
-    assert all(d.coloraxis == "coloraxis" for d in fig.data)
-    assert fig.layout.coloraxis.cmin == 0 and fig.layout.coloraxis.cmax == pytest.approx(1.0)
-    assert "α = 0.9" in fig.data[1].hovertemplate
-    np.testing.assert_allclose(np.asarray(fig.data[0].z), decay(6, 0.5))
-    assert len(figures.decay_heatmap(decay(4, 0.8)).data) == 1
+    heat = [d for d in fig.data if d.type == "heatmap"]
+    lines = [d for d in fig.data if d.type == "scatter"]
+    assert len(heat) == 2 and len(lines) == 2 and heat[1].xaxis == "x2"
+    assert [a.text for a in fig.layout.annotations][:2] == ["α = 0.5", "α = 0.9"]
+    assert all(d.coloraxis == "coloraxis" for d in heat)
+    ca = fig.layout.coloraxis
+    assert ca.cmin == pytest.approx(-3) and ca.cmax == 0         # log10 weight, 0.001 .. 1
+    assert list(ca.colorbar.ticktext) == ["1", "0.1", "0.01", "0.001"]
+    assert "α = 0.9" in heat[1].hovertemplate
+    np.testing.assert_allclose(np.asarray(heat[0].customdata), decay(6, 0.5))
+    z = np.asarray(heat[0].z, dtype=float)
+    assert np.isnan(z[0, 5])                                     # the future is blank
+    np.testing.assert_allclose(z[5, :6], np.log10(np.clip(decay(6, 0.5)[5], 1e-3, None)))
+    assert tuple(lines[1].y) == pytest.approx(tuple(decay(6, 0.9)[5, ::-1]))   # d = 0, 1, ...
+    assert [d.name for d in lines] == ["α = 0.5", "α = 0.9"]
+    assert lines[0].line.color != lines[1].line.color and fig.layout.yaxis3.type == "log"
+    assert len(figures.decay_heatmap(decay(4, 0.8)).data) == 2
     with pytest.raises(ValueError, match=r"weights\[0.5\] with shape \(3, 4\)"):
         figures.decay_heatmap({0.5: np.ones((3, 4))})
+
+
+def test_decay_heatmap_tells_alpha_08_from_10():
+    fig = figures.decay_heatmap({0.8: decay(16, 0.8), 1.0: decay(16, 1.0)})
+    r08, r10 = (np.asarray(d.y, dtype=float) for d in fig.data if d.type == "scatter")
+    assert np.ptp(np.log10(r10)) == pytest.approx(0.0)          # flat: a plain mean
+    assert np.ptp(np.log10(r08)) > 1.0                           # more than a decade apart
+    z08, z10 = (np.asarray(d.z, dtype=float)[15] for d in fig.data if d.type == "heatmap")
+    assert np.nanmax(np.abs(z08 - z10)) > 0.5                    # half a decade of colour
 
 
 def test_summary_weights_heatmap_writes_the_characters():
@@ -652,9 +693,13 @@ def test_slider_widget_mode_labels_are_not_cut_and_moving_rebuilds():
                                      beta=(0.5, 0.0, 1.0, 0.05))
     except RuntimeError as exc:
         pytest.skip(f"widgets cannot be built in this process: {exc}")
-    sel, beta = view.widget.children[:2]
+    sel, beta = view.controls["chunk_size"], view.controls["beta"]
     assert type(sel).__name__ == "SelectionSlider" and type(beta).__name__ == "FloatSlider"
-    assert sel.description == "chunk size C" and sel.style.description_width == "initial"
+    assert view.widget.children[0].children == (view.labels["chunk_size"], sel)
+    label = view.labels["chunk_size"].value                  # its own widget, never cut
+    assert ">chunk size C</div>" in label and "white-space: nowrap" in label
+    assert "min-width: 7.7em" in label                       # as wide as the longest label
+    assert sel.description == "" and ">beta</div>" in view.labels["beta"].value
     assert calls == [(8, 0.5)]                               # run once at the defaults
     sel.value = 16
     assert calls[-1] == (16, 0.5) and view.values == {"chunk_size": 16, "beta": 0.5}

@@ -5,7 +5,9 @@
   figures and never show them.
 * ``blockmem_lite.viz.live``: ``LiveDashboard``, the trainer callback that
   draws a widget in notebooks and prints short lines in CI or scripts, and
-  ``LiveMonitor``, the same for any probe + figure builder (routing, memory, recall).
+  ``LiveComparison``, several runs overlaid in one widget (``live.run(name)`` is each
+  run's callback), and ``LiveMonitor``, the same for any probe + figure builder
+  (routing, memory, recall).
 * ``blockmem_lite.viz.widgets``: ``slider_figure``, sliders next to a figure that
   do nothing harmful headless.
 
@@ -15,7 +17,8 @@ or a widget is built.
 
 from __future__ import annotations
 
-_LIVE_NAMES = ("LiveDashboard", "LiveMonitor", "live_dashboard")
+_LIVE_NAMES = ("LiveComparison", "LiveDashboard", "LiveMonitor", "live_comparison",
+               "live_dashboard")
 _WIDGET_NAMES = ("slider_figure", "slider", "choice")
 
 
@@ -35,5 +38,5 @@ def __getattr__(name):
     raise AttributeError(f"module 'blockmem_lite.viz' has no attribute {name!r}")
 
 
-__all__ = ["LiveDashboard", "LiveMonitor", "choice", "figures", "live", "live_dashboard",
-           "slider", "slider_figure", "widgets"]
+__all__ = ["LiveComparison", "LiveDashboard", "LiveMonitor", "choice", "figures", "live",
+           "live_comparison", "live_dashboard", "slider", "slider_figure", "widgets"]

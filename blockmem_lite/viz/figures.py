@@ -13,11 +13,12 @@ lists of bench record dicts for the benchmark plots.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from blockmem_lite.units import memory_label
+from blockmem_lite.units import human_memory, human_rate, memory_label
 
 try:
     import plotly.graph_objects as go
@@ -100,17 +101,97 @@ def _density_text(mask: np.ndarray) -> str:
     return f"{mask.mean():.0%} of pairs allowed" if mask.size else "empty"
 
 
-def _mask_trace(mask: np.ndarray, showscale: bool) -> go.Heatmap:
-    """One boolean mask as a two-colour heatmap: allowed vs blocked."""
+# ----------------------------------------------------------------------------- heatmap sizing
+# A heatmap row gets CELL_PX pixels (a readable cell, a 12 px label beside it) until its
+# panel reaches PANEL_MAX_PX; past that the rows shrink and the tick labels are thinned so
+# they never overlap (every k-th label, k chosen from the room a label needs).
+
+CELL_PX = 18
+PANEL_MIN_PX = 180
+PANEL_MAX_PX = 720
+LABEL_PX = 15               # the height one tick label needs
+CHAR_PX = 7.5               # the width one character of a tick label needs
+PLOT_WIDTH_PX = 640         # the plot width assumed for x labels (a JupyterLab cell)
+MARGIN_TOP, MARGIN_BOTTOM = 100, 70
+PANEL_GAP_PX = 60
+
+
+def _panel_px(n_rows: int) -> int:
+    """Plot-area height of one heatmap panel of ``n_rows`` rows."""
+    return int(min(max(n_rows * CELL_PX, PANEL_MIN_PX), PANEL_MAX_PX))
+
+
+def _heatmap_height(n_rows: int, panel_rows: int = 1) -> int:
+    """Figure height for ``panel_rows`` rows of panels of ``n_rows`` rows each."""
+    return (MARGIN_TOP + MARGIN_BOTTOM + panel_rows * _panel_px(n_rows)
+            + (panel_rows - 1) * PANEL_GAP_PX)
+
+
+def _thinned(labels: list, room_px: float, need_px: float, values: list | None = None) -> dict:
+    """Axis settings showing every k-th label, k so that each shown one has ``need_px``
+    of ``room_px``; ``values``: the tick positions (default 0..n-1)."""
+    values = list(range(len(labels))) if values is None else list(values)
+    step = max(1, math.ceil(len(labels) * need_px / max(room_px, 1.0)))
+    keep = range(0, len(labels), step)
+    return dict(tickmode="array", tickvals=[values[i] for i in keep],
+                ticktext=[labels[i] for i in keep])
+
+
+def _x_label_px(labels: list) -> float:
+    return max((len(str(t)) for t in labels), default=1) * CHAR_PX + 6
+
+
+# ----------------------------------------------------------------------------- two colours
+
+MASK_LABELS = ("blocked", "may attend")            # (False, True) in legends and hovers
+COLOR_NAMES = {ALLOWED_COLOR: "blue", BLOCKED_COLOR: "grey"}
+
+
+def _two_colour_scale(off: str, on: str) -> list:
+    """A discrete scale for 0/1 cells: ``off`` below 0.5, ``on`` above (no blend)."""
+    return [[0.0, off], [0.5, off], [0.5, on], [1.0, on]]
+
+
+def _check_pair(value, name: str, meaning: str) -> tuple[str, str]:
+    if (not isinstance(value, (tuple, list)) or len(value) != 2
+            or not all(isinstance(v, str) for v in value)):
+        raise ValueError(f"{name}={value!r} is not allowed: expected a pair of strings "
+                         f"({meaning})")
+    return tuple(value)
+
+
+def _mask_style(colors, labels) -> tuple[tuple[str, str], tuple[str, str]]:
+    colors = _check_pair(colors if colors is not None else (BLOCKED_COLOR, ALLOWED_COLOR),
+                         "colors", "the colour of blocked cells, then of allowed ones")
+    labels = _check_pair(labels, "labels", "what blocked cells mean, then allowed ones")
+    return colors, labels
+
+
+def _mask_legend_text(colors: tuple[str, str], labels: tuple[str, str]) -> str:
+    """``blue = may attend, grey = blocked`` when the colours have names, else ""."""
+    names = [COLOR_NAMES.get(c.upper()) for c in colors]
+    if None in names:
+        return ""
+    return f"{names[1]} = {labels[1]}, {names[0]} = {labels[0]}"
+
+
+def _mask_subtitle(mask: np.ndarray, colors, labels) -> str:
+    legend = _mask_legend_text(colors, labels)
+    return " · ".join(p for p in (legend, _density_text(mask)) if p)
+
+
+def _mask_trace(mask: np.ndarray, showscale: bool, colors=(BLOCKED_COLOR, ALLOWED_COLOR),
+                labels=MASK_LABELS) -> go.Heatmap:
+    """One boolean mask as a two-colour heatmap, its colour bar a legend of the two."""
     q_len, k_len = mask.shape
     gap = 1 if max(q_len, k_len) <= MAX_CELL_GAPS else 0
     return go.Heatmap(
         z=mask.astype(np.int8),                                   # (Tq, Tk) 0/1
-        text=np.where(mask, "allowed", "blocked"),
-        colorscale=[[0.0, BLOCKED_COLOR], [0.5, BLOCKED_COLOR],
-                    [0.5, ALLOWED_COLOR], [1.0, ALLOWED_COLOR]],
-        zmin=0, zmax=1, xgap=gap, ygap=gap, showscale=showscale,
-        colorbar=dict(tickvals=[0.25, 0.75], ticktext=["blocked", "allowed"], len=0.5),
+        text=np.where(mask, labels[1], labels[0]),
+        colorscale=_two_colour_scale(*colors), zmin=0, zmax=1, xgap=gap, ygap=gap,
+        showscale=showscale,
+        colorbar=dict(tickvals=[0.25, 0.75], ticktext=[labels[0], labels[1]], len=0.35,
+                      thickness=16, y=1.0, yanchor="top", outlinewidth=1),
         hovertemplate="query %{y} → key %{x}: %{text}<extra></extra>",
     )
 
@@ -125,52 +206,86 @@ def _as_mask(mask, name: str) -> np.ndarray:
 
 
 def mask_heatmap(mask, title: str = "Attention mask", x_title: str = "key position",
-                 y_title: str = "query position") -> go.Figure:
-    """A boolean mask (Tq, Tk) drawn as allowed (blue) vs blocked (grey).
+                 y_title: str = "query position", tokens: Sequence | None = None,
+                 colors: Sequence | None = None, labels: Sequence = MASK_LABELS) -> go.Figure:
+    """A boolean mask (Tq, Tk) drawn in two colours: allowed (blue) vs blocked (grey).
 
-    Queries run down the y axis (row 0 on top, like the matrix), keys along x.
-    The title notes the share of allowed pairs (the attention work done).
+    Queries run down the y axis (row 0 on top, like the matrix), keys along x. The colour
+    bar is the legend of the two colours; the subtitle says it in words ("blue = may
+    attend, grey = blocked") and notes the share of allowed pairs (the attention work
+    done). ``tokens``: the Tk key labels (queries are the last Tq), thinned when many.
+    ``colors``: (blocked, allowed); ``labels``: what the two colours mean.
+    Cells are square and at least ``CELL_PX`` tall up to a cap (height grows with Tq).
     """
     arr = _as_mask(mask, "mask")                                  # (Tq, Tk)
-    fig = go.Figure(_mask_trace(arr, showscale=True))
+    colors, labels = _mask_style(colors, labels)
+    q_len, k_len = arr.shape
+    fig = go.Figure(_mask_trace(arr, True, colors, labels))
     fig.update_xaxes(title=x_title, constrain="domain")
     fig.update_yaxes(title=y_title, autorange="reversed", scaleanchor="x", constrain="domain")
-    return _finish(fig, f"{title}<br><sup>{_density_text(arr)}</sup>")
+    if tokens is not None:
+        cell = _panel_px(q_len) / max(q_len, 1)                   # square cells
+        _label_token_axes(fig, tokens, q_len, k_len, x_room=min(PLOT_WIDTH_PX, cell * k_len),
+                          y_room=_panel_px(q_len))
+    return _finish(fig, f"{title}<br><sup>{_mask_subtitle(arr, colors, labels)}</sup>",
+                   height=_heatmap_height(q_len),
+                   margin=dict(t=MARGIN_TOP, b=MARGIN_BOTTOM))
 
 
 def mask_grid(masks: Mapping, title: str = "Attention masks", x_title: str = "key position",
-              y_title: str = "query position") -> go.Figure:
-    """Several masks side by side (e.g. dense causal vs block-causal), one per subplot."""
+              y_title: str = "query position", colors: Sequence | None = None,
+              labels: Sequence = MASK_LABELS) -> go.Figure:
+    """Several masks side by side (e.g. dense causal vs block-causal), one per subplot,
+    in the same two colours (one legend, and the title says which colour is which)."""
     if not isinstance(masks, Mapping) or not masks:
         raise ValueError(f"masks={type(masks).__name__} is not allowed: expected a non-empty "
                          "dict mapping a name to a (query, key) mask")
+    colors, labels = _mask_style(colors, labels)
     arrays = {name: _as_mask(m, f"masks[{name!r}]") for name, m in masks.items()}
     titles = [f"{name}<br><sup>{_density_text(a)}</sup>" for name, a in arrays.items()]
     fig = make_subplots(rows=1, cols=len(arrays), subplot_titles=titles,
                         horizontal_spacing=0.06)
     for col, arr in enumerate(arrays.values(), start=1):
-        fig.add_trace(_mask_trace(arr, showscale=col == len(arrays)), row=1, col=col)
+        fig.add_trace(_mask_trace(arr, col == len(arrays), colors, labels), row=1, col=col)
     fig.update_xaxes(title=x_title, constrain="domain")
     fig.update_yaxes(autorange="reversed", constrain="domain")
     fig.update_yaxes(title=y_title, row=1, col=1)
-    return _finish(fig, title, margin=dict(t=110))
+    rows = max(a.shape[0] for a in arrays.values())
+    legend = _mask_legend_text(colors, labels)
+    return _finish(fig, f"{title}<br><sup>{legend}</sup>" if legend else title,
+                   height=_heatmap_height(rows) + 40, margin=dict(t=MARGIN_TOP + 40,
+                                                                  b=MARGIN_BOTTOM))
 
 
 # ----------------------------------------------------------------------------- attention
 
 
 def attention_heatmap(weights, title: str = "Attention weights", tokens: Sequence | None = None,
-                      max_heads: int = 8, batch_index: int = 0) -> go.Figure:
+                      max_heads: int = 8, batch_index: int = 0, colorscale=None,
+                      colorbar_title: str | None = None, zmin: float | None = None,
+                      zmax: float | None = None, discrete: bool | None = None,
+                      colors: Sequence | None = None,
+                      labels: Sequence = MASK_LABELS) -> go.Figure:
     """Attention weights as heatmaps, one subplot per head.
 
     ``weights``: (Tq, Tk), (H, Tq, Tk) or (B, H, Tq, Tk) (``batch_index`` picks the
-    sequence). Up to ``max_heads`` heads are drawn, four per row. ``tokens``: the
-    Tk key tokens (strings or ids) used as tick labels; queries are the last Tq of them.
+    sequence). Up to ``max_heads`` heads are drawn, four per row, on one colour scale
+    (``zmin``..``zmax``, default 0..the largest weight shown). ``tokens``: the Tk key
+    tokens (strings or ids) used as tick labels; queries are the last Tq of them.
+
+    Colours are set on each trace, so the caller's choice wins: ``colorscale`` (default
+    Viridis) and ``colorbar_title`` (default "weight") here, or ``fig.update_traces(
+    colorscale=...)`` afterwards. A boolean input (or ``discrete=True``) is a mask: two
+    colours, ``colors`` = (blocked, allowed), with a colour-bar legend saying which is
+    which (``labels``, default "blocked" / "may attend") and the subtitle in words.
+    Each panel is at least ``CELL_PX`` pixels per row up to a cap; labels are thinned.
     """
-    arr = _to_array(weights, "weights").astype(float)
-    _check_ndim(arr, "weights", (2, 3, 4), "(Tq, Tk), (H, Tq, Tk) or (B, H, Tq, Tk)")
+    raw = _to_array(weights, "weights")
+    _check_ndim(raw, "weights", (2, 3, 4), "(Tq, Tk), (H, Tq, Tk) or (B, H, Tq, Tk)")
     if isinstance(max_heads, bool) or not isinstance(max_heads, int) or max_heads < 1:
         raise ValueError(f"max_heads={max_heads!r} is not allowed: expected an integer >= 1")
+    discrete = raw.dtype == bool if discrete is None else bool(discrete)
+    arr = raw.astype(float)
     if arr.ndim == 4:
         if not 0 <= batch_index < arr.shape[0]:
             raise ValueError(f"batch_index={batch_index!r} is not allowed: weights hold "
@@ -181,33 +296,48 @@ def attention_heatmap(weights, title: str = "Attention weights", tokens: Sequenc
     shown = min(n_heads, max_heads)
     cols = min(shown, 4)
     rows = math.ceil(shown / cols)
+    panel = _panel_px(q_len)
     subtitles = [f"head {h}" for h in range(shown)] if arr.ndim > 2 else None
+    spacing = PANEL_GAP_PX / (rows * panel + (rows - 1) * PANEL_GAP_PX) if rows > 1 else 0.0
     fig = make_subplots(rows=rows, cols=cols, subplot_titles=subtitles,
-                        horizontal_spacing=0.05, vertical_spacing=0.12 if rows > 1 else 0.0)
-    for h in range(shown):
-        fig.add_trace(go.Heatmap(z=heads[h], coloraxis="coloraxis",
-                                 hovertemplate="query %{y} → key %{x}: %{z:.3f}<extra></extra>"),
-                      row=h // cols + 1, col=h % cols + 1)
+                        horizontal_spacing=0.05, vertical_spacing=spacing)
+    if discrete:
+        colors, labels = _mask_style(colors, labels)
+        traces = [_mask_trace(heads[h] > 0.5, h == shown - 1, colors, labels)
+                  for h in range(shown)]
+        subtitle = _mask_subtitle(heads[:shown] > 0.5, colors, labels)
+    else:
+        lo = 0.0 if zmin is None else float(zmin)
+        hi = float(heads[:shown].max()) if zmax is None else float(zmax)
+        traces = [go.Heatmap(z=heads[h], colorscale=colorscale or ATTENTION_COLORSCALE,
+                             zmin=lo, zmax=max(hi, lo + 1e-12), showscale=h == shown - 1,
+                             colorbar=dict(title=dict(
+                                 text="weight" if colorbar_title is None else colorbar_title)),
+                             hovertemplate="query %{y} → key %{x}: %{z:.3f}<extra></extra>")
+                  for h in range(shown)]
+        subtitle = ""
+    for h, trace in enumerate(traces):
+        fig.add_trace(trace, row=h // cols + 1, col=h % cols + 1)
     fig.update_yaxes(autorange="reversed")
     if tokens is not None:
-        _label_token_axes(fig, tokens, q_len, k_len)
-    fig.update_layout(coloraxis=dict(colorscale=ATTENTION_COLORSCALE, cmin=0.0,
-                                     colorbar=dict(title="weight")),
-                      height=max(320, 300 * rows))
+        _label_token_axes(fig, tokens, q_len, k_len, x_room=PLOT_WIDTH_PX / cols, y_room=panel)
     if shown < n_heads:
         title = f"{title} (first {shown} of {n_heads} heads)"
-    return _finish(fig, title)
+    if subtitle:
+        title = f"{title}<br><sup>{subtitle}</sup>"
+    return _finish(fig, title, height=_heatmap_height(q_len, rows),
+                   margin=dict(t=MARGIN_TOP, b=MARGIN_BOTTOM))
 
 
-def _label_token_axes(fig: go.Figure, tokens: Sequence, q_len: int, k_len: int) -> None:
+def _label_token_axes(fig: go.Figure, tokens: Sequence, q_len: int, k_len: int,
+                      x_room: float = PLOT_WIDTH_PX, y_room: float = PANEL_MAX_PX) -> None:
+    """Token tick labels (keys across, the last ``q_len`` down), thinned to fit the room."""
     labels = [_token_label(t) for t in tokens]
     if len(labels) != k_len:
         raise ValueError(f"tokens has {len(labels)} entries, which is not allowed: expected "
                          f"one per key position ({k_len})")
-    fig.update_xaxes(tickmode="array", tickvals=list(range(k_len)), ticktext=labels,
-                     tickangle=0)
-    fig.update_yaxes(tickmode="array", tickvals=list(range(q_len)),
-                     ticktext=labels[k_len - q_len:])
+    fig.update_xaxes(tickangle=0, **_thinned(labels, x_room, _x_label_px(labels)))
+    fig.update_yaxes(**_thinned(labels[k_len - q_len:], y_room, LABEL_PX))
 
 
 # ----------------------------------------------------------------------------- training
@@ -238,75 +368,287 @@ def _interp(points: list, xp: list, fp: list) -> list:
     return np.interp(points, xp, fp).tolist()
 
 
+# ----------------------------------------------------------------------------- loss curves
+
+LEGEND_BELOW = dict(orientation="h", yanchor="top", y=-0.14, x=0, xanchor="left",
+                    maxheight=1.0)        # wraps into rows under the chart, never scrolls
+FACET_AUTO_RUNS = 4                       # facet="auto" splits charts of more runs than this
+REFERENCE_COLOR = "#9A9A9A"
+
+
+def run_family(name) -> str:
+    """The family of a run name, for facets: its first word, ``"bcmt L=8"`` -> ``"bcmt"``,
+    ``"MoC, frozen bank"`` -> ``"MoC"``, ``"dense (iso-FLOP)"`` -> ``"dense"``."""
+    words = re.split(r"[\s,;:(/]+", str(name).strip(), maxsplit=1)
+    return words[0] or str(name)
+
+
+def _facets(names: list, facet, max_overlaid: int) -> dict:
+    """{panel title: [run names]} in first-seen order (one panel "" when not faceted)."""
+    if facet is None or facet is False:
+        return {"": list(names)}
+    if facet == "auto":
+        families = [run_family(n) for n in names]
+        if len(names) <= max_overlaid or len(set(families)) < 2:
+            return {"": list(names)}
+        facet = "family"
+    if facet == "family":
+        key = run_family
+    elif isinstance(facet, Mapping):
+        missing = [n for n in names if n not in facet]
+        if missing:
+            raise ValueError(f"facet is not allowed: it names no panel for {missing}")
+        key = facet.__getitem__
+    elif callable(facet):
+        key = facet
+    else:
+        raise ValueError(f"facet={facet!r} is not allowed: expected 'auto', 'family', None, a "
+                         "dict run -> panel or a function run name -> panel")
+    panels: dict[str, list] = {}
+    for n in names:
+        panels.setdefault(str(key(n)), []).append(n)
+    return panels
+
+
+def _reference_run(panels: dict, reference) -> str | None:
+    """The run drawn grey in the other panels: ``reference``, or with "auto" a run named
+    "dense" that has a panel to itself."""
+    if reference is None or len(panels) < 2:
+        return None
+    if reference == "auto":
+        alone = [runs[0] for runs in panels.values() if len(runs) == 1]
+        return next((n for n in alone if run_family(n) == "dense"), None)
+    if not any(reference in runs for runs in panels.values()):
+        raise ValueError(f"reference={reference!r} is not allowed: it is none of the runs")
+    return reference
+
+
 def loss_curves(histories: Mapping, x: str = "step", title: str = "Loss",
-                tokens_per_step: int | Mapping | None = None, log_y: bool = False) -> go.Figure:
-    """Train loss (thin line) and validation loss (markers) for several runs.
+                tokens_per_step: int | Mapping | None = None, log_y: bool = False,
+                facet="auto", reference="auto",
+                max_overlaid: int = FACET_AUTO_RUNS) -> go.Figure:
+    """Train loss (thin line) and validation loss (diamonds) for several runs.
 
     ``histories``: run name -> ``train.History`` or a dict with the same keys.
     ``x``: "step", "tokens" (needs a ``tokens`` series or ``tokens_per_step``,
     a number or a dict per run) or "time" (elapsed seconds).
+
+    Many runs on one chart are a tangle, so ``facet`` splits them into panels sharing both
+    axes: "auto" (the default) gives one panel per family (``run_family``: dense / bcmt /
+    honly ...) once more than ``max_overlaid`` runs of two or more families are drawn;
+    "family" always; None never; or a dict run -> panel, or a function name -> panel.
+    ``reference``: a run drawn thin and grey in every other panel so the panels still
+    compare ("auto": a run named "dense" alone in its panel; None: none).
+    One legend entry per run (its train and val traces toggle together), laid out in rows
+    under the chart: it wraps, and never scrolls a run out of sight.
     """
     if x not in X_AXES:
         raise ValueError(f"x={x!r} is not allowed: expected one of {', '.join(X_AXES)}")
     if not isinstance(histories, Mapping) or not histories:
         raise ValueError(f"histories={type(histories).__name__} is not allowed: expected a "
                          "non-empty dict mapping a run name to a History or dict")
-    fig = go.Figure()
-    for i, (name, history) in enumerate(histories.items()):
-        per_step = (tokens_per_step.get(name) if isinstance(tokens_per_step, Mapping)
-                    else tokens_per_step)
-        _add_loss_traces(fig, name, history, color(i), x, per_step)
+    names = list(histories)
+    panels = _facets(names, facet, max_overlaid)
+    ref = _reference_run(panels, reference)
+    cols = min(len(panels), 3)
+    rows = math.ceil(len(panels) / cols)
+    titles = list(panels) if len(panels) > 1 else None
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=titles, shared_xaxes="all",
+                        shared_yaxes="all", horizontal_spacing=0.04,
+                        vertical_spacing=0.12 if rows > 1 else 0.0)
+
+    def per_step(name):
+        return (tokens_per_step.get(name) if isinstance(tokens_per_step, Mapping)
+                else tokens_per_step)
+
+    for p, runs in enumerate(panels.values()):
+        where = dict(row=p // cols + 1, col=p % cols + 1)
+        if ref is not None and ref not in runs:
+            h = histories[ref]
+            fig.add_trace(go.Scatter(
+                x=_x_values(h, _series(h, "step"), x, per_step(ref)), y=_series(h, "loss"),
+                mode="lines", name=f"{ref} (reference)", legendgroup=str(ref),
+                showlegend=False, hoverinfo="skip", opacity=0.8,
+                line=dict(color=REFERENCE_COLOR, width=1)), **where)
+        for name in runs:
+            _add_loss_traces(fig, str(name), histories[name], color(names.index(name)), x,
+                             per_step(name), **where)
     x_titles = {"step": "step", "tokens": "tokens seen", "time": "elapsed (s)"}
-    fig.update_xaxes(title=x_titles[x])
-    fig.update_yaxes(title="loss (nats/token)", type="log" if log_y else "linear")
-    return _finish(fig, title, hovermode="x unified")
+    fig.update_xaxes(title=x_titles[x], row=rows)
+    fig.update_yaxes(title="loss (nats/token)", col=1)
+    fig.update_yaxes(type="log" if log_y else "linear")
+    key = "line: train loss · ◆ val loss" + (f" · grey: {ref}" if ref is not None else "")
+    return _finish(fig, f"{title}<br><sup>{key}</sup>", hovermode="closest",
+                   height=(420 if rows == 1 else 330 * rows) + 24 * math.ceil(len(names) / 4),
+                   legend=LEGEND_BELOW, margin=dict(t=90, b=60))
 
 
 def _add_loss_traces(fig: go.Figure, name: str, history, line_color: str, x: str,
-                     tokens_per_step, row: int | None = None, col: int | None = None,
-                     val_color: str | None = None) -> None:
-    """Train loss (thin line) and val loss (diamonds); ``val_color`` defaults to the run's."""
-    val_color = val_color or line_color
+                     tokens_per_step, row: int | None = None, col: int | None = None) -> None:
+    """Train loss (thin line, the run's legend entry) and val loss (diamonds, same group)."""
     steps, losses = _series(history, "step"), _series(history, "loss")
     val_steps, val_losses = _series(history, "val_step"), _series(history, "val_loss")
     where = dict(row=row, col=col) if row is not None else {}
     fig.add_trace(go.Scatter(x=_x_values(history, steps, x, tokens_per_step), y=losses,
-                             mode="lines", name=f"{name} train".strip(), legendgroup=name,
+                             mode="lines", name=name, legendgroup=name,
+                             hovertemplate=f"{name} train %{{y:.4f}}<extra></extra>",
                              line=dict(color=line_color, width=1.2)), **where)
     if val_steps:
         fig.add_trace(go.Scatter(x=_x_values(history, val_steps, x, tokens_per_step),
-                                 y=val_losses, mode="lines+markers", name=f"{name} val".strip(),
-                                 legendgroup=name, cliponaxis=False,
-                                 line=dict(color=val_color, width=1, dash="dot"),
-                                 marker=dict(color=val_color, size=8, symbol="diamond")),
+                                 y=val_losses, mode="lines+markers", name=f"{name} val",
+                                 legendgroup=name, showlegend=False, cliponaxis=False,
+                                 hovertemplate=f"{name} val %{{y:.4f}}<extra></extra>",
+                                 line=dict(color=line_color, width=1, dash="dot"),
+                                 marker=dict(color=line_color, size=8, symbol="diamond")),
                       **where)
+
+
+# ----------------------------------------------------------------------------- training panels
+# Loss, tokens/s and memory of one or several runs, stacked on one step axis: the static
+# summaries (training_summary, training_comparison) and the live widgets (viz.live) are
+# the same figure, filled by update_training_panels.
+
+TRAINING_SLOTS = ("train", "val", "tokens/s", "memory", "peak")    # traces per run, in order
+_SLOT_ROW = {"train": 1, "val": 1, "tokens/s": 2, "memory": 3, "peak": 3}
+_SINGLE_COLORS = {"train": 0, "val": 1, "tokens/s": 2, "memory": 3, "peak": 3}
+_SINGLE_NAMES = {"train": "train loss", "val": "val loss", "tokens/s": "tokens/s",
+                 "memory": "memory", "peak": "peak memory"}
+MEMORY_MIN_SPAN = 0.01      # the memory axis spans at least 1% of the peak (and 1 MiB)
+
+
+def _slot_traces(name: str, index: int, single: bool) -> list[go.Scatter]:
+    """The five empty traces of one run, on the axes of their row (x/y, x2/y2, x3/y3).
+
+    ``single``: one run, each series its own colour and legend entry; otherwise one colour
+    per run and one legend entry per run (the others in its group, toggled with it).
+    """
+    traces = []
+    for slot in TRAINING_SLOTS:
+        c = color(_SINGLE_COLORS[slot] if single else index)
+        row = _SLOT_ROW[slot]
+        common = dict(x=[], y=[], xaxis=_axis_name("x", row), yaxis=_axis_name("y", row),
+                      name=_SINGLE_NAMES[slot] if single else (
+                          name if slot == "train" else f"{name} {slot}"),
+                      legendgroup=slot if single else name,
+                      showlegend=slot in ("train", "val", "peak") if single else slot == "train",
+                      hovertemplate=("" if single else f"{name} ") + f"{slot} %{{y:.4g}}"
+                                    "<extra></extra>")
+        if slot == "val":
+            style = dict(mode="lines+markers", cliponaxis=False,
+                         line=dict(color=c, width=1, dash="dot"),
+                         marker=dict(color=c, size=8, symbol="diamond"))
+        elif slot == "peak":
+            style = dict(mode="lines", line=dict(color=c, width=1, dash="dot"))
+        else:
+            style = dict(mode="lines", line=dict(color=c, width=1.4 if slot == "train" else 1.2))
+        traces.append(go.Scatter(**common, **style))
+    return traces
+
+
+def training_panels(names: Sequence = ("run",), single: bool = True,
+                    title: str = "") -> go.Figure:
+    """The empty three-row training figure (loss; tokens/s; memory, on one step axis) with
+    five trace slots per run in ``names``, for ``update_training_panels`` to fill: what
+    the live widgets start from. ``single``: one run, a colour per series; otherwise a
+    colour per run and one legend entry per run."""
+    fig = make_subplots(rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.07,
+                        row_heights=[0.5, 0.25, 0.25])
+    for i, name in enumerate(names):
+        fig.add_traces(_slot_traces(str(name), i, single))
+    fig.update_yaxes(title="loss (nats/token)", row=1, col=1)
+    fig.update_yaxes(title="tokens/s", rangemode="tozero", row=2, col=1)
+    fig.update_yaxes(title="MiB", row=3, col=1)
+    fig.update_xaxes(title="step", row=3, col=1)
+    legend_rows = 1 if single else math.ceil(len(names) / 4)
+    fig.update_layout(template=TEMPLATE, height=640 + 24 * legend_rows, legend=LEGEND_BELOW,
+                      margin=dict(l=70, r=30, t=90, b=60), hovermode="x unified",
+                      meta=dict(single=bool(single)), title=dict(text=title, x=0.02))
+    return fig
+
+
+def _memory_range(values_mib: list) -> list[float] | None:
+    """A memory axis that shows how readings move without inventing motion: the data's
+    span plus 8%, at least ``MEMORY_MIN_SPAN`` of the peak (and 1 MiB), not from zero
+    (412 MiB that grew from 400 would be a flat line on 0..412)."""
+    vals = [v for v in values_mib if v is not None and math.isfinite(v)]
+    if not vals:
+        return None
+    lo, hi = min(vals), max(vals)
+    half = max(hi - lo, MEMORY_MIN_SPAN * abs(hi), 1.0) * 1.08 / 2
+    mid = (lo + hi) / 2
+    return [max(mid - half, 0.0), max(mid - half, 0.0) + 2 * half]
+
+
+def update_training_panels(fig, histories: Mapping, title: str = "", subtitle: str = "",
+                           total_steps: int | None = None) -> None:
+    """Write ``histories`` (run name -> History or dict) into a figure made by
+    ``training_summary`` / ``training_comparison`` (or a ``FigureWidget`` of one), in place:
+    every trace's points, the peak-memory line, the memory axis (range and reading
+    method), the step range (0..``total_steps`` when given) and the title. Runs the figure
+    has no slots for get new ones. Wrap it in ``fig.batch_update()`` for a widget."""
+    names = list(histories)
+    have = len(fig.data) // len(TRAINING_SLOTS)
+    single = bool((fig.layout.meta or {}).get("single", False))
+    for i in range(have, len(names)):
+        fig.add_traces(_slot_traces(str(names[i]), i, single))
+    all_mib, methods = [], []
+    for i, name in enumerate(names):
+        h = histories[name]
+        train, val, speed, memory, peak = fig.data[i * 5:(i + 1) * 5]
+        steps = _series(h, "step")
+        mib = [None if b is None else b / 2**20 for b in _series(h, "memory_bytes")]
+        train.x, train.y = tuple(steps), tuple(_series(h, "loss"))
+        val.x, val.y = tuple(_series(h, "val_step")), tuple(_series(h, "val_loss"))
+        speed.x, speed.y = tuple(steps), tuple(_series(h, "tokens_per_s"))
+        memory.x, memory.y = tuple(steps), tuple(mib)
+        known = [v for v in mib if v is not None]
+        if known:
+            top = max(known)
+            peak.x, peak.y = (steps[0], steps[-1]), (top, top)
+            peak.name = (f"peak {top:.0f} MiB" if single else f"{name} peak {top:.0f} MiB")
+            all_mib += known
+        else:
+            peak.x, peak.y = (), ()
+        method = memory_method_label(_scalar(h, "memory_method") or None)
+        if known and method not in methods:
+            methods.append(method)
+    fig.layout.yaxis3.title.text = f"MiB ({', '.join(methods) or 'no reading'})"
+    span = _memory_range(all_mib)
+    fig.layout.yaxis3.range = span
+    fig.layout.yaxis3.autorange = span is None
+    x_range = [0, total_steps] if total_steps else None
+    for axis in ("xaxis", "xaxis2", "xaxis3"):
+        fig.layout[axis].range = x_range
+        fig.layout[axis].autorange = x_range is None
+    fig.layout.title = dict(text=f"{title}<br><sup>{subtitle}</sup>" if subtitle else title,
+                            x=0.02)
 
 
 def training_summary(history, title: str = "Training run") -> go.Figure:
     """The static picture of one run: loss, throughput and memory against step.
 
-    Three stacked panels sharing the step axis: train + validation loss,
-    tokens/s, and memory in MiB (the reading method, e.g. RSS or CUDA peak, is
-    named on the axis). Interrupted runs say so in the title.
+    Three stacked panels sharing the step axis: train + validation loss, tokens/s, and
+    memory in MiB, the reading method (RSS, CUDA peak) named on the axis. The memory axis
+    spans the readings (not from zero, so growth shows) with the peak as a dotted line;
+    the subtitle gives steps, final val loss, median tokens/s and the peak, and says
+    when the run was interrupted.
     """
-    steps = _series(history, "step")
-    memory = [None if b is None else b / 2**20 for b in _series(history, "memory_bytes")]
-    method = memory_method_label(_scalar(history, "memory_method"))
-    fig = make_subplots(rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.06,
-                        row_heights=[0.5, 0.25, 0.25])
-    _add_loss_traces(fig, "", history, color(0), "step", None, row=1, col=1,
-                     val_color=color(1))
-    fig.add_trace(go.Scatter(x=steps, y=_series(history, "tokens_per_s"), mode="lines",
-                             name="tokens/s", line=dict(color=color(2))), row=2, col=1)
-    fig.add_trace(go.Scatter(x=steps, y=memory, mode="lines", name="memory",
-                             line=dict(color=color(3))), row=3, col=1)
-    fig.update_yaxes(title="loss", row=1, col=1)
-    fig.update_yaxes(title="tokens/s", rangemode="tozero", row=2, col=1)
-    fig.update_yaxes(title=f"MiB ({method})", rangemode="tozero", row=3, col=1)
-    fig.update_xaxes(title="step", row=3, col=1)
-    subtitle = _run_subtitle(history, steps)
-    return _finish(fig, f"{title}<br><sup>{subtitle}</sup>", height=620,
-                   hovermode="x unified")
+    fig = training_panels([title], single=True)
+    update_training_panels(fig, {title: history}, title=title,
+                           subtitle=_run_subtitle(history, _series(history, "step")))
+    return fig
+
+
+def training_comparison(histories: Mapping, title: str = "Training runs",
+                        total_steps: int | None = None) -> go.Figure:
+    """Several runs overlaid on the three panels of ``training_summary``: loss (train line,
+    val diamonds), tokens/s and memory (with each run's peak dotted), one colour per run,
+    one legend entry per run (toggles all its traces), under the chart."""
+    _check_mapping(histories, "histories", "a run name to a History or dict")
+    fig = training_panels(list(histories), single=False)
+    update_training_panels(fig, histories, title=title, total_steps=total_steps,
+                           subtitle="line: train loss · ◆ val loss · dotted: peak memory")
+    return fig
 
 
 def _run_subtitle(history, steps: list) -> str:
@@ -316,6 +658,12 @@ def _run_subtitle(history, steps: list) -> str:
     val_losses = _series(history, "val_loss")
     if val_losses:
         parts.append(f"final val loss {val_losses[-1]:.3f}")
+    speeds = [v for v in _series(history, "tokens_per_s") if v is not None]
+    if speeds:
+        parts.append(f"median {human_rate(float(np.median(speeds)))}")
+    memory = [b for b in _series(history, "memory_bytes") if b is not None]
+    if memory:
+        parts.append("peak " + human_memory(max(memory), _scalar(history, "memory_method")))
     if _scalar(history, "interrupted", False):
         parts.append("interrupted")
     return " · ".join(parts)
@@ -602,38 +950,73 @@ def scatter_points(points: Mapping, title: str = "", x_title: str = "",
 
 
 def heatmap(z, x: Sequence | None = None, y: Sequence | None = None, title: str = "",
-            x_title: str = "", y_title: str = "", colorscale: str = "Blues",
+            x_title: str = "", y_title: str = "", colorscale="Blues",
             zmin: float | None = None, zmax: float | None = None, zmid: float | None = None,
-            colorbar_title: str = "", height: int | None = None) -> go.Figure:
+            colorbar_title: str = "", height: int | None = None,
+            labels: Sequence = ("False", "True")) -> go.Figure:
     """A matrix ``z`` (rows, cols) as a heatmap, row 0 on top; ``x``/``y`` label the columns
-    and rows (one label each)."""
-    arr = _to_array(z, "z").astype(float)
-    _check_ndim(arr, "z", (2,), "a 2-D (rows, columns) matrix")
-    for labels, n, name in ((x, arr.shape[1], "x"), (y, arr.shape[0], "y")):
-        if labels is not None and len(labels) != n:
-            raise ValueError(f"{name} has {len(labels)} labels, which is not allowed: expected "
+    and rows (one label each, thinned when too many to read).
+
+    The colour scale and colour-bar title are the caller's (set on the trace, so
+    ``fig.update_traces(colorscale=...)`` also wins). A boolean ``z`` is drawn in two
+    colours with a colour-bar legend (``labels``: what False and True mean). Without a
+    ``height``, the figure grows with the rows (``CELL_PX`` per row, up to a cap).
+    """
+    raw = _to_array(z, "z")
+    _check_ndim(raw, "z", (2,), "a 2-D (rows, columns) matrix")
+    n_rows, n_cols = raw.shape
+    for names, n, name in ((x, n_cols, "x"), (y, n_rows, "y")):
+        if names is not None and len(names) != n:
+            raise ValueError(f"{name} has {len(names)} labels, which is not allowed: expected "
                              f"one per {'column' if name == 'x' else 'row'} ({n})")
-    fig = go.Figure(go.Heatmap(z=arr, x=None if x is None else list(x),
-                               y=None if y is None else [str(v) for v in y],
-                               colorscale=colorscale, zmin=zmin, zmax=zmax, zmid=zmid,
-                               colorbar=dict(title=colorbar_title)))
+    x_labels = None if x is None else list(x)
+    y_labels = None if y is None else [str(v) for v in y]
+    if raw.dtype == bool:
+        _, labels = _mask_style(None, labels)
+        trace = _mask_trace(raw, True, (BLOCKED_COLOR, ALLOWED_COLOR), labels)
+        trace.update(x=x_labels, y=y_labels, hovertemplate="%{y}, %{x}: %{text}<extra></extra>")
+    else:
+        trace = go.Heatmap(z=raw.astype(float), x=x_labels, y=y_labels, colorscale=colorscale,
+                           zmin=zmin, zmax=zmax, zmid=zmid,
+                           colorbar=dict(title=dict(text=colorbar_title)))
+    fig = go.Figure(trace)
     fig.update_xaxes(title=x_title)
     fig.update_yaxes(title=y_title, autorange="reversed")
-    return _finish(fig, title, **({"height": height} if height else {}))
+    panel = _panel_px(n_rows) if height is None else max(height - MARGIN_TOP - MARGIN_BOTTOM, 60)
+    if y_labels is not None:
+        fig.update_yaxes(**_thinned(y_labels, panel, LABEL_PX, values=y_labels))
+    if x_labels is not None:
+        fig.update_xaxes(**_thinned([str(v) for v in x_labels], PLOT_WIDTH_PX,
+                                    _x_label_px(x_labels), values=x_labels))
+    return _finish(fig, title, height=height or _heatmap_height(n_rows),
+                   margin=dict(t=MARGIN_TOP if title else 50, b=MARGIN_BOTTOM))
 
 
 # ----------------------------------------------------------------------------- BCMT
 
+DECAY_FLOOR = 1e-3          # decay weights below this share the darkest colour
 
-def decay_heatmap(weights, title: str = "Decay weights W") -> go.Figure:
+
+def decay_heatmap(weights, title: str = "Decay weights W",
+                  floor: float = DECAY_FLOOR) -> go.Figure:
     """BCMT's decay matrix W (N, N) (row i: the block that reads, column j: summary S_j).
 
-    ``weights``: one (N, N) matrix, or a dict alpha -> (N, N) drawn side by side, each
-    panel titled with its α, on one colour scale (0 to the largest weight) so the
-    panels compare.
+    ``weights``: one (N, N) matrix, or a dict alpha -> (N, N), drawn two ways, because on
+    a linear colour scale every α looks alike (the weights are small, and α = 0.8 and
+    α = 1.0 differ by a factor per block, not by an offset):
+
+    * top, one panel per α: W on one *logarithmic* colour scale from ``floor`` to 1
+      (ticks 1, 0.1, 0.01, ...; smaller weights share the darkest colour; zero weights, the
+      future j > i, are left blank). A geometric decay reads as bands parallel to the
+      diagonal, α = 1 as a flat triangle; the scale is fixed, so slider moves compare;
+    * bottom: the newest block's memory, its weight on the summary d blocks back
+      (W[N-1, N-1-d]), one line per α on a log axis: a straight line of slope log α,
+      flat for α = 1 (a plain mean, 1/N each), one point for α = 0.
     """
     named = weights if isinstance(weights, Mapping) else {None: weights}
     _check_mapping(named, "weights", "alpha to an (N, N) decay matrix")
+    if isinstance(floor, bool) or not isinstance(floor, (int, float)) or not 0 < floor < 1:
+        raise ValueError(f"floor={floor!r} is not allowed: expected a number in (0, 1)")
     arrays = {}
     for alpha, w in named.items():
         arr = _to_array(w, f"weights[{alpha!r}]").astype(float)
@@ -642,21 +1025,44 @@ def decay_heatmap(weights, title: str = "Decay weights W") -> go.Figure:
             raise ValueError(f"weights[{alpha!r}] with shape {arr.shape} is not allowed: "
                              "expected a square (N, N) decay matrix")
         arrays[alpha] = arr
-    titles = [f"α = {a:g}" if a is not None else "" for a in arrays]
-    fig = make_subplots(rows=1, cols=len(arrays), subplot_titles=titles,
-                        horizontal_spacing=0.06)
+    n = len(arrays)
+    names = [f"α = {a:g}" if a is not None else "W" for a in arrays]
+    fig = make_subplots(rows=2, cols=n, row_heights=[0.6, 0.4], vertical_spacing=0.16,
+                        horizontal_spacing=0.05,
+                        specs=[[{}] * n, [{"colspan": n}] + [None] * (n - 1)],
+                        subplot_titles=names + ["the newest block's memory: its weight on the "
+                                                "summary d blocks back (log scale)"])
+    low = math.log10(floor)
     for col, (alpha, arr) in enumerate(arrays.items(), start=1):
         who = f"α = {alpha:g}: " if alpha is not None else ""
-        fig.add_trace(go.Heatmap(z=arr, coloraxis="coloraxis", hovertemplate=who +
-                                 "block %{y} reads S_%{x} with weight %{z:.3f}<extra></extra>"),
-                      row=1, col=col)
-    fig.update_xaxes(title="summary S_j of block j", constrain="domain")
-    fig.update_yaxes(autorange="reversed", scaleanchor="x", constrain="domain")
+        logw = np.where(arr > 0, np.log10(np.clip(arr, floor, None)), np.nan)    # (N, N)
+        fig.add_trace(go.Heatmap(z=logw, customdata=arr, coloraxis="coloraxis", name=names[col - 1],
+                                 hovertemplate=who + "block %{y} reads S_%{x} with weight "
+                                 "%{customdata:.4f}<extra></extra>"), row=1, col=col)
+        last = arr[-1, ::-1]                                       # (N,) d = 0 .. N-1 back
+        fig.add_trace(go.Scatter(x=list(range(len(last))),
+                                 y=[v if v > 0 else None for v in last.tolist()],
+                                 mode="lines+markers", name=names[col - 1],
+                                 line=dict(color=color(col - 1), width=2),
+                                 marker=dict(size=6, color=color(col - 1)),
+                                 hovertemplate=who + "d = %{x} blocks back: %{y:.4f}"
+                                 "<extra></extra>"), row=2, col=1)
+    for col in range(1, n + 1):
+        fig.update_xaxes(title="summary S_j of block j", constrain="domain", row=1, col=col)
+        fig.update_yaxes(autorange="reversed", scaleanchor=_axis_name("x", col),
+                         constrain="domain", row=1, col=col)
     fig.update_yaxes(title="memory M_i of block i", row=1, col=1)
-    vmax = max(float(a.max()) for a in arrays.values())
-    fig.update_layout(coloraxis=dict(colorscale=ATTENTION_COLORSCALE, cmin=0.0, cmax=vmax,
-                                     colorbar=dict(title="weight")))
-    return _finish(fig, title, height=420 if len(arrays) > 1 else 480)
+    fig.update_xaxes(title="d, blocks back (0: the block's own summary)", row=2, col=1)
+    fig.update_yaxes(title="weight", type="log", range=[low, 0.05], row=2, col=1)
+    decades = list(range(0, math.floor(low) - 1, -1))
+    fig.update_layout(coloraxis=dict(
+        colorscale=ATTENTION_COLORSCALE, cmin=low, cmax=0.0,
+        colorbar=dict(title=dict(text="weight"), tickvals=decades,
+                      ticktext=[f"{10.0 ** d:g}" for d in decades], len=0.55, y=1.0,
+                      yanchor="top")))
+    return _finish(fig, f"{title}<br><sup>log colour scale: each step of colour is a factor "
+                        "of 10</sup>", height=760, legend=LEGEND_BELOW,
+                   margin=dict(t=110, b=60))
 
 
 def summary_weights_heatmap(weights, chars: Sequence | None = None,

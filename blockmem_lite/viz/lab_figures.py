@@ -136,6 +136,37 @@ def recall_vs_distance(results: dict, labels: Sequence | None = None, task: str 
                               y_range=(0, 1.05))
 
 
+def training_histories(results: dict, labels: Sequence | None = None) -> dict:
+    """{model label: a history dict (step, loss, val_step, val_loss)} from each trained
+    entry's stored curves, for ``figures.loss_curves`` / ``training_comparison``."""
+    out = {}
+    for key, record in results["done"].items():
+        if not key.startswith("lm/") or "loss_curve" not in record:
+            continue
+        label = key[3:]
+        if not _keep(label, labels):
+            continue
+        losses = list(record["loss_curve"])
+        val = record.get("val_curve", [])
+        out[label] = {"step": list(range(1, len(losses) + 1)), "loss": losses,
+                      "val_step": [p[0] for p in val], "val_loss": [p[1] for p in val],
+                      "total_steps": record.get("steps"), "arch": record["arch"]}
+    return out
+
+
+def training_curves(results: dict, labels: Sequence | None = None):
+    """Every language model's training loss (line) and validation loss (diamonds) as the lab
+    trained it, one panel per mechanism (dense drawn grey in the others), one legend entry
+    per model under the chart."""
+    title = "Training curves, same data and budget (one panel per mechanism)"
+    histories = training_histories(results, labels)
+    if not histories:
+        return _empty(title, "no training curves in this result")
+    arch = {name: h["arch"] for name, h in histories.items()}
+    return figures.loss_curves(histories, title=title, facet=arch,
+                               reference="dense" if "dense" in histories else None)
+
+
 VERDICTS = ("reproduced", "not reproduced", "not comparable")
 
 

@@ -7,10 +7,13 @@
 Modes:
 
 * ``widget``: an ipywidgets box with a status line (step, loss, val loss,
-  tokens/s, peak memory and how it was read, elapsed, ETA) above a plotly
-  ``FigureWidget`` of train and validation loss. Redrawn at most
-  ``max_updates_per_s`` times a second (points are buffered in between) and
-  always on evaluation and at the end.
+  tokens/s, peak memory and how it was read, elapsed, ETA) above one plotly
+  ``FigureWidget`` of three rows on a shared step axis: train and validation
+  loss; tokens/s; memory in MiB with the reading method on the axis
+  ("MiB (RSS)", "MiB (CUDA peak)"), the axis spanning the readings (not from
+  zero, so growth shows) and the peak dotted. The title carries step/total and
+  the ETA. Redrawn (one ``batch_update``) at most ``max_updates_per_s`` times a
+  second (points are buffered in between) and always on evaluation and at the end.
 * ``text``: one compact line at most every ``print_every_s`` seconds, plus a
   line per evaluation and a final summary line.
 * ``auto`` (default): text when ``BLOCKMEM_HEADLESS=1`` (CI: kernels driven by
@@ -22,10 +25,20 @@ Modes:
 A dashboard follows one run; use a fresh one (or a distinct ``title``) per run.
 If it is fed a step not after its last one, it starts over as a new run.
 
+``LiveComparison`` follows several runs trained one after another in one widget
+(notebooks 03, 05, 09, 10): the same three rows, one colour and one legend entry
+per run, the latest values of every run in a status table; in text mode each line
+starts with its run's name. ``live.run(name)`` is the callback of one run:
+
+    live = LiveComparison(runs=list(runs), total_steps=cfg.train.steps, title="dense vs BCMT")
+    for name, run_cfg in runs.items():
+        histories[name] = Trainer(..., callbacks=[live.run(name)]).fit()
+    live.figure()            # the static overlay; live.loss_figure(): loss, one panel per family
+
 ``LiveMonitor`` is the generic version for anything else worth watching while a
 model trains (routing, memory norms, recall): a ``probe(trainer, rec) -> data``
 run every ``every`` steps and a ``figure(data) -> go.Figure`` builder (plus an
-optional ``text(data) -> str`` for text mode). Both classes share one base,
+optional ``text(data) -> str`` for text mode). All three share one base,
 ``_LiveView``: the same mode rule, the same ``Throttle`` for redraws and prints.
 
     monitor = LiveMonitor(probe=lambda trainer, rec: {"norm": weight_norm(trainer.model)},
@@ -38,6 +51,7 @@ import html
 import os
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from typing import Callable
 
 from blockmem_lite.units import format_progress, human_duration, human_memory, human_rate
@@ -194,33 +208,29 @@ class _LiveView:
         self.n_printed += 1
 
 
-# ----------------------------------------------------------------------------- dashboard
+# ----------------------------------------------------------------------------- one run's points
 
 
-class LiveDashboard(_LiveView):
-    """Trainer callback showing a run as it trains (see the module docstring)."""
+class RunRecord:
+    """The points of one training run as the trainer sends them: a dashboard's data model.
 
-    kind = "live dashboard"
+    ``add_step(rec)`` / ``add_eval(rec)`` / ``end(history)`` fill it; ``as_history()`` gives
+    the points with ``train.History``'s keys; ``current()`` is the trainer's own history
+    once the run ended, else those points. A step not after the last one means a new run
+    is being fed: ``starts_new_run(step)`` says so, and the owner calls ``reset()``.
+    """
 
-    def __init__(self, total_steps: int | None = None, title: str = "", mode: str = "auto",
-                 max_updates_per_s: float = 4.0, print_every_s: float = 2.0,
-                 clock: Callable[[], float] | None = None):
-        super().__init__(title, mode, max_updates_per_s, print_every_s, clock)
-        if total_steps is not None and (isinstance(total_steps, bool)
-                                        or not isinstance(total_steps, int) or total_steps < 1):
-            raise ValueError(f"total_steps={total_steps!r} is not allowed: expected None or an "
-                             "integer >= 1")
+    FIELDS = ("steps", "losses", "tokens_per_s", "memory_bytes", "elapsed_s", "val_steps",
+              "val_losses", "memory_method", "peak_memory_bytes", "last_step", "history",
+              "finished")
+
+    def __init__(self, name: str = "", total_steps: int | None = None):
+        self.name = name
         self.total_steps = total_steps
-        self._figure_widget = None
-        self._status = None
-        self._x_range = None
-        self._reset_run()
-        self._start()
+        self.reset()
 
-    # ------------------------------------------------------------------ setup
-
-    def _reset_run(self) -> None:
-        """Forget the points of a previous run (the widget, if any, is kept)."""
+    def reset(self) -> None:
+        """Forget every point (a new run starts)."""
         self.steps: list[int] = []
         self.losses: list[float] = []
         self.tokens_per_s: list[float | None] = []
@@ -233,67 +243,12 @@ class LiveDashboard(_LiveView):
         self.last_step: dict = {}
         self.history = None
         self.finished = False
-        self._redraws.reset()
-        self._prints.reset()
 
-    def _build_widget(self) -> None:
-        import ipywidgets
-        import plotly.graph_objects as go
+    def starts_new_run(self, step) -> bool:
+        return bool(self.steps) and step is not None and step <= self.steps[-1]
 
-        from blockmem_lite.viz.figures import TEMPLATE, color
-
-        fig = go.FigureWidget()
-        fig.add_scatter(x=[], y=[], mode="lines", name="train loss",
-                        line=dict(color=color(0), width=1.2))
-        fig.add_scatter(x=[], y=[], mode="lines+markers", name="val loss",
-                        line=dict(color=color(1), width=1, dash="dot"), cliponaxis=False,
-                        marker=dict(color=color(1), size=8, symbol="diamond"))
-        fig.update_layout(template=TEMPLATE, height=320, margin=dict(l=60, r=20, t=30, b=40),
-                          xaxis_title="step", yaxis_title="loss",
-                          legend=dict(orientation="h", y=1.12, x=0))
-        self._figure_widget = fig
-        self._status = ipywidgets.HTML(value=self._status_html())
-        self.widget = ipywidgets.VBox([self._status, fig])
-
-    # ------------------------------------------------------------------ callbacks
-
-    def on_step(self, trainer, rec: dict) -> None:
-        if self._starts_new_run(rec.get("step")):
-            self._reset_run()
+    def add_step(self, rec: dict) -> None:
         self.finished = False
-        self._record_step(rec)
-        if self.mode == "widget":
-            self._show_once()
-            if self._redraws.due():
-                self._refresh()
-        elif self._prints.take():
-            self._print(format_progress(rec))
-
-    def on_eval(self, trainer, rec: dict) -> None:
-        if rec.get("val_loss") is None:
-            return
-        if self.finished and self._starts_new_run(rec.get("step")):
-            self._reset_run()
-        self.val_steps.append(rec.get("step"))
-        self.val_losses.append(rec["val_loss"])
-        if self.mode == "widget":
-            self._show_once()
-            self._refresh()
-        else:
-            self._print("eval " + format_progress({"total_steps": self._total(), **rec}))
-
-    def on_end(self, trainer, history) -> None:
-        self.history = history
-        self.finished = True
-        if self.mode == "widget":
-            self._show_once()
-            self._refresh()
-        else:
-            self._print(self._final_line())
-
-    # ------------------------------------------------------------------ state
-
-    def _record_step(self, rec: dict) -> None:
         self.last_step = dict(rec)
         self.steps.append(rec.get("step"))
         self.losses.append(rec.get("loss"))
@@ -305,16 +260,30 @@ class LiveDashboard(_LiveView):
             self.peak_memory_bytes = max(memory, self.peak_memory_bytes or 0)
         self.memory_method = rec.get("memory_method") or self.memory_method
 
-    def _starts_new_run(self, step) -> bool:
-        """A step not after the last one recorded means a new run is being fed."""
-        return bool(self.steps) and step is not None and step <= self.steps[-1]
+    def add_eval(self, rec: dict) -> None:
+        self.val_steps.append(rec.get("step"))
+        self.val_losses.append(rec["val_loss"])
 
-    def _total(self) -> int | None:
+    def end(self, history) -> None:
+        self.history = history
+        self.finished = True
+
+    @property
+    def total(self) -> int | None:
         """The trainer's step count when it sends one, else the one given at construction."""
         return self.last_step.get("total_steps") or self.total_steps
 
-    def _interrupted(self) -> bool:
+    @property
+    def started(self) -> bool:
+        return bool(self.steps)
+
+    @property
+    def interrupted(self) -> bool:
         return bool(self.history is not None and _value(self.history, "interrupted", False))
+
+    def eta_s(self) -> float | None:
+        return None if self.finished or not self.last_step else _eta_s(self.last_step,
+                                                                       self.total)
 
     def as_history(self) -> dict:
         """The points received so far, as a dict with ``train.History``'s keys."""
@@ -322,27 +291,13 @@ class LiveDashboard(_LiveView):
                 "tokens_per_s": list(self.tokens_per_s), "memory_bytes": list(self.memory_bytes),
                 "elapsed_s": list(self.elapsed_s), "val_step": list(self.val_steps),
                 "val_loss": list(self.val_losses), "memory_method": self.memory_method or "",
-                "total_steps": self._total() or 0, "interrupted": False}
+                "total_steps": self.total or 0, "interrupted": self.interrupted}
 
-    def figure(self):
-        """Static summary figure of the run (from the trainer's history once it ended)."""
-        from blockmem_lite.viz.figures import training_summary
+    def current(self):
+        return self.history if self.history is not None else self.as_history()
 
-        history = self.history if self.history is not None else self.as_history()
-        return training_summary(history, title=self.title or "Training run")
-
-    # ------------------------------------------------------------------ text mode
-
-    def _final_line(self) -> str:
-        total = self._total()
-        done = self.steps[-1] if self.steps else _last(_value(self.history, "step", []))
-        elapsed = self.last_step.get("elapsed_s")
-        head = "interrupted at" if self._interrupted() else "done:"
-        parts = [f"{head} {_step_text(done, total)} in {human_duration(elapsed)}"]
-        parts += self._summary_parts()
-        return " | ".join(parts)
-
-    def _summary_parts(self) -> list[str]:
+    def summary_parts(self) -> list[str]:
+        """loss, val loss, tokens/s and peak memory, as far as known."""
         parts = []
         if self.losses and self.losses[-1] is not None:
             parts.append(f"loss {self.losses[-1]:.4f}")
@@ -354,40 +309,265 @@ class LiveDashboard(_LiveView):
             parts.append("peak " + human_memory(self.peak_memory_bytes, self.memory_method))
         return parts
 
-    # ------------------------------------------------------------------ widget mode
+    def progress_text(self) -> str:
+        """``step 120/600 · ETA 0:42 · 0:31 elapsed``, or how the run ended."""
+        total = self.total
+        if not self.started:
+            return "waiting for the first step…"
+        elapsed = human_duration(self.last_step.get("elapsed_s"))
+        if self.finished:
+            head = "interrupted at" if self.interrupted else "done:"
+            return f"{head} {_step_text(self.steps[-1], total)} in {elapsed}"
+        parts = [_step_text(self.steps[-1], total)]
+        if total:
+            parts.append(f"ETA {human_duration(self.eta_s())}")
+        parts.append(f"{elapsed} elapsed")
+        return " · ".join(parts)
+
+    def final_line(self) -> str:
+        total = self.total
+        done = self.steps[-1] if self.steps else _last(_value(self.history, "step", []))
+        head = "interrupted at" if self.interrupted else "done:"
+        parts = [f"{head} {_step_text(done, total)} in "
+                 f"{human_duration(self.last_step.get('elapsed_s'))}"]
+        return " | ".join(parts + self.summary_parts())
+
+
+# ----------------------------------------------------------------------------- training views
+
+
+class _TrainingView(_LiveView):
+    """What the dashboard and the comparison share: run records fed by trainer callbacks,
+    one FigureWidget of ``figures.training_panels`` (loss, tokens/s, memory on one step
+    axis) under a status line, redrawn through ``figures.update_training_panels``."""
+
+    single = True                 # one run (its own colours per series) or several
+
+    def __init__(self, title, mode, max_updates_per_s, print_every_s, clock):
+        super().__init__(title, mode, max_updates_per_s, print_every_s, clock)
+        self.records: dict[str, RunRecord] = {}
+        self._figure_widget = None
+        self.static_figure = None     # what the widget shows once every run has ended
+        self._status = None
+
+    def _build_widget(self) -> None:
+        import ipywidgets
+        import plotly.graph_objects as go
+
+        from blockmem_lite.viz.figures import training_panels
+
+        fig = go.FigureWidget(training_panels(list(self.records), single=self.single,
+                                              title=self._figure_title()))
+        self._figure_widget = fig
+        self._status = ipywidgets.HTML(value=self._status_html())
+        self.widget = ipywidgets.VBox([self._status, fig])
+
+    # ------------------------------------------------------------------ freezing
+
+    def _all_done(self) -> bool:
+        """Every run the view knows has ended: the dashboard's one run, or each run a
+        comparison was given up front (runs it only meets later count once they start)."""
+        return all(r.finished for r in self.records.values())
+
+    def _freeze(self) -> None:
+        """Swap the live FigureWidget for the same figure drawn statically, and close it.
+
+        A saved notebook keeps each live widget's state, and a plotly FigureWidget's holds
+        plotly.js (about 5 MB): three dashboards made a 15 MB notebook. The static figure
+        is a plain plotly output (kilobytes) that shows again when the notebook reopens.
+        The next step of a new run brings a live widget back (``_thaw``).
+        """
+        import ipywidgets
+        import plotly.graph_objects as go
+        from IPython.display import display
+
+        if self._figure_widget is None:
+            return
+        static = ipywidgets.Output()
+        self.static_figure = go.Figure(self._figure_widget)
+        if _in_notebook_kernel():     # elsewhere Output cannot capture: it would print
+            with static:
+                display(self.static_figure)
+        live = self._figure_widget
+        self._figure_widget = None
+        self.widget.children = (self._status, static)
+        _close_after_the_cell(live)
+
+    def _thaw(self) -> None:
+        import plotly.graph_objects as go
+
+        from blockmem_lite.viz.figures import training_panels
+
+        fig = go.FigureWidget(training_panels(list(self.records), single=self.single,
+                                              title=self._figure_title()))
+        self._figure_widget = fig
+        self.widget.children = (self._status, fig)
+
+    # ------------------------------------------------------------------ feeding
+
+    def _step(self, record: RunRecord, rec: dict) -> None:
+        if record.starts_new_run(rec.get("step")):
+            self._new_run(record)
+        record.add_step(rec)
+        if self.mode == "widget":
+            self._show_once()
+            if self._redraws.due():
+                self._refresh()
+        elif self._prints.take():
+            self._print_run(record, format_progress(rec))
+
+    def _eval(self, record: RunRecord, rec: dict) -> None:
+        if rec.get("val_loss") is None:
+            return
+        if record.finished and record.starts_new_run(rec.get("step")):
+            self._new_run(record)
+        record.add_eval(rec)
+        if self.mode == "widget":
+            self._show_once()
+            self._refresh()
+        else:
+            self._print_run(record, "eval " + format_progress({"total_steps": record.total,
+                                                               **rec}))
+
+    def _end(self, record: RunRecord, history) -> None:
+        record.end(history)
+        if self.mode == "widget":
+            self._show_once()
+            self._refresh()
+            if self._all_done():
+                self._freeze()
+        else:
+            self._print_run(record, record.final_line())
+
+    def _new_run(self, record: RunRecord) -> None:
+        record.reset()
+        self._redraws.reset()
+        self._prints.reset()
+
+    def _print_run(self, record: RunRecord, line: str) -> None:
+        self._print(line)
+
+    # ------------------------------------------------------------------ drawing
+
+    def _x_total(self) -> int | None:
+        totals = [r.total for r in self.records.values() if r.total]
+        return max(totals) if totals else None
 
     def _refresh(self) -> None:
         """Redraw the widget with every point buffered so far (one batched message)."""
+        from blockmem_lite.viz.figures import update_training_panels
+
+        if self._figure_widget is None:
+            self._thaw()
         fig = self._figure_widget
-        total = self._total()
         with fig.batch_update():
-            train, val = fig.data
-            train.x, train.y = tuple(self.steps), tuple(self.losses)
-            val.x, val.y = tuple(self.val_steps), tuple(self.val_losses)
-            if total and self._x_range != total:
-                fig.layout.xaxis.range = [0, total]
-                self._x_range = total
+            update_training_panels(fig, {name: r.as_history() for name, r in
+                                         self.records.items()},
+                                   title=self._figure_title(), subtitle=self._subtitle(),
+                                   total_steps=self._x_total())
         self._status.value = self._status_html()
         self.n_updates += 1
         self._redraws.mark()
 
+    def _figure_title(self) -> str:
+        return html.escape(self.title) if self.title else "Training run"
+
+    def _subtitle(self) -> str:
+        raise TypeError(f"{type(self).__name__} must define _subtitle")
+
     def _status_html(self) -> str:
-        rec, total = self.last_step, self._total()
-        parts = []
-        if self.title:
-            parts.append(f"<b>{html.escape(self.title)}</b>")
-        if not rec:
-            parts.append("waiting for the first step…")
-        else:
-            parts.append(_step_text(rec.get("step"), total))
-            parts += [html.escape(p) for p in self._summary_parts()]
-            parts.append(f"{human_duration(rec.get('elapsed_s'))} elapsed")
-            if self.finished:
-                parts.append("<b>interrupted</b>" if self._interrupted() else "<b>done</b>")
-            elif total:
-                parts.append(f"ETA {human_duration(_eta_s(rec, total))}")
+        raise TypeError(f"{type(self).__name__} must define _status_html")
+
+
+# ----------------------------------------------------------------------------- dashboard
+
+
+class LiveDashboard(_TrainingView):
+    """Trainer callback showing a run as it trains (see the module docstring).
+
+    The points are in ``record`` (a ``RunRecord``); its fields (``steps``, ``losses``,
+    ``val_losses``, ``peak_memory_bytes``, ``history``, ...) read through the dashboard too.
+    """
+
+    kind = "live dashboard"
+
+    def __init__(self, total_steps: int | None = None, title: str = "", mode: str = "auto",
+                 max_updates_per_s: float = 4.0, print_every_s: float = 2.0,
+                 clock: Callable[[], float] | None = None):
+        super().__init__(title, mode, max_updates_per_s, print_every_s, clock)
+        _check_total_steps(total_steps)
+        self.total_steps = total_steps
+        self.record = RunRecord(title, total_steps)
+        self.records = {"run": self.record}
+        self._start()
+
+    def __getattr__(self, name):
+        """The record's fields read as the dashboard's own (``dash.steps``, ``dash.history``)."""
+        record = self.__dict__.get("record")
+        if record is not None and name in RunRecord.FIELDS:
+            return getattr(record, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    # ------------------------------------------------------------------ callbacks
+
+    def on_step(self, trainer, rec: dict) -> None:
+        self._step(self.record, rec)
+
+    def on_eval(self, trainer, rec: dict) -> None:
+        self._eval(self.record, rec)
+
+    def on_end(self, trainer, history) -> None:
+        self._end(self.record, history)
+
+    # ------------------------------------------------------------------ results
+
+    def _total(self) -> int | None:
+        return self.record.total
+
+    def as_history(self) -> dict:
+        """The points received so far, as a dict with ``train.History``'s keys."""
+        return self.record.as_history()
+
+    def figure(self):
+        """Static summary figure of the run (from the trainer's history once it ended)."""
+        from blockmem_lite.viz.figures import training_summary
+
+        return training_summary(self.record.current(), title=self.title or "Training run")
+
+    # ------------------------------------------------------------------ widget mode
+
+    def _subtitle(self) -> str:
+        return html.escape(self.record.progress_text())
+
+    def _status_html(self) -> str:
+        record = self.record
+        parts = [f"<b>{html.escape(self.title)}</b>"] if self.title else []
+        parts.append(html.escape(record.progress_text()))
+        parts += [html.escape(p) for p in record.summary_parts()]
+        if record.finished:
+            parts.append("<b>interrupted</b>" if record.interrupted else "<b>done</b>")
         return ('<div style="font-family: monospace; font-size: 13px">'
                 + " · ".join(parts) + "</div>")
+
+
+def _close_after_the_cell(widget) -> None:
+    """Close ``widget`` once the running cell has finished (at once outside IPython).
+
+    Closed at once, a widget whose view is still on the page makes the front end raise "no
+    comm channel defined"; by the end of the cell the view has been taken off the page."""
+    import sys
+
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None else None
+    if shell is None or not hasattr(shell, "events"):
+        widget.close()
+        return
+
+    def close_once(*_):
+        shell.events.unregister("post_run_cell", close_once)
+        widget.close()
+
+    shell.events.register("post_run_cell", close_once)
 
 
 def _last(values):
@@ -403,11 +583,186 @@ def _check_positive_number(name: str, value, allow_zero: bool) -> None:
         raise ValueError(f"{name}={value!r} is not allowed: expected a number {bound}")
 
 
+def _check_total_steps(total_steps, name: str = "total_steps") -> None:
+    if total_steps is not None and (isinstance(total_steps, bool)
+                                    or not isinstance(total_steps, int) or total_steps < 1):
+        raise ValueError(f"{name}={total_steps!r} is not allowed: expected None or an "
+                         "integer >= 1")
+
+
 def live_dashboard(cfg=None, **kwargs) -> LiveDashboard:
     """A ``LiveDashboard``; ``cfg`` (RunConfig or TrainConfig) supplies ``total_steps``."""
     if cfg is not None and "total_steps" not in kwargs:
         kwargs["total_steps"] = getattr(cfg, "train", cfg).steps
     return LiveDashboard(**kwargs)
+
+
+# ----------------------------------------------------------------------------- comparison
+
+
+class RunFeed:
+    """The trainer callback of one run of a ``LiveComparison`` (``comparison.run(name)``)."""
+
+    def __init__(self, comparison: LiveComparison, name: str):
+        self.comparison, self.name = comparison, name
+
+    @property
+    def record(self) -> RunRecord:
+        return self.comparison.records[self.name]
+
+    def on_step(self, trainer, rec: dict) -> None:
+        self.comparison._step(self.record, rec)
+
+    def on_eval(self, trainer, rec: dict) -> None:
+        self.comparison._eval(self.record, rec)
+
+    def on_end(self, trainer, history) -> None:
+        self.comparison._end(self.record, history)
+
+    def __repr__(self) -> str:
+        return f"RunFeed({self.name!r})"
+
+
+class LiveComparison(_TrainingView):
+    """Several runs trained one after another, overlaid live in one widget.
+
+        live = LiveComparison(runs=["dense", "bcmt L=16"], total_steps=300, title="dense vs BCMT")
+        for name, run_cfg in runs.items():
+            histories[name] = Trainer(..., callbacks=[live.run(name)]).fit()
+        live.figure()                 # the static overlay; live.histories: name -> History
+
+    Widget mode: the three rows of the dashboard (loss with train line and val diamonds,
+    tokens/s, memory with each run's peak dotted) on one step axis, one colour per run,
+    one legend entry per run (click it to hide the whole run), the title naming the run
+    in progress with its ETA, and a status table with the latest values of every run.
+    Text mode: the dashboard's lines, each prefixed with its run's name, ``[dense] step ...``.
+    ``runs``: the names known up front (their colours and legend order; others are added
+    when ``run(name)`` first sees them); ``total_steps``: one number, or a dict per run
+    (the trainer's own count wins once a step arrives).
+    """
+
+    kind = "live comparison"
+    single = False
+
+    def __init__(self, runs: Sequence = (), total_steps: int | Mapping | None = None,
+                 title: str = "", mode: str = "auto", max_updates_per_s: float = 4.0,
+                 print_every_s: float = 2.0, clock: Callable[[], float] | None = None):
+        super().__init__(title, mode, max_updates_per_s, print_every_s, clock)
+        if isinstance(runs, (str, bytes)) or not isinstance(runs, (Sequence, Mapping)):
+            raise ValueError(f"runs={runs!r} is not allowed: expected a list of run names")
+        if isinstance(total_steps, Mapping):
+            for name, steps in total_steps.items():
+                _check_total_steps(steps, f"total_steps[{name!r}]")
+        else:
+            _check_total_steps(total_steps)
+        self.total_steps = total_steps
+        for name in runs:
+            self._record(str(name))
+        self._start()
+
+    def _record(self, name: str) -> RunRecord:
+        if name not in self.records:
+            total = (self.total_steps.get(name) if isinstance(self.total_steps, Mapping)
+                     else self.total_steps)
+            self.records[name] = RunRecord(name, total)
+        return self.records[name]
+
+    def run(self, name: str) -> RunFeed:
+        """The trainer callback for the run ``name`` (pass it in ``callbacks=[...]``)."""
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"name={name!r} is not allowed: expected a non-empty run name")
+        self._record(name)
+        return RunFeed(self, name)
+
+    @property
+    def histories(self) -> dict:
+        """{run name: the trainer's History once it ended, else the points so far} for every
+        run that has started."""
+        return {name: r.current() for name, r in self.records.items() if r.started}
+
+    def figure(self, **kwargs):
+        """The static overlay of every run so far (``figures.training_comparison``)."""
+        from blockmem_lite.viz.figures import training_comparison
+
+        if not self.histories:
+            raise ValueError("LiveComparison.figure() is not allowed before a run has sent a "
+                             "step: train with live.run(name) as a callback")
+        return training_comparison(self.histories, title=self.title or "Training runs",
+                                   **kwargs)
+
+    def loss_figure(self, **kwargs):
+        """Loss only, one panel per family of runs (``figures.loss_curves``)."""
+        from blockmem_lite.viz.figures import loss_curves
+
+        return loss_curves(self.histories, title=self.title or "Loss", **kwargs)
+
+    # ------------------------------------------------------------------ text mode
+
+    def _print_run(self, record: RunRecord, line: str) -> None:
+        print(f"[{record.name}] {line}", flush=True)
+        self.n_printed += 1
+
+    # ------------------------------------------------------------------ widget mode
+
+    def _figure_title(self) -> str:
+        return html.escape(self.title) if self.title else "Training runs"
+
+    def _current(self) -> RunRecord | None:
+        """The run being trained (the last one fed that has not ended)."""
+        going = [r for r in self.records.values() if r.started and not r.finished]
+        return going[-1] if going else None
+
+    def _eta_all_s(self) -> float | None:
+        """Time left for the run in progress and the runs not started, guessed from the
+        mean wall time of the runs that ended."""
+        ended = [r.last_step.get("elapsed_s") for r in self.records.values()
+                 if r.finished and r.last_step.get("elapsed_s") is not None]
+        current = self._current()
+        waiting = sum(not r.started for r in self.records.values())
+        left = current.eta_s() if current is not None else 0.0
+        if left is None or (waiting and not ended):
+            return None
+        return left + waiting * (sum(ended) / len(ended) if ended else 0.0)
+
+    def _subtitle(self) -> str:
+        names = list(self.records)
+        current = self._current()
+        done = sum(r.finished for r in self.records.values())
+        if current is None:
+            text = f"{done} of {len(names)} runs done" if done else "waiting for the first step…"
+        else:
+            text = (f"run {names.index(current.name) + 1} of {len(names)}: {current.name}, "
+                    f"{current.progress_text()}")
+            eta_all = self._eta_all_s()
+            if eta_all is not None and any(not r.started for r in self.records.values()):
+                text += f" · all runs ETA {human_duration(eta_all)}"
+        return html.escape(text) + " · line: train loss · ◆ val loss · dotted: peak memory"
+
+    def _status_html(self) -> str:
+        from blockmem_lite.viz.figures import color
+
+        rows = []
+        for i, (name, r) in enumerate(self.records.items()):
+            swatch = f'<span style="color:{color(i)}">■</span>'
+            cells = [swatch, f"<b>{html.escape(name)}</b>", html.escape(r.progress_text())]
+            cells += [html.escape(p) for p in r.summary_parts()]
+            rows.append("<tr>" + "".join(f"<td style='padding-right:1em'>{c}</td>"
+                                         for c in cells) + "</tr>")
+        head = f"<b>{html.escape(self.title)}</b>" if self.title else ""
+        return ('<div style="font-family: monospace; font-size: 13px">' + head
+                + "<table>" + "".join(rows) + "</table></div>")
+
+
+def live_comparison(runs=(), **kwargs) -> LiveComparison:
+    """A ``LiveComparison``; ``runs`` may be a dict name -> RunConfig (or TrainConfig), whose
+    step counts become ``total_steps`` per run."""
+    if isinstance(runs, Mapping):
+        if "total_steps" not in kwargs and all(hasattr(getattr(c, "train", c), "steps")
+                                               for c in runs.values()):
+            kwargs["total_steps"] = {str(n): getattr(c, "train", c).steps
+                                     for n, c in runs.items()}
+        runs = list(runs)
+    return LiveComparison(runs=runs, **kwargs)
 
 
 # ----------------------------------------------------------------------------- generic monitor

@@ -12,12 +12,17 @@ kernel is there to show it, and prints one line naming the values.
 
 Slider specs: ``slider(value, min, max, step=None, label=None)`` (an integer slider
 when every number is an int), ``choice(options, value=None, label=None)``; a plain
-tuple ``(value, min, max[, step])`` or a list of options works too. Labels are
-never cut off (``description_width: initial``).
+tuple ``(value, min, max[, step])`` or a list of options works too.
+
+Labels are never cut off: each one is its own HTML widget beside its slider (text that
+does not wrap, in a column as wide as the longest label), not the slider's
+``description``, whose fixed 80 px box (``temperat…``, ``routed_sc…``) needs a style
+model that not every front end applies.
 """
 
 from __future__ import annotations
 
+import html
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -25,6 +30,7 @@ from blockmem_lite.viz import live
 
 SLIDER_WIDTH = "60%"
 SLIDER_MIN_WIDTH = "360px"
+LABEL_EM_PER_CHAR = 0.6       # the label column: 0.6 em per character of the longest label
 
 
 @dataclass(frozen=True)
@@ -84,11 +90,12 @@ def _as_slider(name: str, spec) -> Slider:
                      "tuple (value, min, max[, step]) or a list of options")
 
 
-def _make_widget(name: str, spec: Slider):
+def _make_widget(spec: Slider):
+    """The slider itself, without a description (its label is a separate widget)."""
     import ipywidgets
 
-    common = dict(description=spec.label or name, style={"description_width": "initial"},
-                  layout=ipywidgets.Layout(width=SLIDER_WIDTH, min_width=SLIDER_MIN_WIDTH),
+    common = dict(description="", layout=ipywidgets.Layout(width=SLIDER_WIDTH,
+                                                           min_width=SLIDER_MIN_WIDTH),
                   continuous_update=False)
     if spec.options is not None:
         return ipywidgets.SelectionSlider(options=list(spec.options), value=spec.value, **common)
@@ -97,15 +104,25 @@ def _make_widget(name: str, spec: Slider):
     return cls(value=spec.value, min=spec.min, max=spec.max, step=step, **common)
 
 
+def label_html(text: str, width_em: float) -> str:
+    """A slider's label as HTML that is never cut: no wrapping, at least ``width_em`` wide
+    (so the sliders of one figure line up), right-aligned next to its slider."""
+    return (f'<div style="min-width: {width_em:.1f}em; padding-right: 0.6em; '
+            f'text-align: right; white-space: nowrap">{html.escape(str(text))}</div>')
+
+
 class SliderView:
     """What ``slider_figure`` made: ``mode``, the default ``values``, the ``widget``
-    (widget mode) or the default ``result`` (text mode). Already shown: displaying the
-    view again shows nothing."""
+    (widget mode: one row per slider, ``labels[name]`` beside ``controls[name]``, the
+    figure under them) or the default ``result`` (text mode). Already shown: displaying
+    the view again shows nothing."""
 
     def __init__(self, build: Callable, sliders: dict, title: str, mode: str):
         self.build, self.sliders, self.title = build, sliders, title
         self.values = {name: spec.value for name, spec in sliders.items()}
         self.widget = None
+        self.controls: dict = {}
+        self.labels: dict = {}
         self.result = None
         self.mode, self.fallback_reason, self._announce = live.resolve_mode(mode,
                                                                             self._build_widget)
@@ -113,8 +130,16 @@ class SliderView:
     def _build_widget(self) -> None:
         import ipywidgets
 
-        controls = {name: _make_widget(name, spec) for name, spec in self.sliders.items()}
-        self.widget = ipywidgets.interactive(self._run, **controls)
+        texts = {name: spec.label or name for name, spec in self.sliders.items()}
+        width = LABEL_EM_PER_CHAR * max(len(t) for t in texts.values()) + 0.5
+        self.controls = {name: _make_widget(spec) for name, spec in self.sliders.items()}
+        self.labels = {name: ipywidgets.HTML(value=label_html(texts[name], width))
+                       for name in self.sliders}
+        output = ipywidgets.interactive_output(self._run, self.controls)
+        rows = [ipywidgets.HBox([self.labels[name], self.controls[name]],
+                                layout=ipywidgets.Layout(align_items="center"))
+                for name in self.sliders]
+        self.widget = ipywidgets.VBox(rows + [output])
 
     def _run(self, **values):
         from IPython.display import display
