@@ -21,11 +21,12 @@ LAYERS = (
     ("data", ("corpora", "tasks")),
     ("measuring and training", ("checkpoints", "metrics", "train", "bench", "checks", "lab")),
     ("viz", ("viz", "viz.*")),
-    ("tools and command line", ("cli", "exercises", "grading", "envcheck", "__main__", "")),
+    ("tools and command line", ("cli", "exercises", "grading", "envcheck", "site", "__main__",
+                                "")),
 )
 CORE = ("config", "runtime", "tokenizer", "flops", "nn", "masks", "trace", "models.base",
         "corpora", "tasks", "metrics", "train", "bench", "checks", "cli", "viz", "viz.*",
-        "lab", "labdata", "checkpoints")
+        "lab", "labdata", "checkpoints", "site")
 
 
 def module_names() -> dict[str, Path]:

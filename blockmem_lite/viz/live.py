@@ -551,17 +551,14 @@ class LiveDashboard(_TrainingView):
 
 
 def _close_after_the_cell(widget) -> None:
-    """Close ``widget`` once the running cell has finished (at once outside IPython).
+    """Close ``widget`` once the running cell has finished (at once outside a kernel).
 
     Closed at once, a widget whose view is still on the page makes the front end raise "no
     comm channel defined"; by the end of the cell the view has been taken off the page."""
-    import sys
-
-    ipython = sys.modules.get("IPython")
-    shell = ipython.get_ipython() if ipython is not None else None
-    if shell is None or not hasattr(shell, "events"):
+    if not _in_notebook_kernel():       # no front end: nothing can still be drawing it
         widget.close()
         return
+    shell = sys.modules["IPython"].get_ipython()
 
     def close_once(*_):
         shell.events.unregister("post_run_cell", close_once)
