@@ -1,4 +1,4 @@
-"""Command line: ``python -m blockmem_lite {envcheck,train,bench,exercises} ...``.
+"""Command line: ``python -m blockmem_lite {envcheck,train,bench,exercises,gpucheck} ...``.
 
 Each subcommand is a ``main(argv)`` function in its own module (``cli.py`` for
 train and bench), imported only when used, so ``envcheck`` works even when
@@ -20,6 +20,8 @@ COMMANDS = {   # name: (module, function, help)
     "reproduce": ("blockmem_lite.cli", "reproduce_main",
                   "every mechanism on the same work; the papers' claims beside ours"),
     "exercises": ("blockmem_lite.exercises", "main", "build|check|strip|grade student notebooks"),
+    "gpucheck": ("blockmem_lite.gpucheck", "main",
+                 "check the GPU path in one short run (one table, OK/FAIL per check)"),
 }
 SUBCOMMANDS = {   # (command, subcommand): (module, function); grading sits above exercises
     ("exercises", "grade"): ("blockmem_lite.grading", "main"),

@@ -22,7 +22,8 @@ LAYERS = (
     ("measuring and training", ("checkpoints", "metrics", "roofline", "train", "bench", "checks",
                                 "lab")),
     ("viz", ("viz", "viz.*")),
-    ("tools and command line", ("cli", "exercises", "grading", "envcheck", "__main__", "")),
+    ("tools and command line", ("cli", "exercises", "grading", "envcheck", "gpucheck", "__main__",
+                                "")),
 )
 CORE = ("config", "runtime", "tokenizer", "flops", "nn", "masks", "trace", "models.base",
         "corpora", "tasks", "metrics", "train", "bench", "checks", "cli", "viz", "viz.*",
