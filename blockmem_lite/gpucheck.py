@@ -39,8 +39,9 @@ Steps (sizes for one GPU; ``--tiny``: small sizes, the logic on a CPU in seconds
    CPU (no FlexAttention backward there) the agreement is checked forward only, in
    eager mode, without timing.
 
-Time: the budgets add up to about 4 minutes on one H100-class GPU (an estimate:
-no GPU has run it yet); the whole run is meant to finish in under 5 minutes.
+Time: the budgets add up to about 4.5 minutes on one H100-class GPU (an estimate:
+no GPU has run it yet; the flex rows' compilation is the least certain part); the
+whole run is meant to finish in under 5 minutes.
 ``--tiny`` on a 2-core CPU takes well under a minute.
 """
 
@@ -88,8 +89,7 @@ class Sizes:
     """How big each step runs: ``FULL`` on a GPU, ``TINY`` for a CPU rehearsal."""
 
     preset: str
-    batch: int                    # autocast step
-    seq_len: int | None           # autocast step (None: the preset's)
+    batch: int                    # autocast step (at the preset's seq_len)
     cached_len: int
     train_steps: int
     train_lr: float
@@ -112,14 +112,14 @@ class Sizes:
     budgets: dict                 # step -> seconds per check on an H100-class GPU
 
 
-FULL = Sizes(preset="gpu", batch=8, seq_len=None, cached_len=512, train_steps=60,
+FULL = Sizes(preset="gpu", batch=8, cached_len=512, train_steps=60,
              train_lr=1e-3, train_warmup=10, bench_lens=(1024, 4096), bench_d=256,
              bench_layers=4, bench_heads=4, bench_batch=None, bench_warmup=3, bench_repeats=5,
              bench_burst=32, roofline_seconds=0.25, flex_batch=4, flex_heads=4,
              flex_head_dim=64, flex_len=4096, flex_block=128, flex_chunk=16,
              budgets={"autocast": 5.0, "cached": 4.0, "train": 20.0, "bench": 20.0,
                       "rng": 3.0, "flex": 25.0})
-TINY = Sizes(preset="tiny", batch=2, seq_len=None, cached_len=32, train_steps=40,
+TINY = Sizes(preset="tiny", batch=2, cached_len=32, train_steps=40,
              train_lr=3e-3, train_warmup=4, bench_lens=(256, 512), bench_d=32, bench_layers=1,
              bench_heads=2, bench_batch=2, bench_warmup=1, bench_repeats=1, bench_burst=2,
              roofline_seconds=0.0, flex_batch=1, flex_heads=2, flex_head_dim=16, flex_len=64,
@@ -179,7 +179,7 @@ def _reset_peak(device: torch.device) -> None:
 
 def check_autocast(arch: str, device: torch.device, sizes: Sizes) -> list[tuple[str, str, str]]:
     """Forward + backward and a short decode under bf16 autocast (module docstring, step 1)."""
-    cfg = _model_cfg(arch, sizes, sizes.seq_len)
+    cfg = _model_cfg(arch, sizes)
     seed_everything(0)
     model = build_model(cfg).to(device)
     tokens = metrics.random_tokens(sizes.batch, cfg.seq_len + 1, cfg.vocab_size, device)

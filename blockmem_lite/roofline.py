@@ -9,7 +9,8 @@ that does F FLOPs and moves Q bytes cannot take less than
 and it is *compute*-bound or *memory*-bound by whichever term is larger. The
 fraction reached is bound time / measured time (1.0 = at the machine's limit).
 
-**The peaks** (``measure_peaks``, a fraction of a second, once per bench run):
+**The peaks** (``measure_peaks``, about a second, once per bench run, with the run's
+threads pinned: what its steps get):
 
 * matmul FLOP/s: square n x n matmuls in the run's compute dtype (bf16 under bf16
   autocast, else fp32; n = 8192 on CUDA, 1024 elsewhere), 2·n³ FLOPs each, the
@@ -48,7 +49,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 
@@ -73,9 +74,6 @@ class Peaks:
     matmul_n: int
     copy_bytes: int                    # size of the copied buffer
     seconds: float                     # wall time the probes took
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def _fastest(fn, device: torch.device, seconds: float, min_calls: int = 3) -> float:

@@ -14,11 +14,13 @@ from blockmem_lite import bench, gpucheck, registry
 from blockmem_lite.__main__ import COMMANDS
 
 ROOT = Path(__file__).resolve().parent.parent
+BUILT_IN = {"armt", "bcmt", "cat", "dense", "honly", "moc"}
 
 
-def _expected_checks() -> set[tuple[str, str]]:
-    """(step, arch) of every row a full --tiny run must hold."""
-    archs = registry.names()
+def _expected_checks(archs=None) -> set[tuple[str, str]]:
+    """(step, arch) of every row a full --tiny run over ``archs`` (default: every registered
+    one, which in this process may include mechanisms other tests registered) must hold."""
+    archs = registry.names() if archs is None else archs
     rows = {(step, a) for step in ("autocast", "cached") for a in archs}
     rows |= {("train", a) for a in gpucheck.TRAIN_ARCHS}
     rows |= {(f"bench {phase} T={t}", a) for a in archs for phase in bench.PHASES
@@ -27,8 +29,8 @@ def _expected_checks() -> set[tuple[str, str]]:
     return rows
 
 
-def _check_full_run(rows: list[dict]) -> None:
-    assert {(r["step"], r["arch"]) for r in rows} == _expected_checks()
+def _check_full_run(rows: list[dict], archs=None) -> None:
+    assert {(r["step"], r["arch"]) for r in rows} == _expected_checks(archs)
     for r in rows:
         expected = "SKIP" if r["step"] == "rng" else "OK"        # no CUDA here
         assert r["result"] == expected, r
@@ -57,21 +59,26 @@ def test_tiny_in_process_has_every_arch_and_every_step_ok(tiny_run, capsys):
     assert all(r["budget_s"] > 0 for r in timed)
 
 
-def test_tiny_as_a_subprocess_prints_one_table_and_exits_0():
+def test_tiny_as_a_subprocess_prints_one_table_and_exits_0(tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+    out = tmp_path / "gpucheck.json"
     done = subprocess.run([sys.executable, "-m", "blockmem_lite", "gpucheck", "--device", "cpu",
-                           "--tiny"], capture_output=True, text=True, env=env, timeout=300)
+                           "--tiny", "--out", str(out)], capture_output=True, text=True, env=env,
+                          timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    archs = {r["arch"] for r in rows if r["step"] == "autocast"}
+    assert archs == BUILT_IN                      # a fresh process: the built-in mechanisms
+    _check_full_run(rows, archs)
     lines = done.stdout.splitlines()
     assert lines[0].split()[:6] == ["step", "arch", "result", "figure", "seconds", "budget"]
-    rows = [line.split()[:3] for line in lines[2:] if line and not line.startswith(("-", "wrote"))]
-    table = [(row[0], row[1]) for row in rows[:-1]]
-    assert len(table) == len(_expected_checks())
-    for step, arch in {(s.split()[0], a) for s, a in _expected_checks()}:
-        assert any(line.startswith(step) and f" {arch} " in line for line in lines), (step, arch)
-    assert " FAIL " not in done.stdout
-    assert lines[-1].startswith(f"{len(table) - 1} OK, 0 FAIL, 1 SKIP")
+    assert set(lines[1]) == {"-", " "}
+    table = lines[2:2 + len(rows)]
+    for line, row in zip(table, rows, strict=True):                    # one line per row
+        assert line.startswith(row["step"]) and f" {row['arch']} " in line \
+            and f" {row['result']} " in line, (line, row)
+    assert lines[2 + len(rows)].startswith(f"{len(rows) - 1} OK, 0 FAIL, 1 SKIP")
 
 
 def test_a_planted_failure_is_a_fail_row_and_the_rest_still_runs(monkeypatch, tmp_path, capsys):
