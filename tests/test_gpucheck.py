@@ -60,8 +60,9 @@ def test_tiny_in_process_has_every_arch_and_every_step_ok(tiny_run, capsys):
 
 
 def test_tiny_as_a_subprocess_prints_one_table_and_exits_0(tmp_path):
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+    env = {**os.environ, "OMP_NUM_THREADS": "1",                 # like conftest: one thread
+           "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH"))
+                                         if p)}
     out = tmp_path / "gpucheck.json"
     done = subprocess.run([sys.executable, "-m", "blockmem_lite", "gpucheck", "--device", "cpu",
                            "--tiny", "--out", str(out)], capture_output=True, text=True, env=env,
