@@ -44,6 +44,18 @@ Extra record keys: ``saved_bytes``, ``rss_peak_bytes``, ``rss_base_bytes``
 ``warmup``, ``repeats``, ``load_avg_1m`` (the machine's 1-minute load average:
 a busy machine slows multi-threaded kernels a lot, which the same-run ratios
 cancel but absolute tokens/s do not).
+
+Roofline (``roofline.py`` holds the peaks' probes and the traffic model): each run
+first measures the machine (``peak_flops_per_s``: square matmuls in the run's
+dtype; ``peak_bytes_per_s``: a large copy), printed in the table's header and
+stored in every record. Each record then carries ``flops_per_step`` (analytic
+FLOPs per token x tokens per step: B·T for train, B for one decode step),
+``bytes_per_step`` (the traffic model of its phase: train, decode, or prefill for
+a special bench that says so), ``roofline_bound`` ("compute" or "memory": the
+larger of FLOPs / peak and bytes / bandwidth), ``roofline_ms`` (that bound's
+time per step) and ``roofline_fraction`` (``roofline_ms / ms_per_step``). All
+None where a figure is missing (no FLOP model, no traffic model, peaks not
+measured).
 """
 
 from __future__ import annotations
@@ -58,7 +70,7 @@ from typing import Callable
 
 import torch
 
-from blockmem_lite import metrics, registry
+from blockmem_lite import metrics, registry, roofline
 from blockmem_lite.config import ModelConfig
 from blockmem_lite.flops import flop_ceiling, training_flops_per_token
 from blockmem_lite.models.base import build_model
@@ -167,6 +179,7 @@ class BenchContext:
     burst: int
     memory: tuple[str, ...]
     progress: bool
+    peaks: roofline.Peaks | None = None     # the machine's measured limits (None: not measured)
 
     # --- models ---------------------------------------------------------------------------
     def entry(self, arch: str, seq_len: int, variant: str = "",
@@ -231,21 +244,51 @@ class BenchContext:
     def ceiling(self, dense_flops, flops) -> float | None:
         return flop_ceiling(dense_flops, flops) if dense_flops and flops else None
 
+    def step_cost(self, cfg: ModelConfig, traffic: str, *, batch: int, seq_len: int,
+                  params: int, flops_per_token: float | None,
+                  state_bytes: int | None = None) -> dict:
+        """``flops_per_step`` and ``bytes_per_step`` of one step by ``roofline``'s traffic
+        model ``traffic`` (train, prefill or decode); ``flops_per_token`` as recorded
+        (train: 3 x the forward). Keyword arguments for ``record``."""
+        tokens = roofline.tokens_per_step(traffic, batch, seq_len)
+        return {"flops_per_step": None if flops_per_token is None else flops_per_token * tokens,
+                "bytes_per_step": roofline.step_bytes(
+                    cfg, traffic, batch=batch, seq_len=seq_len, params=params,
+                    precision=self.precision, state_bytes=state_bytes)}
+
+    def roofline_fields(self, flops_per_step, bytes_per_step, ms_per_step: float) -> dict:
+        """The roofline keys of a record (module docstring); None where a figure is missing."""
+        kind, seconds = roofline.bound(flops_per_step, bytes_per_step, self.peaks)
+        return {"peak_flops_per_s": self.peaks.flops_per_s if self.peaks else None,
+                "peak_bytes_per_s": self.peaks.bytes_per_s if self.peaks else None,
+                "flops_per_step": flops_per_step, "bytes_per_step": bytes_per_step,
+                "roofline_bound": kind,
+                "roofline_ms": None if seconds is None else 1000.0 * seconds,
+                "roofline_fraction": None if seconds is None or not ms_per_step
+                else 1000.0 * seconds / ms_per_step}
+
     # --- records --------------------------------------------------------------------------
     def record(self, *, arch: str, variant: str, phase: str, seq_len: int, batch: int,
                timing: metrics.Timing, ratio, ceiling, flops, memory: dict,
                state_bytes, model_fields: dict, params: int, overrides: dict,
-               per_call: int = 1, **extra) -> dict:
-        """One record with every ``RECORD_KEYS`` key, the run's settings and ``extra`` keys."""
+               per_call: int = 1, flops_per_step: float | None = None,
+               bytes_per_step: float | None = None, **extra) -> dict:
+        """One record with every ``RECORD_KEYS`` key, the run's settings and ``extra`` keys.
+
+        ``flops_per_step`` / ``bytes_per_step`` (from ``step_cost``) give the roofline keys;
+        without them those keys are None.
+        """
+        ms_per_step = timing.ms_per_step / per_call
         return {
             "arch": arch, "variant": variant, "phase": phase, "seq_len": seq_len, "batch": batch,
-            "tokens_per_s": timing.tokens_per_s, "ms_per_step": timing.ms_per_step / per_call,
+            "tokens_per_s": timing.tokens_per_s, "ms_per_step": ms_per_step,
             "ratio_vs_dense": ratio, "flop_ceiling": ceiling,
             "frac_of_ceiling": ratio / ceiling if ratio is not None and ceiling else None,
             **{**NO_MEMORY, **memory}, "state_bytes": state_bytes,
             "device": self.device.type, "dtype": self.precision, "threads": self.threads,
             "torch_version": torch.__version__, "machine": machine(self.device),
             "flops_per_token": flops,
+            **self.roofline_fields(flops_per_step, bytes_per_step, ms_per_step),
             "step_times_ms": [1000.0 * t / per_call for t in timing.times_s],
             **model_fields, "params": params, "overrides": overrides,
             "warmup": self.warmup, "repeats": self.repeats, "load_avg_1m": load_average(),
@@ -334,16 +377,20 @@ def bench_phase(ctx: BenchContext, entries: list[Entry], phase: str, seq_len: in
                 + f": {timing.tokens_per_s:,.0f} tok/s; memory")
         flops = ctx.flops(entry.cfg, seq_len, decode)
         baseline = i == 0                                   # the first entry is dense
+        recorded_flops = training_flops_per_token(flops) if flops is not None and not decode \
+            else flops
+        state_bytes = _state_bytes(model, batch, seq_len, ctx.precision) if decode else None
         records.append(ctx.record(
             arch=entry.arch, variant=entry.variant, phase=phase, seq_len=seq_len, batch=batch,
             timing=timing,
             ratio=None if baseline else timing.tokens_per_s / timings[0].tokens_per_s,
-            ceiling=ctx.ceiling(dense_flops, flops),
-            flops=training_flops_per_token(flops) if flops is not None and not decode else flops,
-            memory=_memory(ctx, entry, model, phase, batch, seq_len),
-            state_bytes=_state_bytes(model, batch, seq_len, ctx.precision) if decode else None,
+            ceiling=ctx.ceiling(dense_flops, flops), flops=recorded_flops,
+            memory=_memory(ctx, entry, model, phase, batch, seq_len), state_bytes=state_bytes,
             model_fields=model_fields(entry.cfg), params=model.num_params(),
-            overrides=entry.overrides, per_call=per_call))
+            overrides=entry.overrides, per_call=per_call,
+            **ctx.step_cost(entry.cfg, phase, batch=batch, seq_len=seq_len,
+                            params=model.num_params(), flops_per_token=recorded_flops,
+                            state_bytes=state_bytes)))
     return records
 
 
@@ -388,14 +435,17 @@ def run_bench(archs=("dense",), seq_lens=DEFAULT_SEQ_LENS, *, batch: int | None 
               threads: int | None = None, device: str = "auto", dtype: str = "auto",
               phases=None, warmup: int = 3, repeats: int = 5, decode_burst: int = 32,
               memory=("saved", "rss"), options: dict | None = None,
-              progress: bool = True) -> list[dict]:
+              progress: bool = True,
+              roofline_seconds: float | None = roofline.PROBE_SECONDS) -> list[dict]:
     """Benchmark dense and every variant of ``archs``; one record per (arch, variant, phase, T).
 
     ``phases``: None = train, decode and the special benches of ``archs``. ``batch``
     None: train ``max(1, 4096 // T)``, decode 1. ``memory``: any of "saved", "rss",
     or "none" (see the module docstring). ``options``: mechanism bench options by
-    ``dest`` (defaults from the registry). Every argument is checked before any
-    timing starts. Progress goes to stderr.
+    ``dest`` (defaults from the registry). ``roofline_seconds``: how long each of the
+    two machine probes runs (``roofline.measure_peaks``; None: no probes, the roofline
+    keys are None). Every argument is checked before any timing starts. Progress goes
+    to stderr.
     """
     archs = resolve_archs(archs)
     seq_lens = _check_run(seq_lens, batch, warmup, repeats, decode_burst)
@@ -413,6 +463,11 @@ def run_bench(archs=("dense",), seq_lens=DEFAULT_SEQ_LENS, *, batch: int | None 
         ctx = BenchContext(base, seq_lens, batch, dev, precision, n_threads, warmup, repeats,
                            decode_burst, memory, progress)
         plan = _plan(ctx, archs, phases, opts)          # configs built (and checked) up front
+        if roofline_seconds is not None:
+            ctx.peaks = roofline.measure_peaks(dev, precision, roofline_seconds)
+            ctx.log(f"machine: matmul {ctx.peaks.flops_per_s / 1e9:,.1f} GFLOP/s "
+                    f"({ctx.peaks.dtype}), copy {ctx.peaks.bytes_per_s / 1e9:,.1f} GB/s "
+                    f"({ctx.peaks.seconds:.1f} s)")
         records: list[dict] = []
         for phase, seq_len, entries in plan:
             records += bench_phase(ctx, entries, phase, seq_len,
@@ -470,6 +525,9 @@ PHASE_COLUMNS = (
     ("saved", lambda r: human_bytes(r.get("saved_bytes"))),
     ("rss delta", lambda r: human_bytes(rss_delta(r))),
     ("state", lambda r: human_bytes(r["state_bytes"])),
+    ("bound", lambda r: r.get("roofline_bound") or "-"),
+    ("% roof", lambda r: "-" if r.get("roofline_fraction") is None
+     else f"{100 * r['roofline_fraction']:.0f}%"),
 )
 PHASE_LEGEND = (
     "x dense: tokens/s ratio to dense in the same run; ceiling: analytic FLOP ratio "
@@ -478,7 +536,17 @@ PHASE_LEGEND = (
     "baseline (rss delta = growth after import + model build); saved_tensors = activations "
     "saved for backward; cuda_max_allocated = CUDA peak.\n"
     "train = forward+backward, no optimizer step; decode ms/step is per token step; "
-    "state = decoding state bytes at t = T.")
+    "state = decoding state bytes at t = T.\n"
+    "bound: what limits the step by the roofline (compute: FLOPs / matmul peak; memory: bytes "
+    "moved by the traffic model / copy bandwidth); % roof = that bound's time / measured time.")
+
+
+def roofline_header(record: dict) -> str:
+    """``  matmul=… GFLOP/s  copy=… GB/s`` from a record's measured peaks ('' if none)."""
+    flops, bandwidth = record.get("peak_flops_per_s"), record.get("peak_bytes_per_s")
+    if flops is None or bandwidth is None:
+        return ""
+    return f"  matmul={flops / 1e9:,.1f} GFLOP/s  copy={bandwidth / 1e9:,.1f} GB/s"
 
 
 def _columns_table(records: list[dict], columns, left_columns: int) -> str:
@@ -494,7 +562,7 @@ def format_table(records: list[dict]) -> str:
     first = records[0]
     parts = [f"device={first['device']} ({first.get('machine', '?')})  dtype={first['dtype']}  "
              f"threads={first['threads']}  torch={first['torch_version']}  "
-             f"load={fmt(first.get('load_avg_1m'), '.2f')}"]
+             f"load={fmt(first.get('load_avg_1m'), '.2f')}" + roofline_header(first)]
     main = [r for r in records if r["phase"] in PHASES]
     if main:
         parts += [_columns_table(main, PHASE_COLUMNS, 3), PHASE_LEGEND]

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from blockmem_lite import bench, lab, registry
+from blockmem_lite import bench, lab, registry, roofline
 from blockmem_lite.checkpoints import (
     CHECKPOINT_NAME,
     RunLock,
@@ -329,6 +329,9 @@ def bench_parser() -> argparse.ArgumentParser:
                         help="comma-separated: saved, rss, or none (default %(default)s)")
     parser.add_argument("--json", default=None, metavar="PATH",
                         help="write the records as a JSON list to PATH")
+    parser.add_argument("--roofline-seconds", type=float, default=roofline.PROBE_SECONDS,
+                        metavar="S", help="seconds of each machine probe (matmul FLOP/s, copy "
+                                          "bandwidth) for the roofline (default %(default)s)")
     parser.add_argument("--plugin", action="append", default=[], metavar="FILE", help=PLUGIN_HELP)
     for opt, users in bench.shared_options().values():
         parser.add_argument(opt.flag, default=opt.default,
@@ -362,7 +365,8 @@ def bench_main(argv: list[str] | None = None) -> int:
             vocab_size=args.vocab_size, threads=args.threads, device=args.device,
             dtype=args.dtype, phases=None if args.phases == "auto" else _split(args.phases),
             warmup=args.warmup, repeats=args.repeats, decode_burst=args.decode_burst,
-            memory=_split(args.memory), options=options)
+            memory=_split(args.memory), options=options,
+            roofline_seconds=args.roofline_seconds)
     except ValueError as err:
         print(f"bench: error: {err}", file=sys.stderr)
         return 2

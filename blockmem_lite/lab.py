@@ -39,7 +39,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import ConcatDataset
 
-from blockmem_lite import bench, metrics, registry, tasks
+from blockmem_lite import bench, metrics, registry, roofline, tasks
 from blockmem_lite.checkpoints import atomic_write, atomic_write_bytes, prepare_folder
 from blockmem_lite.config import PRESET_NAMES, ModelConfig, RunConfig, preset
 from blockmem_lite.corpora import load_corpus, make_loaders
@@ -304,15 +304,17 @@ class Lab:
                            "mqar": 2 / tasks.content_vocab(vocab)}}
 
     def _bench(self, label: str) -> dict:
-        """All entries, every variant, timed interleaved with dense at each length."""
+        """All entries, every variant, timed interleaved with dense at each length (the
+        machine measured first, so the records carry the roofline)."""
         sizes, first = self.sizes, self.entries[0].cfg
         base = dict(d_model=first.d_model, n_layer=first.n_layer, n_head=first.n_head,
                     vocab_size=first.vocab_size)
         device = pick_device(self.entries[0].run.train.device)
-        ctx = bench.BenchContext(base, list(sizes["bench_lens"]), None, device,
-                                 bench.resolve_dtype("auto", device), torch.get_num_threads(),
-                                 sizes["warmup"], sizes["repeats"], sizes["decode_burst"],
-                                 ("saved",), False)
+        precision = bench.resolve_dtype("auto", device)
+        ctx = bench.BenchContext(base, list(sizes["bench_lens"]), None, device, precision,
+                                 torch.get_num_threads(), sizes["warmup"], sizes["repeats"],
+                                 sizes["decode_burst"], ("saved",), False,
+                                 roofline.measure_peaks(device, precision))
         records = []
         for seq_len in sizes["bench_lens"]:
             for phase in bench.PHASES:

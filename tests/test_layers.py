@@ -19,14 +19,15 @@ LAYERS = (
     ("mechanisms", ("models.*",)),
     ("model zoo", ("models",)),
     ("data", ("corpora", "tasks")),
-    ("measuring and training", ("checkpoints", "metrics", "train", "bench", "checks", "lab")),
+    ("measuring and training", ("checkpoints", "metrics", "roofline", "train", "bench", "checks",
+                                "lab")),
     ("viz", ("viz", "viz.*")),
-    ("tools and command line", ("cli", "exercises", "grading", "envcheck", "site", "__main__",
-                                "")),
+    ("tools and command line", ("cli", "exercises", "grading", "envcheck", "site", "gpucheck",
+                                "__main__", "")),
 )
 CORE = ("config", "runtime", "tokenizer", "flops", "nn", "masks", "trace", "models.base",
         "corpora", "tasks", "metrics", "train", "bench", "checks", "cli", "viz", "viz.*",
-        "lab", "labdata", "checkpoints", "site")
+        "lab", "labdata", "checkpoints", "site", "roofline")
 
 
 def module_names() -> dict[str, Path]:

@@ -885,7 +885,8 @@ def bench_inference(options: dict, bench) -> list[dict]:
     (what is kept to continue: ARMT's constant state, dense's KV cache) and
     extra keys ``memory_vs_shortest`` / ``tokens_per_s_vs_shortest`` (this entry
     over the same entry at the shortest length: the constant-memory and
-    flat-throughput targets) and ``note`` (why dense is missing, or None).
+    flat-throughput targets), ``note`` (why dense is missing, or None) and the roofline
+    keys by the prefill traffic model (one call reads one whole prompt).
     """
     lengths = sorted(set(parse_infer_lengths(options["infer_len"])))
     if not lengths:
@@ -921,7 +922,10 @@ def bench_inference(options: dict, bench) -> list[dict]:
             model_fields={k: getattr(entry.cfg, k) for k in ("d_model", "n_layer", "n_head",
                                                               "vocab_size")},
             params=models[i].num_params(), overrides=entry.overrides,
-            note=None if baseline else _dense_skipped_note(bench, batch, seq_len, dense_max)))
+            note=None if baseline else _dense_skipped_note(bench, batch, seq_len, dense_max),
+            **bench.step_cost(entry.cfg, "prefill", batch=batch, seq_len=seq_len,
+                              params=models[i].num_params(), flops_per_token=flops,
+                              state_bytes=state_bytes[i])))
     _add_growth(records)
     return records
 
