@@ -284,7 +284,7 @@ def train_main(argv: list[str] | None = None) -> int:
         try:
             return _train_ranks(args, run_cfg, out, world)
         finally:
-            distributed.shutdown()
+            distributed.shutdown()     # waits for every process: none leaves before rank 0
     except (ValueError, RunLocked) as e:
         if world.is_main:
             print(f"error: {e}", file=sys.stderr)
@@ -348,9 +348,7 @@ def _train_in(args, run_cfg: RunConfig, out: Path, world: distributed.World,
     say(f"{verb}: {run_cfg.model.arch} ({n_params / 1e6:.2f}M params), preset {run_cfg.preset}, "
         f"{run_cfg.train.steps} steps of {run_cfg.train.batch_size}x{run_cfg.model.seq_len} "
         f"tokens on {where}; output in {out}", flush=True)
-    status = _fit_and_report(trainer, run_cfg, out, world, say)
-    world.barrier()              # no process leaves (torchrun would stop the rest) before rank 0
-    return status
+    return _fit_and_report(trainer, run_cfg, out, world, say)
 
 
 def _fit_and_report(trainer: Trainer, run_cfg: RunConfig, out: Path, world, say) -> int:
@@ -490,35 +488,54 @@ def reproduce_parser() -> argparse.ArgumentParser:
 
 
 def reproduce_main(argv: list[str] | None = None) -> int:
-    """``python -m blockmem_lite reproduce ...``; returns the exit status."""
+    """``python -m blockmem_lite reproduce ...`` (also under torchrun: the models train with
+    every process, rank 0 writes and measures); returns the exit status."""
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
-        load_plugins(argv)
-        args = reproduce_parser().parse_args(argv)
-    except SystemExit as exit_:
-        return exit_.code if isinstance(exit_.code, int) else 2
+        world = distributed.env_world()
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    args, status = _parse(reproduce_parser, argv, world.is_main)
+    if args is None:
+        return status
     out = Path(args.out or f"runs/reproduce_{args.preset}")
+    say = print if world.is_main else (lambda *a, **k: None)
     try:
         if args.steps is not None and args.steps < 1:
             fail("--steps", args.steps, "expected an integer >= 1")
+        distributed.check_batch_size(preset(args.preset).train.batch_size, world.world_size)
         corpus = load_corpus(args.corpus or ("files" if args.paths else "offline"),
                              paths=args.paths)
-        with RunLock(prepare_folder(out, name="--out")):
-            results = lab.reproduce(args.preset, out, _split(args.arch) if args.arch else None,
-                                    corpus, steps=args.steps)
-            _write_plots(results, out)
+        world = distributed.setup(preset(args.preset).train.device)
+        lock = RunLock(out)
+
+        def claim():                                  # rank 0 alone writes into --out
+            prepare_folder(out, name="--out")
+            lock.acquire()
+
+        try:
+            world.on_main(claim)
+            try:
+                results = lab.reproduce(args.preset, out,
+                                        _split(args.arch) if args.arch else None, corpus,
+                                        steps=args.steps)
+                if world.is_main:
+                    _write_plots(results, out)
+            finally:
+                if world.is_main:
+                    lock.release()
+        finally:
+            distributed.shutdown()                    # waits for every process, then leaves
     except (ValueError, OSError, RunLocked, CorpusUnavailable) as e:
-        print(f"error: {e}", file=sys.stderr)
+        say(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"stopped; the finished measurements are kept in {out / lab.RESULTS_NAME}: "
-              "run the same command again to continue", file=sys.stderr)
+        say(f"stopped; the finished measurements are kept in {out / lab.RESULTS_NAME}: "
+            "run the same command again to continue", file=sys.stderr)
         return 130
-    print(f"wrote {out / lab.RESULTS_NAME}, {out / 'report.md'} and {out / 'plots'}")
-    print(lab.summary(results))
+    say(f"wrote {out / lab.RESULTS_NAME}, {out / 'report.md'} and {out / 'plots'}")
+    say(lab.summary(results))
     return 0
 
 

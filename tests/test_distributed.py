@@ -17,6 +17,7 @@ shows.
 
 import json
 import os
+import runpy
 import shutil
 import signal
 import subprocess
@@ -27,8 +28,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from blockmem_lite import distributed
-from blockmem_lite.cli import train_main
+from blockmem_lite import build_model, distributed
+from blockmem_lite.cli import reproduce_main, train_main
 from blockmem_lite.train import _BatchStream
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -183,3 +184,88 @@ def test_a_sigterm_to_one_process_stops_both_and_the_resumed_run_equals_the_whol
     # any number of processes resumes the global position: here one
     assert train_main([*args, "--out", str(tmp_path / "split_one"), "--resume"]) == 0
     _curves_close(a, _history(tmp_path / "split_one"))
+
+
+# --- masked targets: a library script under torchrun -----------------------------------------
+
+DRIVER = """
+import json, sys
+import torch
+from torch.utils.data import TensorDataset
+from blockmem_lite import build_model, distributed, preset
+from blockmem_lite.train import Trainer
+
+
+def masked_data(n=32, t=32):
+    # rows keep 10% .. 100% of their targets, so the two halves of a batch have different
+    # numbers of target tokens
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 256, (n, t + 1), generator=g)
+    y = x[:, 1:].clone()
+    y[torch.rand(n, t, generator=g) >= torch.linspace(0.1, 1.0, n)[:, None]] = -100
+    return TensorDataset(x[:, :-1].clone(), y)
+
+
+CFG = preset("tiny", steps=8, batch_size=8, warmup_steps=2, eval_every=4, device="cpu")
+
+if __name__ == "__main__":
+    world = distributed.setup("cpu")
+    torch.manual_seed(0)
+    history = Trainer(build_model(CFG), CFG.train, masked_data(), masked_data(),
+                      callbacks=[], run_cfg=CFG).fit()
+    if world.is_main:
+        with open(sys.argv[1], "w") as f:
+            json.dump(history.to_dict(), f)
+    distributed.shutdown()
+"""
+
+
+def test_masked_targets_train_the_single_process_curve(tmp_path, monkeypatch):
+    """Per-process target counts differ; the loss weighted by each process's share of them
+    keeps the curve the single process's."""
+    driver = tmp_path / "driver.py"
+    driver.write_text(DRIVER)
+    ddp = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                          "--nproc-per-node", "2", str(driver), str(tmp_path / "ddp.json")],
+                         cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=240)
+    assert ddp.returncode == 0, ddp.stderr[-3000:]
+    monkeypatch.setattr(sys, "argv", [str(driver), str(tmp_path / "one.json")])
+    space = runpy.run_path(str(driver), run_name="__main__")
+    a, b = (json.loads((tmp_path / n).read_text()) for n in ("ddp.json", "one.json"))
+    _curves_close(a, b)
+
+    # teeth: the halves of the first batch differ in targets, and the plain mean of the
+    # two halves' losses (DDP without the weighting) is outside the tolerance
+    data, cfg = space["masked_data"](), space["CFG"]
+    halves = [_BatchStream(data, 8, seed=cfg.train.seed, shard=(r, 2)).next_batch()
+              for r in range(2)]
+    counts = [int((y != -100).sum()) for _, y in halves]
+    assert counts[0] != counts[1]
+    torch.manual_seed(0)
+    model = build_model(cfg)
+    with torch.no_grad():
+        whole = model(torch.cat([x for x, _ in halves]), torch.cat([y for _, y in halves]))
+        plain = sum(float(model(x, y).loss) for x, y in halves) / 2
+    assert abs(plain - float(whole.loss)) > 10 * CURVE_TOL["atol"]
+    torch.testing.assert_close(a["loss"][0], float(whole.loss), **CURVE_TOL)
+
+
+# --- reproduce under torchrun -------------------------------------------------------------------
+
+def test_reproduce_under_torchrun_measures_what_one_process_does(tmp_path):
+    args = ["--preset", "tiny", "--arch", "dense"]
+    ddp = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                          "--nproc-per-node", "2", "-m", "blockmem_lite", "reproduce", *args,
+                          "--out", str(tmp_path / "ddp")], cwd=ROOT, env=ENV,
+                         capture_output=True, text=True, timeout=240)
+    assert ddp.returncode == 0, ddp.stderr[-3000:]
+    assert ddp.stdout.count("claims:") == 1                             # rank 0 alone prints
+    assert reproduce_main([*args, "--out", str(tmp_path / "one")]) == 0
+    a, b = (json.loads((tmp_path / n / "results.json").read_text())["done"]
+            for n in ("ddp", "one"))
+    assert sorted(a) == sorted(b)
+    for key in (k for k in a if k.startswith("lm/")):
+        torch.testing.assert_close(a[key]["loss_curve"], b[key]["loss_curve"], **CURVE_TOL)
+        torch.testing.assert_close(a[key]["val_loss"], b[key]["val_loss"], **CURVE_TOL)
+    for key in (k for k in a if k.startswith("recall/")):
+        assert a[key]["curves"] == b[key]["curves"]
