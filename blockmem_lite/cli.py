@@ -1,13 +1,15 @@
 """Command lines of ``python -m blockmem_lite train`` and ``... bench``.
 
 Argument parsing only: the work is done by ``train.Trainer`` and
-``bench.run_bench``. ``train`` and ``reproduce`` also run under ``torchrun``
-(``distributed.setup``): every process parses the same command, rank 0 alone takes the
-output folder, reads the checkpoint (handing it to the others), writes and prints. Both commands take ``--plugin FILE`` (repeatable): the
+``bench.run_bench``. Both commands take ``--plugin FILE`` (repeatable): the
 file is imported first and registers its mechanisms, which then appear in
 ``--help``, ``--arch`` and ``--set`` like the built-in ones. Installed
 packages exposing the ``blockmem_lite.mechanisms`` entry point are found
 without it.
+
+``train`` and ``reproduce`` also run under ``torchrun`` (``distributed.setup``): every
+process parses the same command; rank 0 alone takes the output folder, reads the
+checkpoint (and hands it to the others), writes and prints.
 """
 
 from __future__ import annotations
@@ -72,7 +74,9 @@ def train_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m blockmem_lite train", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Train a model from a preset; writes checkpoint.pt and history.json to --out. "
-                    "Ctrl-C, SIGTERM and SIGHUP stop after the current step and save both.",
+                    "Ctrl-C, SIGTERM and SIGHUP stop after the current step and save both. "
+                    "Several GPUs or nodes: start it with torchrun (README 'When you outgrow "
+                    "one GPU'); --set batch_size is then the global batch.",
         epilog="architectures and their options (--set FIELD=VALUE):\n"
                + mechanisms_help(with_options=True))
     p.add_argument("--preset", choices=PRESET_NAMES, default="class",

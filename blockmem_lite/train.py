@@ -481,6 +481,11 @@ class Trainer:
         self.world = distributed.current()
         distributed.check_batch_size(cfg.batch_size, self.world.world_size)
         self.device = distributed.device_for(cfg.device, self.world)
+        if self.world.distributed and self.world.device.type != self.device.type:
+            raise ValueError(f"device={cfg.device!r} is not allowed here: this process joined "
+                             f"the run on {self.world.device.type} (distributed.setup), and "
+                             f"{cfg.device!r} trains on {self.device.type}; use the device "
+                             "given to distributed.setup")
         autocast_context(self.device, cfg.precision)   # fails early for bf16 off CUDA
         self.model = model.to(self.device)
         self.train_dataset = _as_dataset(train_data, "train_data")
@@ -736,15 +741,19 @@ class Trainer:
         n_local = (y != IGNORE_INDEX).sum()
         n_all = self.world.all_reduce_sum(n_local)
         share = (n_local * self.world.world_size / n_all.clamp(min=1)).to(ce.dtype)
-        rest = aux if out.aux_loss is not None or out.ce_loss is None else out.loss - ce
+        if out.ce_loss is None:              # only the total is known: weight all of it
+            rest = torch.zeros_like(ce)
+        else:                                # the loss beyond the cross-entropy
+            rest = aux if out.aux_loss is not None else out.loss - ce
         (ce * share + rest).backward()                # out.loss's own graph when share = 1
         grad_norm = self._clip_gradients()                        # of the averaged gradients
         extras = out.extras or {}
-        local = torch.stack([(ce * share).detach().float(), aux.detach().float(),
+        local = torch.stack([(ce * share).detach().float(), rest.detach().float(),
+                             aux.detach().float(),
                              *(torch.as_tensor(v, device=out.loss.device).detach().float()
                                for v in extras.values())])
-        ce_v, aux_v, *extra_v = self.world.all_reduce_mean(local).tolist()
-        return ce_v + aux_v, ce_v, aux_v, float(grad_norm), extra_v
+        ce_v, rest_v, aux_v, *extra_v = self.world.all_reduce_mean(local).tolist()
+        return ce_v + rest_v, ce_v, aux_v, float(grad_norm), extra_v
 
     def _clip_gradients(self) -> torch.Tensor:
         """Global grad norm before clipping; clips to ``cfg.grad_clip`` when it is > 0."""

@@ -208,21 +208,31 @@ def masked_data(n=32, t=32):
 
 CFG = preset("tiny", steps=8, batch_size=8, warmup_steps=2, eval_every=4, device="cpu")
 
+
+class StopAt3:                     # a callback that stops the run (on rank 0 only)
+    def on_step(self, trainer, rec):
+        if rec["step"] == 3:
+            raise KeyboardInterrupt
+
+
 if __name__ == "__main__":
     world = distributed.setup("cpu")
     torch.manual_seed(0)
-    history = Trainer(build_model(CFG), CFG.train, masked_data(), masked_data(),
-                      callbacks=[], run_cfg=CFG).fit()
+    masked = Trainer(build_model(CFG), CFG.train, masked_data(), masked_data(),
+                     callbacks=[], run_cfg=CFG).fit()
+    stopped = Trainer(build_model(CFG), CFG.train, masked_data(), callbacks=[StopAt3()],
+                      run_cfg=CFG).fit()
     if world.is_main:
         with open(sys.argv[1], "w") as f:
-            json.dump(history.to_dict(), f)
+            json.dump({"masked": masked.to_dict(), "stopped": stopped.to_dict()}, f)
     distributed.shutdown()
 """
 
 
 def test_masked_targets_train_the_single_process_curve(tmp_path, monkeypatch):
     """Per-process target counts differ; the loss weighted by each process's share of them
-    keeps the curve the single process's."""
+    keeps the curve the single process's. And a callback's KeyboardInterrupt (callbacks
+    run on rank 0 only) stops both processes after the same step."""
     driver = tmp_path / "driver.py"
     driver.write_text(DRIVER)
     ddp = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
@@ -231,8 +241,11 @@ def test_masked_targets_train_the_single_process_curve(tmp_path, monkeypatch):
     assert ddp.returncode == 0, ddp.stderr[-3000:]
     monkeypatch.setattr(sys, "argv", [str(driver), str(tmp_path / "one.json")])
     space = runpy.run_path(str(driver), run_name="__main__")
-    a, b = (json.loads((tmp_path / n).read_text()) for n in ("ddp.json", "one.json"))
+    ddp_runs, one_runs = (json.loads((tmp_path / n).read_text()) for n in ("ddp.json", "one.json"))
+    a, b = ddp_runs["masked"], one_runs["masked"]
     _curves_close(a, b)
+    for run in (ddp_runs["stopped"], one_runs["stopped"]):
+        assert run["step"] == [1, 2, 3] and run["interrupted"] and run["stopped_by"] == "SIGINT"
 
     # teeth: the halves of the first batch differ in targets, and the plain mean of the
     # two halves' losses (DDP without the weighting) is outside the tolerance
