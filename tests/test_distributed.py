@@ -95,6 +95,9 @@ def test_a_batch_that_does_not_split_is_refused_before_any_work(tmp_path, monkey
     assert "batch_size=8 is not allowed with 3 processes (WORLD_SIZE=3)" in err
     assert "multiple of 3, e.g. 6 or 9" in err
     assert not out.exists() and not torch.distributed.is_initialized()   # nothing was started
+    monkeypatch.setenv("RANK", "1")                          # the other ranks say nothing
+    assert train_main([*BASE, "--steps", "2", "--out", str(out)]) == 2
+    assert capsys.readouterr() == ("", "")
     with pytest.raises(ValueError, match="batch_size=5 is not allowed with 2 processes"):
         distributed.check_batch_size(5, 2)
     assert distributed.check_batch_size(8, 2) == 4
