@@ -13,7 +13,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "blockmem_lite"
 LAYERS = (
     ("leaves", ("units", "validation", "labdata")),
     ("registry", ("registry",)),
-    ("settings", ("config", "runtime", "tokenizer", "flops")),
+    ("settings", ("config", "runtime", "distributed", "tokenizer", "flops")),
     ("primitives", ("nn", "masks", "trace")),
     ("model interface", ("models.base",)),
     ("mechanisms", ("models.*",)),
@@ -25,7 +25,7 @@ LAYERS = (
     ("tools and command line", ("cli", "exercises", "grading", "envcheck", "site", "gpucheck",
                                 "__main__", "")),
 )
-CORE = ("config", "runtime", "tokenizer", "flops", "nn", "masks", "trace", "models.base",
+CORE = ("config", "runtime", "distributed", "tokenizer", "flops", "nn", "masks", "trace", "models.base",
         "corpora", "tasks", "metrics", "train", "bench", "checks", "cli", "viz", "viz.*",
         "lab", "labdata", "checkpoints", "site", "roofline")
 
