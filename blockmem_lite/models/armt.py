@@ -79,6 +79,7 @@ fast forward.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from dataclasses import dataclass, field
 
@@ -253,6 +254,27 @@ def _write(A, z, k_phi, v, beta, correction, eps, normalized=True):
 
 # --- one wrapped layer -------------------------------------------------------------------
 
+@dataclass
+class PreparedRead:
+    """A memory made ready for fast reads (``AssociativeMemoryLayer.prepare_read``).
+
+    ``memory``: (A, z) as views of ``az`` = [A | z] (B, K, D + 1); ``w_signed``:
+    [W_Q; -W_Q] (2 d_mem, D); ``roll_index``: (nu, 2 d_mem), ``roll(r, j) = r[..., roll_index[j-1]]``.
+    """
+
+    memory: tuple[torch.Tensor, torch.Tensor]
+    az: torch.Tensor
+    w_signed: torch.Tensor
+    roll_index: torch.Tensor
+
+
+def _no_autocast(device_type: str):
+    """Autocast off (the memory maths stays in fp32) -- a no-op context when it is off already."""
+    if torch.is_autocast_enabled(device_type):
+        return torch.autocast(device_type, enabled=False)
+    return contextlib.nullcontext()
+
+
 def _state_dtype(x: torch.Tensor) -> torch.dtype:
     """A and z live in fp32, or fp64 for fp64 models (never bf16)."""
     return torch.float64 if x.dtype == torch.float64 else torch.float32
@@ -300,6 +322,55 @@ class AssociativeMemoryLayer(nn.Module):
         record("read", r)
         return r.to(h.dtype)
 
+    def prepare_read(self, memory: tuple[torch.Tensor, torch.Tensor]) -> PreparedRead:
+        """What ``read_prepared`` needs, built once per memory (once per segment when
+        decoding), not once per token: ``[A | z]`` in one (B, K, D + 1) tensor, whose
+        views (A, z) replace the memory (so the state holds them once), with the layer's
+        signed query weights ``[W_Q; -W_Q]`` and DPFP roll indices."""
+        A, z = memory
+        az = torch.cat([A, z[..., None]], dim=-1)                               # (B, K, D + 1)
+        d = A.shape[-1]
+        w_signed, roll_index = self._query_weights()
+        return PreparedRead((az[..., :d], az[..., d]), az, w_signed, roll_index)
+
+    def _query_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """([W_Q; -W_Q], the DPFP roll indices), kept on the layer per weight version (built
+        afresh while autograd tracks W_Q); a re-layout of the weights, not decoding state."""
+        w = self.w_q.weight
+        track = torch.is_grad_enabled() and w.requires_grad
+        key = (w.data_ptr(), w._version, w.dtype, w.device)
+        cached = getattr(self, "_query_cache", None)
+        if not track and cached is not None and cached[0] == key:
+            return cached[1]
+        r = 2 * self.w_q.out_features
+        steps = torch.arange(1, DPFP_NU + 1, device=w.device)[:, None]
+        roll_index = (torch.arange(r, device=w.device) - steps) % r                  # (nu, 2 d_mem)
+        weights = (torch.cat([w, -w], dim=0), roll_index)
+        self._query_cache = None if track else (key, weights)
+        return weights
+
+    def read_prepared(self, h: torch.Tensor, prepared: PreparedRead) -> torch.Tensor:
+        """``read(h, memory)`` from ``prepare_read(memory)``: the same maths in fewer ops.
+
+        ``relu(h [W_Q; -W_Q]^T) = [relu(q); relu(-q)] = r`` exactly (negating a weight
+        negates the dot product exactly); the nu rolls of r are one gather
+        (``r[..., roll_index]``), so ``phi`` is bit-identical to ``dpfp``; one matmul with
+        ``[A | z]`` gives ``q A`` and ``q . z`` together. h (B, T, D) -> (B, T, D).
+        """
+        signed = F.linear(h, prepared.w_signed)                                 # (B, T, 2 d_mem)
+        with _no_autocast(h.device.type):
+            dtype = _state_dtype(signed)
+            r = F.relu(signed if signed.dtype == dtype else signed.to(dtype))
+            phi = (r.unsqueeze(-2) * r[..., prepared.roll_index]).flatten(-2)  # (B, T, K)
+            if self.normalize_phi:
+                phi = F.normalize(phi, dim=-1)
+            out = torch.matmul(phi, prepared.az)                               # (B, T, D + 1)
+            d = out.shape[-1] - 1
+            read = out[..., :d] / (out[..., d:] + self.eps)
+        record("read_query", phi)
+        record("read", read)
+        return read if read.dtype == h.dtype else read.to(h.dtype)
+
     def write(self, m: torch.Tensor, memory: Memory) -> tuple[torch.Tensor, torch.Tensor]:
         """Write the memory-token outputs m: (B, M, D); returns the new (A, z)."""
         k, v, b = self.w_k(m), self.w_v(m), self.w_beta(m)
@@ -332,6 +403,7 @@ class ARMTState(State):
         self.caches = caches
         self.memory = memory
         self.position = position
+        self.prepared: dict[int, PreparedRead] = {}   # layer -> its memory made ready to read
 
     def tensors(self) -> list[torch.Tensor]:
         kv = [t for c in self.caches for t in (c.k, c.v)]
@@ -587,11 +659,27 @@ class ARMT(LanguageModel):
                 with scope(f"layer{i}"):
                     layer = self.memory_layer(i)
                     if layer is not None and state.memory[i] is not None:
-                        x = x + layer.read(x, state.memory[i])
+                        x = x + self._read_cached(layer, i, x, state)
                     x = block(x, positions, state.caches[i])
                     if layer is not None and write:
                         state.memory[i] = layer.write(x, state.memory[i])
         return x
+
+
+    @staticmethod
+    def _read_cached(layer: nn.Module, index: int, x: torch.Tensor, state: ARMTState) -> torch.Tensor:
+        """READ during decoding: the kit's layer reads from its memory prepared once per
+        segment (``prepare_read``, redone whenever ``state.memory[index]`` is replaced);
+        any other memory module (a learner's, a subclass with its own ``read``) reads as usual."""
+        memory = state.memory[index]
+        if type(layer) is not AssociativeMemoryLayer:
+            return layer.read(x, memory)
+        prepared = state.prepared.get(index)
+        if prepared is None or prepared.memory is not memory:
+            prepared = layer.prepare_read(memory)
+            state.memory[index] = prepared.memory          # (A, z) as views of [A | z]
+            state.prepared[index] = prepared
+        return layer.read_prepared(x, prepared)
 
 
 def _build_backbone(cfg) -> nn.Module:

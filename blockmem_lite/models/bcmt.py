@@ -169,8 +169,9 @@ class BCMTLayerState:
     """Per-layer decoding state: one block of KV, the memory and the streaming summary.
 
     ``memory_out`` is P of the current block and ``gate_bias`` the gate's P half
-    ``P W_g,P + b_g``; both, and ``weights`` (``DecodeWeights``), change only when a
-    block opens, so they are computed once per block, not once per token.
+    ``P W_g,P + b_g``: both change only when a block opens, so they are computed once
+    per block, not once per token; so is ``weights``, the layer's ``DecodeWeights``
+    (owned by the layer, shared by every state, not counted in ``nbytes``).
     ``run_max`` is the reference the streaming summary is scaled by (see
     ``BCMTLayer._memory_step``); ``run_sum`` sums ``exp(a_t - ref) / rms(U_t) * U_t``
     (the summary gain is applied when the block closes) and ``run_norm`` sums
@@ -201,8 +202,8 @@ class BCMTLayerState:
 
 @dataclass
 class DecodeWeights:
-    """What a BCMT layer's decoding step needs from its weights, prepared when a block
-    opens (``BCMTLayer.decode_weights``), not once per token.
+    """What a BCMT layer's decoding step needs from its weights, prepared once per weight
+    version (``BCMTLayer.decode_weights``), not once per token.
 
     ``w_ext`` (D + 1, D): the gate's U half ``W_g,U`` with the summary-score row
     ``w_s * g_s`` under it, so one matmul gives the gate pre-activation and the raw
@@ -325,15 +326,28 @@ class BCMTLayer(nn.Module):
         return out
 
     def decode_weights(self) -> DecodeWeights:
-        """The decoding step's fused weights (``DecodeWeights``), built from the current
-        parameters; ``close_block`` / ``load_memory`` keep them in the state per block."""
+        """The decoding step's fused weights (``DecodeWeights``) for the current parameters.
+
+        Asked for when a block opens (the state keeps the answer for the block). Kept on
+        the layer, not in the state (they are a re-layout of the weights, shared by every
+        decoding state), and rebuilt when a parameter changes (its version counter or
+        storage); built afresh each time while autograd tracks the parameters.
+        """
+        params = (self.gate.weight, self.score.weight, self.score.bias, self.summary_norm.weight)
+        track = torch.is_grad_enabled() and any(p.requires_grad for p in params)
+        key = tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in params)
+        cached = getattr(self, "_decode_weights", None)
+        if not track and cached is not None and cached[0] == key:
+            return cached[1]
         d = self.gate.out_features
         score_row = self.score.weight * self.summary_norm.weight             # (1, D)
         w_ext = torch.cat([self.gate.weight[:, :d], score_row], dim=0)       # (D + 1, D)
         bound = d ** 0.5 * float(score_row.detach().norm())                  # |a_t - b_s| <= bound
         limit = -math.log(torch.finfo(w_ext.dtype).tiny) - 16.0              # exp(-limit): normal
         shift = w_ext.new_tensor(-bound).reshape(1, 1, 1) if 2.0 * bound <= limit else None
-        return DecodeWeights(w_ext, self.score.bias.reshape(1, 1, 1), shift)
+        weights = DecodeWeights(w_ext, self.score.bias.reshape(1, 1, 1), shift)
+        self._decode_weights = None if track else (key, weights)
+        return weights
 
     def _memory_step(self, u: torch.Tensor, st: BCMTLayerState, w: DecodeWeights) -> torch.Tensor:
         """Steps 2 and 6 for one token u (B, 1, D): fold it into the streaming summary and
