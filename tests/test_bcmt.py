@@ -154,6 +154,22 @@ def test_b5_large_scores_use_the_running_max_and_still_equal_the_full_forward():
     assert torch.allclose(decoded, model(x).logits, atol=1e-10)
 
 
+def test_decoding_gates_equal_the_full_forward_gates_from_the_first_token():
+    model = _model()
+    x = torch.randint(0, 256, (1, 2 * L + 2))
+    with trace(model) as full:
+        model(x)
+    state = model.new_state(1)
+    with trace(model) as steps:
+        for t in range(x.shape[1]):
+            model.step(x[:, t], state)
+    gates = steps.all("gate")                              # per step, layer by layer: (1, 1, D)
+    n_layer = model.cfg.n_layer
+    for i in range(n_layer):
+        decoded = torch.cat(gates[i::n_layer], dim=1)      # (1, T, D)
+        assert torch.allclose(decoded, full[f"layer{i}.gate"][:, :x.shape[1]], atol=1e-10), i
+
+
 def test_greedy_generation_matches_full_forward_argmax():
     model = _model()
     out = model.generate(torch.randint(0, 256, (1, 5)), 20, greedy=True)

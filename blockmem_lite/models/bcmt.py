@@ -308,22 +308,29 @@ class BCMTLayer(nn.Module):
     # recurrent (generation) form ---------------------------------------------------
     def step(self, x: torch.Tensor, position: int, st: BCMTLayerState,
              positions: torch.Tensor | None = None) -> torch.Tensor:
-        """One token. x: (B, 1, D) -> (B, 1, D); updates ``st`` in place.
-
-        ``positions`` (1,) holds ``position`` (the model passes one tensor to every
-        layer, so RoPE computes its angles once per step).
-        """
+        """One token. x: (B, 1, D) -> (B, 1, D); updates ``st`` in place (closing the
+        block after its last token). ``positions`` (1,) holds ``position``."""
         if positions is None:
             positions = torch.tensor([position], device=x.device)
-        u = x + self.attn(self.norm1(x), positions, cache=st.cache)           # (B, 1, D)
-        if self.has_memory:
-            if st.weights is None:
-                st.weights = self.decode_weights()
-            u = self._memory_step(u, st, st.weights)
-        out = u + self.mlp(self.norm2(u))
+        self.open_block(st)
+        out = self.decode(x, positions, st)
         if (position + 1) % self.block_size == 0:
             self.close_block(st)
         return out
+
+    def decode(self, x: torch.Tensor, positions: torch.Tensor, st: BCMTLayerState) -> torch.Tensor:
+        """The per-token part of ``step`` inside an open block. x: (B, 1, D) -> (B, 1, D)."""
+        u = x + self.attn(self.norm1(x), positions, cache=st.cache)           # (B, 1, D)
+        if self.has_memory:
+            u = self._memory_step(u, st, st.weights)
+        return u + self.mlp(self.norm2(u))
+
+    def open_block(self, st: BCMTLayerState) -> None:
+        """Make sure the block's per-block values are there (``close_block`` and
+        ``load_memory`` set them; a fresh state, P = 0, gets them here, once)."""
+        if self.has_memory and st.weights is None:
+            st.gate_bias.copy_(self.gate.bias.expand_as(st.gate_bias))      # 0 W_g,P + b_g
+            st.weights = self.decode_weights()
 
     def decode_weights(self) -> DecodeWeights:
         """The decoding step's fused weights (``DecodeWeights``) for the current parameters.
@@ -481,14 +488,27 @@ class BCMTLM(DenseLM):
         return torch.cat(logits, dim=1), state
 
     def step(self, token: torch.Tensor, state: BCMTState):
+        """One token: open the block's per-block work if needed, ``decode_token``, then close
+        the block when it is full (all per-block work stays out of the per-token part)."""
         token = token.reshape(-1, 1)
         check_tokens(token, self.cfg.vocab_size)
-        x = self.embed(token)                                               # (B, 1, D)
-        positions = torch.tensor([state.position], device=x.device)        # one for every layer
         for layer, layer_state in zip(self.blocks, state.layers, strict=True):
-            x = layer.step(x, state.position, layer_state, positions)
+            layer.open_block(layer_state)
+        logits = self.decode_token(token, state)
+        if state.position % self.cfg.block_size == 0:                       # the block is full
+            for layer, layer_state in zip(self.blocks, state.layers, strict=True):
+                layer.close_block(layer_state)
+        return logits, state
+
+    def decode_token(self, token: torch.Tensor, state: BCMTState) -> torch.Tensor:
+        """The per-token part of ``step`` (no checks, no block boundary): token (B, 1) ->
+        logits (B, V). What ``compiling.compile_decoding`` compiles."""
+        x = self.embed(token)                                               # (B, 1, D)
+        positions = torch.arange(state.position, state.position + 1, device=x.device)
+        for layer, layer_state in zip(self.blocks, state.layers, strict=True):
+            x = layer.decode(x, positions, layer_state)                     # one for every layer
         state.position += 1
-        return self.head(self.norm(x))[:, -1], state
+        return self.head(self.norm(x))[:, -1]
 
 
 class HOnlyLM(BCMTLM):
