@@ -636,22 +636,51 @@ class ARMT(LanguageModel):
     def _decode(self, tokens: torch.Tensor, state: ARMTState) -> torch.Tensor:
         """Tokens (B, r) of the current segment through the caches -> logits (B, r, V).
 
-        When the segment is full, P runs through the same caches to write, and
-        the caches start a fresh segment.
+        The memory is made ready to read once per segment (``prepare_reads``); the tokens
+        go through ``decode_tokens``; when the segment is full, P runs through the same
+        caches to write, and the caches start a fresh segment.
         """
+        self.prepare_reads(state)
+        logits = self.decode_tokens(tokens, state)
+        if state.caches[0].length == self.segment_size:
+            index = (state.position - 1) // self.segment_size
+            memory_tokens = self.memory_tokens.expand(tokens.shape[0], -1, -1)
+            self._cached_pass(memory_tokens.to(self.backbone.embed.weight.dtype), state, index,
+                              write=True)
+            for cache in state.caches:
+                cache.reset()
+        return logits
+
+    def decode_tokens(self, tokens: torch.Tensor, state: ARMTState) -> torch.Tensor:
+        """The per-token part of decoding (no segment boundary, memory already prepared):
+        tokens (B, r) -> logits (B, r, V). What ``compiling.compile_decoding`` compiles."""
         index = state.position // self.segment_size
         x = self._cached_pass(self.backbone.embed(tokens), state, index, write=False)
         state.position += tokens.shape[1]
-        if state.caches[0].length == self.segment_size:
-            memory_tokens = self.memory_tokens.expand(tokens.shape[0], -1, -1).to(x.dtype)
-            self._cached_pass(memory_tokens, state, index, write=True)
-            for cache in state.caches:
-                cache.reset()
         return self.backbone.head(self.backbone.norm(x))
+
+    def prepare_reads(self, state: ARMTState) -> None:
+        """Make each kit memory layer's memory ready to read (``prepare_read``), once per
+        memory: again only after a write (or a prefill / stream) replaced it."""
+        for key, layer in self.memory.items():
+            i = int(key)
+            memory = state.memory[i]
+            if memory is None or type(layer) is not AssociativeMemoryLayer:
+                continue
+            prepared = state.prepared.get(i)
+            if prepared is None or prepared.memory is not memory:
+                prepared = layer.prepare_read(memory)
+                state.memory[i] = prepared.memory          # (A, z) as views of [A | z]
+                state.prepared[i] = prepared
 
     def _cached_pass(self, x: torch.Tensor, state: ARMTState, index: int,
                      write: bool) -> torch.Tensor:
-        """x (B, r, D) after the cached part of segment ``index``; reads, and writes if asked."""
+        """x (B, r, D) after the cached part of segment ``index``; reads, and writes if asked.
+
+        Kit memory layers read from their prepared memory (``prepare_reads`` ran first and
+        keeps it current); any other memory module (a learner's, a subclass with its own
+        ``read``) reads as usual.
+        """
         start = state.caches[0].length
         positions = torch.arange(start, start + x.shape[1], device=x.device)
         with scope(f"segment{index}"):
@@ -659,27 +688,14 @@ class ARMT(LanguageModel):
                 with scope(f"layer{i}"):
                     layer = self.memory_layer(i)
                     if layer is not None and state.memory[i] is not None:
-                        x = x + self._read_cached(layer, i, x, state)
+                        prepared = state.prepared.get(i)
+                        x = x + (layer.read(x, state.memory[i]) if prepared is None
+                                 else layer.read_prepared(x, prepared))
                     x = block(x, positions, state.caches[i])
                     if layer is not None and write:
                         state.memory[i] = layer.write(x, state.memory[i])
+                        state.prepared.pop(i, None)              # prepared again before a read
         return x
-
-
-    @staticmethod
-    def _read_cached(layer: nn.Module, index: int, x: torch.Tensor, state: ARMTState) -> torch.Tensor:
-        """READ during decoding: the kit's layer reads from its memory prepared once per
-        segment (``prepare_read``, redone whenever ``state.memory[index]`` is replaced);
-        any other memory module (a learner's, a subclass with its own ``read``) reads as usual."""
-        memory = state.memory[index]
-        if type(layer) is not AssociativeMemoryLayer:
-            return layer.read(x, memory)
-        prepared = state.prepared.get(index)
-        if prepared is None or prepared.memory is not memory:
-            prepared = layer.prepare_read(memory)
-            state.memory[index] = prepared.memory          # (A, z) as views of [A | z]
-            state.prepared[index] = prepared
-        return layer.read_prepared(x, prepared)
 
 
 def _build_backbone(cfg) -> nn.Module:

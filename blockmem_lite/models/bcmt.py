@@ -488,27 +488,27 @@ class BCMTLM(DenseLM):
         return torch.cat(logits, dim=1), state
 
     def step(self, token: torch.Tensor, state: BCMTState):
-        """One token: open the block's per-block work if needed, ``decode_token``, then close
+        """One token: open the block's per-block work if needed, ``decode_tokens``, then close
         the block when it is full (all per-block work stays out of the per-token part)."""
         token = token.reshape(-1, 1)
         check_tokens(token, self.cfg.vocab_size)
         for layer, layer_state in zip(self.blocks, state.layers, strict=True):
             layer.open_block(layer_state)
-        logits = self.decode_token(token, state)
+        logits = self.decode_tokens(token, state)[:, -1]
         if state.position % self.cfg.block_size == 0:                       # the block is full
             for layer, layer_state in zip(self.blocks, state.layers, strict=True):
                 layer.close_block(layer_state)
         return logits, state
 
-    def decode_token(self, token: torch.Tensor, state: BCMTState) -> torch.Tensor:
+    def decode_tokens(self, token: torch.Tensor, state: BCMTState) -> torch.Tensor:
         """The per-token part of ``step`` (no checks, no block boundary): token (B, 1) ->
-        logits (B, V). What ``compiling.compile_decoding`` compiles."""
+        logits (B, 1, V). What ``compiling.compile_decoding`` compiles."""
         x = self.embed(token)                                               # (B, 1, D)
         positions = torch.arange(state.position, state.position + 1, device=x.device)
         for layer, layer_state in zip(self.blocks, state.layers, strict=True):
             x = layer.decode(x, positions, layer_state)                     # one for every layer
         state.position += 1
-        return self.head(self.norm(x))[:, -1]
+        return self.head(self.norm(x))
 
 
 class HOnlyLM(BCMTLM):
