@@ -105,7 +105,7 @@ from blockmem_lite.registry import (
     SpecialBench,
     register,
 )
-from blockmem_lite.trace import record, scope
+from blockmem_lite.trace import is_tracing, record, scope
 from blockmem_lite.units import fmt, human_bytes
 from blockmem_lite.validation import (
     check_bool,
@@ -654,8 +654,7 @@ class ARMT(LanguageModel):
     def decode_tokens(self, tokens: torch.Tensor, state: ARMTState) -> torch.Tensor:
         """The per-token part of decoding (no segment boundary, memory already prepared):
         tokens (B, r) -> logits (B, r, V). What ``compiling.compile_decoding`` compiles."""
-        index = state.position // self.segment_size
-        x = self._cached_pass(self.backbone.embed(tokens), state, index, write=False)
+        x = self._cached_pass(self.backbone.embed(tokens), state, None, write=False)
         state.position += tokens.shape[1]
         return self.backbone.head(self.backbone.norm(x))
 
@@ -673,9 +672,10 @@ class ARMT(LanguageModel):
                 state.memory[i] = prepared.memory          # (A, z) as views of [A | z]
                 state.prepared[i] = prepared
 
-    def _cached_pass(self, x: torch.Tensor, state: ARMTState, index: int,
+    def _cached_pass(self, x: torch.Tensor, state: ARMTState, index: int | None,
                      write: bool) -> torch.Tensor:
-        """x (B, r, D) after the cached part of segment ``index``; reads, and writes if asked.
+        """x (B, r, D) after the cached part of segment ``index`` (None: the segment of
+        ``state.position``); reads, and writes if asked.
 
         Kit memory layers read from their prepared memory (``prepare_reads`` ran first and
         keeps it current); any other memory module (a learner's, a subclass with its own
@@ -683,7 +683,12 @@ class ARMT(LanguageModel):
         """
         start = state.caches[0].length
         positions = torch.arange(start, start + x.shape[1], device=x.device)
-        with scope(f"segment{index}"):
+        # the segment's name only when a trace records it: a compiled decode_tokens would
+        # otherwise specialise on the segment index and recompile at every segment
+        named = contextlib.nullcontext()
+        if is_tracing():
+            named = scope(f"segment{state.position // self.segment_size if index is None else index}")
+        with named:
             for i, block in enumerate(self.backbone.blocks):
                 with scope(f"layer{i}"):
                     layer = self.memory_layer(i)
