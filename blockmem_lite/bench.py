@@ -20,6 +20,12 @@ Phases:
   (tokens/s of decoding, batch 1 by default). Each timed sample runs
   ``decode_burst`` steps; ``ms_per_step`` is per token step. ``state_bytes`` is
   ``state.nbytes()`` after a prefill of exactly t tokens.
+* ``compile=True`` (``--compile``): every model of the train / decode phases is
+  compiled first (``compiling.compile_training`` / ``compile_decoding``); compiled
+  decode entries get extra untimed warm-up bursts covering one block / segment (the
+  mechanism's ``boundary_fields``) so every recompilation happens before timing, and
+  their records say ``compiled: True`` with ``compile_warmup_s`` (the wall time of
+  that warm-up, compilation included). Off by default (see ``compiling.py``).
 * a mechanism's special benchmarks (``registry.SpecialBench``, e.g. ARMT's
   inference sweep ``infer`` and MoC's memory read ``read``): run with that
   mechanism by default, each given a ``BenchContext``.
@@ -64,6 +70,7 @@ import json
 import os
 import platform
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -71,10 +78,11 @@ from typing import Callable
 import torch
 
 from blockmem_lite import metrics, registry, roofline
+from blockmem_lite.compiling import compile_decoding, compile_training
 from blockmem_lite.config import ModelConfig
 from blockmem_lite.flops import flop_ceiling, training_flops_per_token
 from blockmem_lite.models.base import build_model
-from blockmem_lite.runtime import pick_device, seed_everything
+from blockmem_lite.runtime import pick_device, seed_everything, synchronize
 from blockmem_lite.units import fmt, human_bytes
 from blockmem_lite.validation import fail
 
@@ -180,6 +188,7 @@ class BenchContext:
     memory: tuple[str, ...]
     progress: bool
     peaks: roofline.Peaks | None = None     # the machine's measured limits (None: not measured)
+    compile: bool = False
 
     # --- models ---------------------------------------------------------------------------
     def entry(self, arch: str, seq_len: int, variant: str = "",
@@ -355,16 +364,21 @@ def bench_phase(ctx: BenchContext, entries: list[Entry], phase: str, seq_len: in
 
     ``entries[0]`` is the baseline (dense) every ratio is taken against.
     """
+    if ctx.compile:
+        torch._dynamo.reset()        # drop the graphs of earlier phases' (freed) models
     models = [ctx.build(e.cfg) for e in entries]
+    extra = compile_warmup_calls(ctx, entries) if phase == "decode" else 0
     if phase == "train":
-        steps = [metrics.make_train_step(m, batch, seq_len, precision=ctx.precision)
-                 for m in models]
+        steps = [metrics.make_train_step(_compiled(ctx, m, phase), batch, seq_len,
+                                         precision=ctx.precision) for m in models]
         tokens_per_call, per_call = batch * seq_len, 1
     else:
-        steps = [metrics.make_decode_step(m, batch, seq_len, n_calls=ctx.warmup + ctx.repeats,
+        steps = [metrics.make_decode_step(_compiled(ctx, m, phase), batch, seq_len,
+                                          n_calls=ctx.warmup + ctx.repeats + extra,
                                           burst=ctx.burst, precision=ctx.precision)
                  for m in models]
         tokens_per_call, per_call = batch * ctx.burst, ctx.burst
+    warmup_s = _compile_warmup(ctx, entries, steps, phase)
     ctx.log(f"T={seq_len} {phase} batch={batch}: timing {len(entries)} model(s) interleaved, "
             f"{ctx.warmup} warm-up + {ctx.repeats} timed round(s)")
     timings = ctx.time(steps, tokens_per_call)
@@ -387,11 +401,52 @@ def bench_phase(ctx: BenchContext, entries: list[Entry], phase: str, seq_len: in
             ceiling=ctx.ceiling(dense_flops, flops), flops=recorded_flops,
             memory=_memory(ctx, entry, model, phase, batch, seq_len), state_bytes=state_bytes,
             model_fields=model_fields(entry.cfg), params=model.num_params(),
-            overrides=entry.overrides, per_call=per_call,
+            overrides=entry.overrides, per_call=per_call, compiled=ctx.compile,
+            compile_warmup_s=warmup_s[i],
             **ctx.step_cost(entry.cfg, phase, batch=batch, seq_len=seq_len,
                             params=model.num_params(), flops_per_token=recorded_flops,
                             state_bytes=state_bytes)))
     return records
+
+
+def boundary_span(cfg: ModelConfig) -> int:
+    """Tokens between the mechanism's boundaries (block, segment: its ``boundary_fields``), 0
+    for none: decoding runs another code path once per span."""
+    fields = registry.get(cfg.arch).boundary_fields
+    return max((int(getattr(cfg, f)) for f in fields), default=0)
+
+
+def compile_warmup_calls(ctx: BenchContext, entries: list[Entry]) -> int:
+    """Extra untimed decode calls (bursts) for compiled models: enough to cross the longest
+    boundary span of ``entries`` once, plus one burst, so recompiles happen before timing."""
+    if not ctx.compile:
+        return 0
+    span = max(boundary_span(e.cfg) for e in entries)
+    return -(-(span + ctx.burst) // ctx.burst)
+
+
+def _compiled(ctx: BenchContext, model, phase: str):
+    if not ctx.compile:
+        return model
+    return compile_training(model) if phase == "train" else compile_decoding(model)
+
+
+def _compile_warmup(ctx: BenchContext, entries: list[Entry], steps, phase: str) -> list:
+    """Compiled models: run each step fn untimed (train: once; decode: the extra bursts) and
+    return the wall seconds per entry (compilation included); None each when not compiling."""
+    if not ctx.compile:
+        return [None] * len(entries)
+    calls = 1 if phase == "train" else compile_warmup_calls(ctx, entries)
+    seconds = []
+    for entry, step in zip(entries, steps, strict=True):
+        start = time.perf_counter()
+        for _ in range(calls):
+            step()
+        synchronize(ctx.device)
+        seconds.append(time.perf_counter() - start)
+        ctx.log(f"{phase} {entry.arch} {entry.variant}".rstrip()
+                + f": compiled, {calls} warm-up call(s) took {seconds[-1]:.1f} s")
+    return seconds
 
 
 # --------------------------------------------------------------------------------------
@@ -435,22 +490,25 @@ def run_bench(archs=("dense",), seq_lens=DEFAULT_SEQ_LENS, *, batch: int | None 
               threads: int | None = None, device: str = "auto", dtype: str = "auto",
               phases=None, warmup: int = 3, repeats: int = 5, decode_burst: int = 32,
               memory=("saved", "rss"), options: dict | None = None,
-              progress: bool = True,
+              progress: bool = True, compile: bool = False,
               roofline_seconds: float | None = roofline.PROBE_SECONDS) -> list[dict]:
     """Benchmark dense and every variant of ``archs``; one record per (arch, variant, phase, T).
 
     ``phases``: None = train, decode and the special benches of ``archs``. ``batch``
     None: train ``max(1, 4096 // T)``, decode 1. ``memory``: any of "saved", "rss",
     or "none" (see the module docstring). ``options``: mechanism bench options by
-    ``dest`` (defaults from the registry). ``roofline_seconds``: how long each of the
-    two machine probes runs (``roofline.measure_peaks``; None: no probes, the roofline
-    keys are None). Every argument is checked before any timing starts. Progress goes
-    to stderr.
+    ``dest`` (defaults from the registry). ``compile``: torch.compile every model of
+    the train / decode phases first (module docstring). ``roofline_seconds``: how long
+    each of the two machine probes runs (``roofline.measure_peaks``; None: no probes, the
+    roofline keys are None). Every argument is checked before any timing starts. Progress
+    goes to stderr.
     """
     archs = resolve_archs(archs)
     seq_lens = _check_run(seq_lens, batch, warmup, repeats, decode_burst)
     phases = resolve_phases(phases, archs)
     memory = _check_choices("memory", memory, MEMORY_CHOICES)
+    if not isinstance(compile, bool):
+        fail("compile", compile, "expected True or False")
     dev = pick_device(device)
     precision = resolve_dtype(dtype, dev)
     unknown = set(options or {}) - set(default_options())
@@ -461,7 +519,7 @@ def run_bench(archs=("dense",), seq_lens=DEFAULT_SEQ_LENS, *, batch: int | None 
     base = dict(d_model=d_model, n_layer=n_layer, n_head=n_head, vocab_size=vocab_size)
     with metrics.pinned_threads(threads) as n_threads:
         ctx = BenchContext(base, seq_lens, batch, dev, precision, n_threads, warmup, repeats,
-                           decode_burst, memory, progress)
+                           decode_burst, memory, progress, compile=compile)
         plan = _plan(ctx, archs, phases, opts)          # configs built (and checked) up front
         if roofline_seconds is not None:
             ctx.peaks = roofline.measure_peaks(dev, precision, roofline_seconds)
@@ -485,7 +543,11 @@ def _plan(ctx: BenchContext, archs: list[str], phases, options: dict) -> list:
         for phase in (p for p in PHASES if p in phases):
             # decoding runs past t = seq_len by the timed steps: configs must cover that
             extra = (ctx.warmup + ctx.repeats) * ctx.burst if phase == "decode" else 0
-            plan.append((phase, seq_len, ctx.entries(archs, seq_len + extra, options)))
+            entries = ctx.entries(archs, seq_len + extra, options)
+            if phase == "decode" and ctx.compile:           # and the compiled warm-up's bursts
+                extra += compile_warmup_calls(ctx, entries) * ctx.burst
+                entries = ctx.entries(archs, seq_len + extra, options)
+            plan.append((phase, seq_len, entries))
     if "rss" in ctx.memory and ctx.device.type != "cuda":
         for arch in archs:
             registry.plugin_file(arch)                  # session-only mechanisms: say so now
@@ -562,7 +624,9 @@ def format_table(records: list[dict]) -> str:
     first = records[0]
     parts = [f"device={first['device']} ({first.get('machine', '?')})  dtype={first['dtype']}  "
              f"threads={first['threads']}  torch={first['torch_version']}  "
-             f"load={fmt(first.get('load_avg_1m'), '.2f')}" + roofline_header(first)]
+             f"load={fmt(first.get('load_avg_1m'), '.2f')}"
+             + ("  compiled (torch.compile)" if first.get("compiled") else "")
+             + roofline_header(first)]
     main = [r for r in records if r["phase"] in PHASES]
     if main:
         parts += [_columns_table(main, PHASE_COLUMNS, 3), PHASE_LEGEND]

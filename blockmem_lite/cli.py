@@ -411,6 +411,11 @@ def bench_parser() -> argparse.ArgumentParser:
                         help="decoding steps per timed sample (default %(default)s)")
     parser.add_argument("--memory", default="saved,rss",
                         help="comma-separated: saved, rss, or none (default %(default)s)")
+    parser.add_argument("--compile", action="store_true",
+                        help="torch.compile every model first: the per-token decode step "
+                             "(compiling.compile_decoding) and the training forward/backward "
+                             "(model.compile()); off by default (compiling takes seconds per "
+                             "model and pays only where the step is launch-bound)")
     parser.add_argument("--json", default=None, metavar="PATH",
                         help="write the records as a JSON list to PATH")
     parser.add_argument("--roofline-seconds", type=float, default=roofline.PROBE_SECONDS,
@@ -449,7 +454,7 @@ def bench_main(argv: list[str] | None = None) -> int:
             vocab_size=args.vocab_size, threads=args.threads, device=args.device,
             dtype=args.dtype, phases=None if args.phases == "auto" else _split(args.phases),
             warmup=args.warmup, repeats=args.repeats, decode_burst=args.decode_burst,
-            memory=_split(args.memory), options=options,
+            memory=_split(args.memory), options=options, compile=args.compile,
             roofline_seconds=args.roofline_seconds)
     except ValueError as err:
         print(f"bench: error: {err}", file=sys.stderr)
