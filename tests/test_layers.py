@@ -13,7 +13,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "blockmem_lite"
 LAYERS = (
     ("leaves", ("units", "validation", "labdata")),
     ("registry", ("registry",)),
-    ("settings", ("config", "runtime", "distributed", "tokenizer", "flops")),
+    ("settings", ("config", "runtime", "distributed", "tokenizer", "flops", "compiling")),
     ("primitives", ("nn", "masks", "trace")),
     ("model interface", ("models.base",)),
     ("mechanisms", ("models.*",)),
@@ -27,7 +27,7 @@ LAYERS = (
 )
 CORE = ("config", "runtime", "distributed", "tokenizer", "flops", "nn", "masks", "trace", "models.base",
         "corpora", "tasks", "metrics", "train", "bench", "checks", "cli", "viz", "viz.*",
-        "lab", "labdata", "checkpoints", "site", "roofline")
+        "lab", "labdata", "checkpoints", "site", "roofline", "compiling")
 
 
 def module_names() -> dict[str, Path]:
