@@ -1,4 +1,4 @@
-"""Command line: ``python -m blockmem_lite {envcheck,train,bench,exercises} ...``.
+"""Command line: ``python -m blockmem_lite {envcheck,train,bench,exercises,gpucheck} ...``.
 
 Each subcommand is a ``main(argv)`` function in its own module (``cli.py`` for
 train and bench), imported only when used, so ``envcheck`` works even when
@@ -21,6 +21,8 @@ COMMANDS = {   # name: (module, function, help)
                   "every mechanism on the same work; the papers' claims beside ours"),
     "exercises": ("blockmem_lite.exercises", "main", "build|check|strip|grade student notebooks"),
     "site": ("blockmem_lite.site", "main", "static HTML pages of the notebooks, with outputs"),
+    "gpucheck": ("blockmem_lite.gpucheck", "main",
+                 "check the GPU path in one short run (one table, OK/FAIL per check)"),
 }
 SUBCOMMANDS = {   # (command, subcommand): (module, function); grading sits above exercises
     ("exercises", "grade"): ("blockmem_lite.grading", "main"),

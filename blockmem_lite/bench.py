@@ -20,6 +20,12 @@ Phases:
   (tokens/s of decoding, batch 1 by default). Each timed sample runs
   ``decode_burst`` steps; ``ms_per_step`` is per token step. ``state_bytes`` is
   ``state.nbytes()`` after a prefill of exactly t tokens.
+* ``compile=True`` (``--compile``): every model of the train / decode phases is
+  compiled first (``compiling.compile_training`` / ``compile_decoding``); compiled
+  decode entries get extra untimed warm-up bursts covering one block / segment (the
+  mechanism's ``boundary_fields``) so every recompilation happens before timing, and
+  their records say ``compiled: True`` with ``compile_warmup_s`` (the wall time of
+  that warm-up, compilation included). Off by default (see ``compiling.py``).
 * a mechanism's special benchmarks (``registry.SpecialBench``, e.g. ARMT's
   inference sweep ``infer`` and MoC's memory read ``read``): run with that
   mechanism by default, each given a ``BenchContext``.
@@ -44,6 +50,18 @@ Extra record keys: ``saved_bytes``, ``rss_peak_bytes``, ``rss_base_bytes``
 ``warmup``, ``repeats``, ``load_avg_1m`` (the machine's 1-minute load average:
 a busy machine slows multi-threaded kernels a lot, which the same-run ratios
 cancel but absolute tokens/s do not).
+
+Roofline (``roofline.py`` holds the peaks' probes and the traffic model): each run
+first measures the machine (``peak_flops_per_s``: square matmuls in the run's
+dtype; ``peak_bytes_per_s``: a large copy), printed in the table's header and
+stored in every record. Each record then carries ``flops_per_step`` (analytic
+FLOPs per token x tokens per step: B·T for train, B for one decode step),
+``bytes_per_step`` (the traffic model of its phase: train, decode, or prefill for
+a special bench that says so), ``roofline_bound`` ("compute" or "memory": the
+larger of FLOPs / peak and bytes / bandwidth), ``roofline_ms`` (that bound's
+time per step) and ``roofline_fraction`` (``roofline_ms / ms_per_step``). All
+None where a figure is missing (no FLOP model, no traffic model, peaks not
+measured).
 """
 
 from __future__ import annotations
@@ -52,17 +70,19 @@ import json
 import os
 import platform
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import torch
 
-from blockmem_lite import metrics, registry
+from blockmem_lite import metrics, registry, roofline
+from blockmem_lite.compiling import compile_decoding, compile_training
 from blockmem_lite.config import ModelConfig
 from blockmem_lite.flops import flop_ceiling, training_flops_per_token
 from blockmem_lite.models.base import build_model
-from blockmem_lite.runtime import pick_device, seed_everything
+from blockmem_lite.runtime import pick_device, seed_everything, synchronize
 from blockmem_lite.units import fmt, human_bytes
 from blockmem_lite.validation import fail
 
@@ -167,6 +187,8 @@ class BenchContext:
     burst: int
     memory: tuple[str, ...]
     progress: bool
+    peaks: roofline.Peaks | None = None     # the machine's measured limits (None: not measured)
+    compile: bool = False
 
     # --- models ---------------------------------------------------------------------------
     def entry(self, arch: str, seq_len: int, variant: str = "",
@@ -231,21 +253,51 @@ class BenchContext:
     def ceiling(self, dense_flops, flops) -> float | None:
         return flop_ceiling(dense_flops, flops) if dense_flops and flops else None
 
+    def step_cost(self, cfg: ModelConfig, traffic: str, *, batch: int, seq_len: int,
+                  params: int, flops_per_token: float | None,
+                  state_bytes: int | None = None) -> dict:
+        """``flops_per_step`` and ``bytes_per_step`` of one step by ``roofline``'s traffic
+        model ``traffic`` (train, prefill or decode); ``flops_per_token`` as recorded
+        (train: 3 x the forward). Keyword arguments for ``record``."""
+        tokens = roofline.tokens_per_step(traffic, batch, seq_len)
+        return {"flops_per_step": None if flops_per_token is None else flops_per_token * tokens,
+                "bytes_per_step": roofline.step_bytes(
+                    cfg, traffic, batch=batch, seq_len=seq_len, params=params,
+                    precision=self.precision, state_bytes=state_bytes)}
+
+    def roofline_fields(self, flops_per_step, bytes_per_step, ms_per_step: float) -> dict:
+        """The roofline keys of a record (module docstring); None where a figure is missing."""
+        kind, seconds = roofline.bound(flops_per_step, bytes_per_step, self.peaks)
+        return {"peak_flops_per_s": self.peaks.flops_per_s if self.peaks else None,
+                "peak_bytes_per_s": self.peaks.bytes_per_s if self.peaks else None,
+                "flops_per_step": flops_per_step, "bytes_per_step": bytes_per_step,
+                "roofline_bound": kind,
+                "roofline_ms": None if seconds is None else 1000.0 * seconds,
+                "roofline_fraction": None if seconds is None or not ms_per_step
+                else 1000.0 * seconds / ms_per_step}
+
     # --- records --------------------------------------------------------------------------
     def record(self, *, arch: str, variant: str, phase: str, seq_len: int, batch: int,
                timing: metrics.Timing, ratio, ceiling, flops, memory: dict,
                state_bytes, model_fields: dict, params: int, overrides: dict,
-               per_call: int = 1, **extra) -> dict:
-        """One record with every ``RECORD_KEYS`` key, the run's settings and ``extra`` keys."""
+               per_call: int = 1, flops_per_step: float | None = None,
+               bytes_per_step: float | None = None, **extra) -> dict:
+        """One record with every ``RECORD_KEYS`` key, the run's settings and ``extra`` keys.
+
+        ``flops_per_step`` / ``bytes_per_step`` (from ``step_cost``) give the roofline keys;
+        without them those keys are None.
+        """
+        ms_per_step = timing.ms_per_step / per_call
         return {
             "arch": arch, "variant": variant, "phase": phase, "seq_len": seq_len, "batch": batch,
-            "tokens_per_s": timing.tokens_per_s, "ms_per_step": timing.ms_per_step / per_call,
+            "tokens_per_s": timing.tokens_per_s, "ms_per_step": ms_per_step,
             "ratio_vs_dense": ratio, "flop_ceiling": ceiling,
             "frac_of_ceiling": ratio / ceiling if ratio is not None and ceiling else None,
             **{**NO_MEMORY, **memory}, "state_bytes": state_bytes,
             "device": self.device.type, "dtype": self.precision, "threads": self.threads,
             "torch_version": torch.__version__, "machine": machine(self.device),
             "flops_per_token": flops,
+            **self.roofline_fields(flops_per_step, bytes_per_step, ms_per_step),
             "step_times_ms": [1000.0 * t / per_call for t in timing.times_s],
             **model_fields, "params": params, "overrides": overrides,
             "warmup": self.warmup, "repeats": self.repeats, "load_avg_1m": load_average(),
@@ -312,16 +364,21 @@ def bench_phase(ctx: BenchContext, entries: list[Entry], phase: str, seq_len: in
 
     ``entries[0]`` is the baseline (dense) every ratio is taken against.
     """
+    if ctx.compile:
+        torch._dynamo.reset()        # drop the graphs of earlier phases' (freed) models
     models = [ctx.build(e.cfg) for e in entries]
+    extra = compile_warmup_calls(ctx, entries) if phase == "decode" else 0
     if phase == "train":
-        steps = [metrics.make_train_step(m, batch, seq_len, precision=ctx.precision)
-                 for m in models]
+        steps = [metrics.make_train_step(_compiled(ctx, m, phase), batch, seq_len,
+                                         precision=ctx.precision) for m in models]
         tokens_per_call, per_call = batch * seq_len, 1
     else:
-        steps = [metrics.make_decode_step(m, batch, seq_len, n_calls=ctx.warmup + ctx.repeats,
+        steps = [metrics.make_decode_step(_compiled(ctx, m, phase), batch, seq_len,
+                                          n_calls=ctx.warmup + ctx.repeats + extra,
                                           burst=ctx.burst, precision=ctx.precision)
                  for m in models]
         tokens_per_call, per_call = batch * ctx.burst, ctx.burst
+    warmup_s = _compile_warmup(ctx, entries, steps, phase)
     ctx.log(f"T={seq_len} {phase} batch={batch}: timing {len(entries)} model(s) interleaved, "
             f"{ctx.warmup} warm-up + {ctx.repeats} timed round(s)")
     timings = ctx.time(steps, tokens_per_call)
@@ -334,17 +391,62 @@ def bench_phase(ctx: BenchContext, entries: list[Entry], phase: str, seq_len: in
                 + f": {timing.tokens_per_s:,.0f} tok/s; memory")
         flops = ctx.flops(entry.cfg, seq_len, decode)
         baseline = i == 0                                   # the first entry is dense
+        recorded_flops = training_flops_per_token(flops) if flops is not None and not decode \
+            else flops
+        state_bytes = _state_bytes(model, batch, seq_len, ctx.precision) if decode else None
         records.append(ctx.record(
             arch=entry.arch, variant=entry.variant, phase=phase, seq_len=seq_len, batch=batch,
             timing=timing,
             ratio=None if baseline else timing.tokens_per_s / timings[0].tokens_per_s,
-            ceiling=ctx.ceiling(dense_flops, flops),
-            flops=training_flops_per_token(flops) if flops is not None and not decode else flops,
-            memory=_memory(ctx, entry, model, phase, batch, seq_len),
-            state_bytes=_state_bytes(model, batch, seq_len, ctx.precision) if decode else None,
+            ceiling=ctx.ceiling(dense_flops, flops), flops=recorded_flops,
+            memory=_memory(ctx, entry, model, phase, batch, seq_len), state_bytes=state_bytes,
             model_fields=model_fields(entry.cfg), params=model.num_params(),
-            overrides=entry.overrides, per_call=per_call))
+            overrides=entry.overrides, per_call=per_call, compiled=ctx.compile,
+            compile_warmup_s=warmup_s[i],
+            **ctx.step_cost(entry.cfg, phase, batch=batch, seq_len=seq_len,
+                            params=model.num_params(), flops_per_token=recorded_flops,
+                            state_bytes=state_bytes)))
     return records
+
+
+def boundary_span(cfg: ModelConfig) -> int:
+    """Tokens between the mechanism's boundaries (block, segment: its ``boundary_fields``), 0
+    for none: decoding runs another code path once per span."""
+    fields = registry.get(cfg.arch).boundary_fields
+    return max((int(getattr(cfg, f)) for f in fields), default=0)
+
+
+def compile_warmup_calls(ctx: BenchContext, entries: list[Entry]) -> int:
+    """Extra untimed decode calls (bursts) for compiled models: enough to cross the longest
+    boundary span of ``entries`` once, plus one burst, so recompiles happen before timing."""
+    if not ctx.compile:
+        return 0
+    span = max(boundary_span(e.cfg) for e in entries)
+    return -(-(span + ctx.burst) // ctx.burst)
+
+
+def _compiled(ctx: BenchContext, model, phase: str):
+    if not ctx.compile:
+        return model
+    return compile_training(model) if phase == "train" else compile_decoding(model)
+
+
+def _compile_warmup(ctx: BenchContext, entries: list[Entry], steps, phase: str) -> list:
+    """Compiled models: run each step fn untimed (train: once; decode: the extra bursts) and
+    return the wall seconds per entry (compilation included); None each when not compiling."""
+    if not ctx.compile:
+        return [None] * len(entries)
+    calls = 1 if phase == "train" else compile_warmup_calls(ctx, entries)
+    seconds = []
+    for entry, step in zip(entries, steps, strict=True):
+        start = time.perf_counter()
+        for _ in range(calls):
+            step()
+        synchronize(ctx.device)
+        seconds.append(time.perf_counter() - start)
+        ctx.log(f"{phase} {entry.arch} {entry.variant}".rstrip()
+                + f": compiled, {calls} warm-up call(s) took {seconds[-1]:.1f} s")
+    return seconds
 
 
 # --------------------------------------------------------------------------------------
@@ -388,19 +490,25 @@ def run_bench(archs=("dense",), seq_lens=DEFAULT_SEQ_LENS, *, batch: int | None 
               threads: int | None = None, device: str = "auto", dtype: str = "auto",
               phases=None, warmup: int = 3, repeats: int = 5, decode_burst: int = 32,
               memory=("saved", "rss"), options: dict | None = None,
-              progress: bool = True) -> list[dict]:
+              progress: bool = True, compile: bool = False,
+              roofline_seconds: float | None = roofline.PROBE_SECONDS) -> list[dict]:
     """Benchmark dense and every variant of ``archs``; one record per (arch, variant, phase, T).
 
     ``phases``: None = train, decode and the special benches of ``archs``. ``batch``
     None: train ``max(1, 4096 // T)``, decode 1. ``memory``: any of "saved", "rss",
     or "none" (see the module docstring). ``options``: mechanism bench options by
-    ``dest`` (defaults from the registry). Every argument is checked before any
-    timing starts. Progress goes to stderr.
+    ``dest`` (defaults from the registry). ``compile``: torch.compile every model of
+    the train / decode phases first (module docstring). ``roofline_seconds``: how long
+    each of the two machine probes runs (``roofline.measure_peaks``; None: no probes, the
+    roofline keys are None). Every argument is checked before any timing starts. Progress
+    goes to stderr.
     """
     archs = resolve_archs(archs)
     seq_lens = _check_run(seq_lens, batch, warmup, repeats, decode_burst)
     phases = resolve_phases(phases, archs)
     memory = _check_choices("memory", memory, MEMORY_CHOICES)
+    if not isinstance(compile, bool):
+        fail("compile", compile, "expected True or False")
     dev = pick_device(device)
     precision = resolve_dtype(dtype, dev)
     unknown = set(options or {}) - set(default_options())
@@ -411,8 +519,13 @@ def run_bench(archs=("dense",), seq_lens=DEFAULT_SEQ_LENS, *, batch: int | None 
     base = dict(d_model=d_model, n_layer=n_layer, n_head=n_head, vocab_size=vocab_size)
     with metrics.pinned_threads(threads) as n_threads:
         ctx = BenchContext(base, seq_lens, batch, dev, precision, n_threads, warmup, repeats,
-                           decode_burst, memory, progress)
+                           decode_burst, memory, progress, compile=compile)
         plan = _plan(ctx, archs, phases, opts)          # configs built (and checked) up front
+        if roofline_seconds is not None:
+            ctx.peaks = roofline.measure_peaks(dev, precision, roofline_seconds)
+            ctx.log(f"machine: matmul {ctx.peaks.flops_per_s / 1e9:,.1f} GFLOP/s "
+                    f"({ctx.peaks.dtype}), copy {ctx.peaks.bytes_per_s / 1e9:,.1f} GB/s "
+                    f"({ctx.peaks.seconds:.1f} s)")
         records: list[dict] = []
         for phase, seq_len, entries in plan:
             records += bench_phase(ctx, entries, phase, seq_len,
@@ -430,7 +543,11 @@ def _plan(ctx: BenchContext, archs: list[str], phases, options: dict) -> list:
         for phase in (p for p in PHASES if p in phases):
             # decoding runs past t = seq_len by the timed steps: configs must cover that
             extra = (ctx.warmup + ctx.repeats) * ctx.burst if phase == "decode" else 0
-            plan.append((phase, seq_len, ctx.entries(archs, seq_len + extra, options)))
+            entries = ctx.entries(archs, seq_len + extra, options)
+            if phase == "decode" and ctx.compile:           # and the compiled warm-up's bursts
+                extra += compile_warmup_calls(ctx, entries) * ctx.burst
+                entries = ctx.entries(archs, seq_len + extra, options)
+            plan.append((phase, seq_len, entries))
     if "rss" in ctx.memory and ctx.device.type != "cuda":
         for arch in archs:
             registry.plugin_file(arch)                  # session-only mechanisms: say so now
@@ -470,6 +587,9 @@ PHASE_COLUMNS = (
     ("saved", lambda r: human_bytes(r.get("saved_bytes"))),
     ("rss delta", lambda r: human_bytes(rss_delta(r))),
     ("state", lambda r: human_bytes(r["state_bytes"])),
+    ("bound", lambda r: r.get("roofline_bound") or "-"),
+    ("% roof", lambda r: "-" if r.get("roofline_fraction") is None
+     else f"{100 * r['roofline_fraction']:.0f}%"),
 )
 PHASE_LEGEND = (
     "x dense: tokens/s ratio to dense in the same run; ceiling: analytic FLOP ratio "
@@ -478,7 +598,17 @@ PHASE_LEGEND = (
     "baseline (rss delta = growth after import + model build); saved_tensors = activations "
     "saved for backward; cuda_max_allocated = CUDA peak.\n"
     "train = forward+backward, no optimizer step; decode ms/step is per token step; "
-    "state = decoding state bytes at t = T.")
+    "state = decoding state bytes at t = T.\n"
+    "bound: what limits the step by the roofline (compute: FLOPs / matmul peak; memory: bytes "
+    "moved by the traffic model / copy bandwidth); % roof = that bound's time / measured time.")
+
+
+def roofline_header(record: dict) -> str:
+    """``  matmul=… GFLOP/s  copy=… GB/s`` from a record's measured peaks ('' if none)."""
+    flops, bandwidth = record.get("peak_flops_per_s"), record.get("peak_bytes_per_s")
+    if flops is None or bandwidth is None:
+        return ""
+    return f"  matmul={flops / 1e9:,.1f} GFLOP/s  copy={bandwidth / 1e9:,.1f} GB/s"
 
 
 def _columns_table(records: list[dict], columns, left_columns: int) -> str:
@@ -494,7 +624,9 @@ def format_table(records: list[dict]) -> str:
     first = records[0]
     parts = [f"device={first['device']} ({first.get('machine', '?')})  dtype={first['dtype']}  "
              f"threads={first['threads']}  torch={first['torch_version']}  "
-             f"load={fmt(first.get('load_avg_1m'), '.2f')}"]
+             f"load={fmt(first.get('load_avg_1m'), '.2f')}"
+             + ("  compiled (torch.compile)" if first.get("compiled") else "")
+             + roofline_header(first)]
     main = [r for r in records if r["phase"] in PHASES]
     if main:
         parts += [_columns_table(main, PHASE_COLUMNS, 3), PHASE_LEGEND]

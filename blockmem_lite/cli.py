@@ -6,19 +6,25 @@ file is imported first and registers its mechanisms, which then appear in
 ``--help``, ``--arch`` and ``--set`` like the built-in ones. Installed
 packages exposing the ``blockmem_lite.mechanisms`` entry point are found
 without it.
+
+``train`` and ``reproduce`` also run under ``torchrun`` (``distributed.setup``): every
+process parses the same command; rank 0 alone takes the output folder, reads the
+checkpoint (and hands it to the others), writes and prints.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import io
 import signal
 import sys
 from pathlib import Path
 
 import torch
 
-from blockmem_lite import bench, lab, registry
+from blockmem_lite import bench, distributed, lab, registry, roofline
 from blockmem_lite.checkpoints import (
     CHECKPOINT_NAME,
     RunLock,
@@ -29,7 +35,7 @@ from blockmem_lite.checkpoints import (
 from blockmem_lite.config import PRESET_NAMES, ModelConfig, RunConfig, TrainConfig, preset
 from blockmem_lite.corpora import CorpusUnavailable, load_corpus, make_loaders
 from blockmem_lite.models.base import build_model
-from blockmem_lite.runtime import pick_device, seed_everything
+from blockmem_lite.runtime import seed_everything
 from blockmem_lite.tokenizer import get_tokenizer
 from blockmem_lite.train import CheckpointNotSaved, Trainer, check_fits_in_memory
 from blockmem_lite.validation import fail, parse_int_list
@@ -68,7 +74,9 @@ def train_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m blockmem_lite train", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Train a model from a preset; writes checkpoint.pt and history.json to --out. "
-                    "Ctrl-C, SIGTERM and SIGHUP stop after the current step and save both.",
+                    "Ctrl-C, SIGTERM and SIGHUP stop after the current step and save both. "
+                    "Several GPUs or nodes: start it with torchrun (README 'When you outgrow "
+                    "one GPU'); --set batch_size is then the global batch.",
         epilog="architectures and their options (--set FIELD=VALUE):\n"
                + mechanisms_help(with_options=True))
     p.add_argument("--preset", choices=PRESET_NAMES, default="class",
@@ -206,17 +214,15 @@ def _corpus(args, run_cfg: RunConfig):
                        allow_fallback=args.allow_fallback, encoding=args.encoding)
 
 
-def _trainer(args, run_cfg: RunConfig, out: Path) -> Trainer:
+def _trainer(args, run_cfg: RunConfig, ckpt: dict | None) -> Trainer:
     """Seeded before the model is built, so two identical commands train identically."""
-    check_fits_in_memory(run_cfg.model, pick_device(run_cfg.train.device))
+    check_fits_in_memory(run_cfg.model,
+                         distributed.device_for(run_cfg.train.device, distributed.current()))
     train_loader, val_loader = make_loaders(run_cfg, corpus=_corpus(args, run_cfg))
     seed_everything(run_cfg.train.seed)
     trainer = Trainer(build_model(run_cfg), run_cfg.train, train_loader, val_loader,
                       run_cfg=run_cfg)
-    if args.resume:
-        ckpt = load_checkpoint_file(out / CHECKPOINT_NAME)
-        for warning in resume_check(ckpt, run_cfg):
-            print(f"warning: {warning}", file=sys.stderr)
+    if ckpt is not None:
         trainer._restore(ckpt)
     return trainer
 
@@ -235,56 +241,134 @@ def _exit_code(history) -> int:
     return 128 + int(getattr(signal, history.stopped_by or "SIGINT", signal.SIGINT))
 
 
+@contextlib.contextmanager
+def _quiet_unless(main: bool):
+    """Swallow stdout and stderr on every process but rank 0 (argparse prints by itself)."""
+    if main:
+        yield
+        return
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        yield
+
+
+def _parse(parser_of, argv: list[str], main: bool):
+    """(args, None) or (None, exit status) with the message printed (on rank 0)."""
+    with _quiet_unless(main):
+        try:
+            load_plugins(argv)
+            return parser_of().parse_args(argv), None
+        except SystemExit as exit_:        # --help (0) or a bad argument (2, message printed)
+            return None, exit_.code if isinstance(exit_.code, int) else 2
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return None, 2
+
+
 def train_main(argv: list[str] | None = None) -> int:
-    """``python -m blockmem_lite train ...``; returns the exit status."""
+    """``python -m blockmem_lite train ...`` (also under torchrun); returns the exit status."""
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
-        load_plugins(argv)
-        args = train_parser().parse_args(argv)
-    except SystemExit as exit_:            # --help (0) or a bad argument (2, message printed)
-        return exit_.code if isinstance(exit_.code, int) else 2
+        world = distributed.env_world()
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    args, status = _parse(train_parser, argv, world.is_main)
+    if args is None:
+        return status
     try:
         run_cfg = preset(args.preset, **cli_overrides(args))
-        out = prepare_folder(args.out or f"runs/{run_cfg.preset}_{run_cfg.model.arch}", name="--out")
-        with RunLock(out):
-            return _train_in(args, run_cfg.replace(checkpoint_dir=str(out)), out)
+        distributed.check_batch_size(run_cfg.train.batch_size, world.world_size)  # before any work
+        out = Path(args.out or f"runs/{run_cfg.preset}_{run_cfg.model.arch}")
+        run_cfg = run_cfg.replace(checkpoint_dir=str(out))
+        if not world.distributed:
+            with RunLock(prepare_folder(out, name="--out")):
+                return _train_in(args, run_cfg, out, distributed.SINGLE,
+                                 _read_checkpoint(args, run_cfg, out))
+        world = distributed.setup(run_cfg.train.device)
+        try:
+            return _train_ranks(args, run_cfg, out, world)
+        finally:
+            distributed.shutdown()     # waits for every process: none leaves before rank 0
     except (ValueError, RunLocked) as e:
-        print(f"error: {e}", file=sys.stderr)
+        if world.is_main:
+            print(f"error: {e}", file=sys.stderr)
         return 2
 
 
-def _train_in(args, run_cfg: RunConfig, out: Path) -> int:
-    """The run itself, with ``out`` locked for this process."""
+def _read_checkpoint(args, run_cfg: RunConfig, out: Path) -> dict | None:
+    """The checkpoint to resume from (None for a new run), checked against this command."""
     ckpt_path = out / CHECKPOINT_NAME
     if args.resume and not ckpt_path.is_file():
         raise ValueError(f"--resume needs {ckpt_path}, which does not exist")
     if not args.resume and ckpt_path.exists():
         raise ValueError(f"{ckpt_path} exists; pass --resume to continue it or choose another "
                          "--out")
+    if not args.resume:
+        return None
     try:
-        trainer = _trainer(args, run_cfg, out)
+        ckpt = load_checkpoint_file(ckpt_path)
+    except OSError as e:
+        raise ValueError(str(e)) from None
+    for warning in resume_check(ckpt, run_cfg):
+        print(f"warning: {warning}", file=sys.stderr)
+    return ckpt
+
+
+def _train_ranks(args, run_cfg: RunConfig, out: Path, world: distributed.World) -> int:
+    """Several processes: rank 0 takes the folder and reads the checkpoint, every process
+    gets it (or rank 0's error), then all train together."""
+    lock = RunLock(out)
+
+    def claim():
+        prepare_folder(out, name="--out")
+        lock.acquire()
+        try:
+            return _read_checkpoint(args, run_cfg, out)
+        except BaseException:
+            lock.release()
+            raise
+
+    ckpt = world.on_main(claim)
+    try:
+        return _train_in(args, run_cfg, out, world, ckpt)
+    finally:
+        if world.is_main:
+            lock.release()
+
+
+def _train_in(args, run_cfg: RunConfig, out: Path, world: distributed.World,
+              ckpt: dict | None) -> int:
+    """The run itself, with ``out`` locked by this process (rank 0)."""
+    say = print if world.is_main else (lambda *a, **k: None)
+    try:
+        trainer = _trainer(args, run_cfg, ckpt)
     except (OSError, CorpusUnavailable) as e:
         raise ValueError(str(e)) from None
     n_params = sum(p.numel() for p in trainer.model.parameters())
-    verb = f"resuming at step {trainer.step}" if args.resume else "training"
-    print(f"{verb}: {run_cfg.model.arch} ({n_params / 1e6:.2f}M params), preset {run_cfg.preset}, "
-          f"{run_cfg.train.steps} steps of {run_cfg.train.batch_size}x{run_cfg.model.seq_len} "
-          f"tokens on {trainer.device}; output in {out}", flush=True)
+    verb = f"resuming at step {trainer.step}" if ckpt is not None else "training"
+    where = (f"{trainer.device} x {world.world_size} processes (each "
+             f"{run_cfg.train.batch_size // world.world_size} rows)"
+             if world.distributed else f"{trainer.device}")
+    say(f"{verb}: {run_cfg.model.arch} ({n_params / 1e6:.2f}M params), preset {run_cfg.preset}, "
+        f"{run_cfg.train.steps} steps of {run_cfg.train.batch_size}x{run_cfg.model.seq_len} "
+        f"tokens on {where}; output in {out}", flush=True)
+    return _fit_and_report(trainer, run_cfg, out, world, say)
+
+
+def _fit_and_report(trainer: Trainer, run_cfg: RunConfig, out: Path, world, say) -> int:
     try:
         history = trainer.fit()
-    except (FloatingPointError, CheckpointNotSaved) as e:
-        print(f"error: {e}\n{_save_history(trainer.history, out)}", file=sys.stderr)
+    except (FloatingPointError, CheckpointNotSaved) as e:      # raised on every process
+        if world.is_main:
+            print(f"error: {e}\n{_save_history(trainer.history, out)}", file=sys.stderr)
         return 1
-    saved = _save_history(history, out)
+    saved = _save_history(history, out) if world.is_main else ""
     if trainer.val_dataset is not None and not history.interrupted:
         val = (history.val_loss[-1] if history.val_step and history.val_step[-1] == trainer.step
-               else trainer.evaluate())
-        print(f"final val loss {val:.4f} at step {trainer.step}")
-    print(f"wrote {ckpt_path}; {saved}")
-    if not history.interrupted:
+               else trainer.evaluate())                      # all-reduced: every rank calls it
+        say(f"final val loss {val:.4f} at step {trainer.step}")
+    say(f"wrote {out / CHECKPOINT_NAME}; {saved}")
+    if not history.interrupted and world.is_main:
         sample = sample_text(trainer.model, trainer.train_dataset, trainer.device,
                              run_cfg.train.tokenizer, run_cfg.model.seq_len)
         print(f"sample: {sample}")
@@ -327,8 +411,16 @@ def bench_parser() -> argparse.ArgumentParser:
                         help="decoding steps per timed sample (default %(default)s)")
     parser.add_argument("--memory", default="saved,rss",
                         help="comma-separated: saved, rss, or none (default %(default)s)")
+    parser.add_argument("--compile", action="store_true",
+                        help="torch.compile every model first: the per-token decode step "
+                             "(compiling.compile_decoding) and the training forward/backward "
+                             "(model.compile()); off by default (compiling takes seconds per "
+                             "model and pays only where the step is launch-bound)")
     parser.add_argument("--json", default=None, metavar="PATH",
                         help="write the records as a JSON list to PATH")
+    parser.add_argument("--roofline-seconds", type=float, default=roofline.PROBE_SECONDS,
+                        metavar="S", help="seconds of each machine probe (matmul FLOP/s, copy "
+                                          "bandwidth) for the roofline (default %(default)s)")
     parser.add_argument("--plugin", action="append", default=[], metavar="FILE", help=PLUGIN_HELP)
     for opt, users in bench.shared_options().values():
         parser.add_argument(opt.flag, default=opt.default,
@@ -362,7 +454,8 @@ def bench_main(argv: list[str] | None = None) -> int:
             vocab_size=args.vocab_size, threads=args.threads, device=args.device,
             dtype=args.dtype, phases=None if args.phases == "auto" else _split(args.phases),
             warmup=args.warmup, repeats=args.repeats, decode_burst=args.decode_burst,
-            memory=_split(args.memory), options=options)
+            memory=_split(args.memory), options=options, compile=args.compile,
+            roofline_seconds=args.roofline_seconds)
     except ValueError as err:
         print(f"bench: error: {err}", file=sys.stderr)
         return 2
@@ -408,35 +501,54 @@ def reproduce_parser() -> argparse.ArgumentParser:
 
 
 def reproduce_main(argv: list[str] | None = None) -> int:
-    """``python -m blockmem_lite reproduce ...``; returns the exit status."""
+    """``python -m blockmem_lite reproduce ...`` (also under torchrun: the models train with
+    every process, rank 0 writes and measures); returns the exit status."""
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
-        load_plugins(argv)
-        args = reproduce_parser().parse_args(argv)
-    except SystemExit as exit_:
-        return exit_.code if isinstance(exit_.code, int) else 2
+        world = distributed.env_world()
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    args, status = _parse(reproduce_parser, argv, world.is_main)
+    if args is None:
+        return status
     out = Path(args.out or f"runs/reproduce_{args.preset}")
+    say = print if world.is_main else (lambda *a, **k: None)
     try:
         if args.steps is not None and args.steps < 1:
             fail("--steps", args.steps, "expected an integer >= 1")
+        distributed.check_batch_size(preset(args.preset).train.batch_size, world.world_size)
         corpus = load_corpus(args.corpus or ("files" if args.paths else "offline"),
                              paths=args.paths)
-        with RunLock(prepare_folder(out, name="--out")):
-            results = lab.reproduce(args.preset, out, _split(args.arch) if args.arch else None,
-                                    corpus, steps=args.steps)
-            _write_plots(results, out)
+        world = distributed.setup(preset(args.preset).train.device)
+        lock = RunLock(out)
+
+        def claim():                                  # rank 0 alone writes into --out
+            prepare_folder(out, name="--out")
+            lock.acquire()
+
+        try:
+            world.on_main(claim)
+            try:
+                results = lab.reproduce(args.preset, out,
+                                        _split(args.arch) if args.arch else None, corpus,
+                                        steps=args.steps)
+                if world.is_main:
+                    _write_plots(results, out)
+            finally:
+                if world.is_main:
+                    lock.release()
+        finally:
+            distributed.shutdown()                    # waits for every process, then leaves
     except (ValueError, OSError, RunLocked, CorpusUnavailable) as e:
-        print(f"error: {e}", file=sys.stderr)
+        say(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"stopped; the finished measurements are kept in {out / lab.RESULTS_NAME}: "
-              "run the same command again to continue", file=sys.stderr)
+        say(f"stopped; the finished measurements are kept in {out / lab.RESULTS_NAME}: "
+            "run the same command again to continue", file=sys.stderr)
         return 130
-    print(f"wrote {out / lab.RESULTS_NAME}, {out / 'report.md'} and {out / 'plots'}")
-    print(lab.summary(results))
+    say(f"wrote {out / lab.RESULTS_NAME}, {out / 'report.md'} and {out / 'plots'}")
+    say(lab.summary(results))
     return 0
 
 

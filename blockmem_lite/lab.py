@@ -19,6 +19,13 @@ the claims table) is written at the end; the command line adds ``plots/*.html``
 (``viz.lab_figures.write_plots``). One progress line covers
 the whole plan, with an ETA.
 
+Under torchrun (``distributed.setup``) every language model and recall model trains with
+all the processes (``train.Trainer``); rank 0 alone reads and writes ``OUT``, runs the
+measurements that are not training (recall curves, benches) while the others wait, and
+hands what it read or measured to them, so every process follows the same plan. A stop
+(Ctrl-C, SIGTERM) ends the run after the current training step, with nothing half-done
+stored.
+
 The lab names no mechanism: what a mechanism needs beyond "train it, measure it" it
 declares in its ``LabSpec`` (CAT's multi-chunk config and chunk sizes, ARMT starting
 from the trained dense model, MoC's iso-FLOP dense baseline, each one's local span).
@@ -39,7 +46,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import ConcatDataset
 
-from blockmem_lite import bench, metrics, registry, tasks
+from blockmem_lite import bench, distributed, metrics, registry, roofline, tasks
 from blockmem_lite.checkpoints import atomic_write, atomic_write_bytes, prepare_folder
 from blockmem_lite.config import PRESET_NAMES, ModelConfig, RunConfig, preset
 from blockmem_lite.corpora import load_corpus, make_loaders
@@ -174,17 +181,21 @@ class Lab:
             raise ValueError(f"live={live!r} is not allowed: expected None or a live view with "
                              "run(name) -> trainer callback (viz.live.LiveComparison)")
         self.live = live
+        self.world = distributed.current()
         self.preset = preset_name
         self.sizes = dict(LAB_SIZES[preset_name], **({"steps": steps} if steps else {}))
         self.entries = plan_entries(preset_name, archs, self.sizes["steps"])
+        for entry in self.entries:                              # before any work
+            distributed.check_batch_size(entry.run.train.batch_size, self.world.world_size)
         self.by_label = {e.label: e for e in self.entries}
         self.plan = plan_tasks(self.entries)
-        self.out = prepare_folder(out, name="--out")
+        self.out = self.world.on_main(lambda: prepare_folder(out, name="--out"))
         self.corpus = corpus if corpus is not None else load_corpus("offline")
         self.meta = self._meta()
-        self.results = self._load()
+        self.results = self.world.on_main(self._load)
         self.progress = PlanProgress(self.plan, set(self.results["done"]),
-                                     stream=sys.stderr if progress else None)
+                                     stream=sys.stderr if progress and self.world.is_main
+                                     else None)
         self.models: dict[str, torch.nn.Module] = {}
 
     # --- the store -----------------------------------------------------------------------
@@ -212,8 +223,9 @@ class Lab:
 
     def _store(self, key: str, value) -> None:
         self.results["done"][key] = value
-        atomic_write_bytes(self.out / RESULTS_NAME,
-                           json.dumps(self.results, indent=1, default=float).encode())
+        if self.world.is_main:
+            atomic_write_bytes(self.out / RESULTS_NAME,
+                               json.dumps(self.results, indent=1, default=float).encode())
 
     # --- running -------------------------------------------------------------------------
     def run(self) -> dict:
@@ -227,9 +239,10 @@ class Lab:
             self.progress.finish()
         self.results["claims"] = claims_table(self.results)
         self.results["memory_pays"] = memory_pays(self.results)
-        atomic_write_bytes(self.out / RESULTS_NAME,
-                           json.dumps(self.results, indent=1, default=float).encode())
-        write_report(self.results, self.out)
+        if self.world.is_main:
+            atomic_write_bytes(self.out / RESULTS_NAME,
+                               json.dumps(self.results, indent=1, default=float).encode())
+            write_report(self.results, self.out)
         return self.results
 
     def _trainer(self, model, run: RunConfig, train_data, val_data=None,
@@ -248,9 +261,13 @@ class Lab:
         """Every language model trained so far (reloaded from OUT/models after a resume)."""
         for entry in self.entries:
             path = self.out / "models" / f"{_file_name(entry.label)}.pt"
-            if entry.label not in self.models and path.is_file():
+            if entry.label in self.models:
+                continue
+            state = self.world.on_main(lambda path=path: torch.load(
+                path, map_location="cpu", weights_only=True) if path.is_file() else None)
+            if state is not None:
                 model = self._model_without_start(entry)
-                model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+                model.load_state_dict(state)
                 self.models[entry.label] = model
         return self.models
 
@@ -266,15 +283,16 @@ class Lab:
         model = self._model(entry)
         live = [self.live.run(label)] if self.live is not None else []
         trainer = self._trainer(model, entry.run, train_loader, val_loader, callbacks=live)
-        history = trainer.fit()
+        history = _finished(trainer.fit())
         val_loss = {}
         for variant, overrides in entry.variants():
             if overrides:
                 entry.spec.switch(model, overrides)
-            val_loss[variant] = trainer.evaluate()
+            val_loss[variant] = trainer.evaluate()              # all-reduced over processes
         self.models[label] = model
         path = self.out / "models" / f"{_file_name(label)}.pt"
-        atomic_write(path, lambda f: torch.save(model.state_dict(), f))
+        if self.world.is_main:
+            atomic_write(path, lambda f: torch.save(model.state_dict(), f))
         return {"arch": entry.arch, "baseline_of": entry.baseline_of, "val_loss": val_loss,
                 "starts_from_trained": entry.spec.start is not None,
                 "train_loss": history.loss[-1], "steps": trainer.step,
@@ -291,12 +309,13 @@ class Lab:
         run = dataclasses.replace(entry.run, train=dataclasses.replace(
             entry.run.train, steps=self.sizes["recall_steps"], eval_every=10**9))
         model = self._model(entry)
-        self._trainer(model, run, train).fit()
+        _finished(self._trainer(model, run, train).fit())
         curves, spans = {}, {}
         for variant, overrides in entry.variants():
             if overrides:
                 entry.spec.switch(model, overrides)
-            curves[variant] = recall_curves(model, seq_len, vocab, self.sizes["eval_rows"])
+            curves[variant] = self.world.on_main(          # rank 0 measures, the others wait
+                lambda: recall_curves(model, seq_len, vocab, self.sizes["eval_rows"]))
             spans[variant] = entry.local_span(overrides)
         return {"arch": entry.arch, "curves": curves, "local_span": spans,
                 "chance": {"passkey": 1 / 10 if HAYSTACK == "quiet" else
@@ -304,15 +323,21 @@ class Lab:
                            "mqar": 2 / tasks.content_vocab(vocab)}}
 
     def _bench(self, label: str) -> dict:
-        """All entries, every variant, timed interleaved with dense at each length."""
+        """All entries, every variant, timed interleaved with dense at each length (the
+        machine measured first, so the records carry the roofline; on rank 0 alone: one
+        process's timings, the others wait)."""
+        return self.world.on_main(self._bench_here)
+
+    def _bench_here(self) -> dict:
         sizes, first = self.sizes, self.entries[0].cfg
         base = dict(d_model=first.d_model, n_layer=first.n_layer, n_head=first.n_head,
                     vocab_size=first.vocab_size)
         device = pick_device(self.entries[0].run.train.device)
-        ctx = bench.BenchContext(base, list(sizes["bench_lens"]), None, device,
-                                 bench.resolve_dtype("auto", device), torch.get_num_threads(),
-                                 sizes["warmup"], sizes["repeats"], sizes["decode_burst"],
-                                 ("saved",), False)
+        precision = bench.resolve_dtype("auto", device)
+        ctx = bench.BenchContext(base, list(sizes["bench_lens"]), None, device, precision,
+                                 torch.get_num_threads(), sizes["warmup"], sizes["repeats"],
+                                 sizes["decode_burst"], ("saved",), False,
+                                 roofline.measure_peaks(device, precision))
         records = []
         for seq_len in sizes["bench_lens"]:
             for phase in bench.PHASES:
@@ -353,6 +378,14 @@ class Lab:
                 curves[label] = {"t": list(self.sizes["state_lens"]), "measured": measured,
                                  "analytic": analytic}
         return curves
+
+
+def _finished(history):
+    """``history``, or KeyboardInterrupt when a stop ended its training (nothing half-trained
+    is stored; the command line says how to continue)."""
+    if history.interrupted:
+        raise KeyboardInterrupt
+    return history
 
 
 def _file_name(label: str) -> str:

@@ -33,16 +33,25 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x32 = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
         y = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        y = y.to(x.dtype)
+        if y.dtype != x.dtype:
+            y = y.to(x.dtype)
         return y * self.weight if self.weight is not None else y
 
 
 class RotaryEmbedding(nn.Module):
     """Rotary position embedding (RoPE), rotate-half convention.
 
-    ``forward(x, positions)`` rotates x: (B, H, T, hd) by the angles of
-    ``positions``: (T,) or (B, T). Angles are computed on the fly, so any
+    ``forward(x, positions)`` rotates x: (..., T, hd), e.g. (B, H, T, hd), by the
+    angles of ``positions``: (T,) or (B, T). Angles are computed on the fly, so any
     position (also beyond the training length) works.
+
+    Computed as ``x * cos + roll(x, hd/2) * sin_signed`` with ``sin_signed =
+    [-sin, sin]``: ``roll(x, hd/2) = [x2, x1]``, so this is exactly
+    ``x * cos + [-x2, x1] * [sin, sin]`` (a sign moved from x to sin), in 4 ops
+    instead of 6. The cos / sin of one ``positions`` tensor are computed once
+    and shared by every RoPE of the same (head_dim, base, dtype, device): all
+    layers of a forward or a decoding step pass the same positions tensor, so
+    a step pays for its angles once, not once per layer and per q / k.
     """
 
     def __init__(self, head_dim: int, base: float = 10000.0):
@@ -51,20 +60,48 @@ class RotaryEmbedding(nn.Module):
             raise ValueError(f"head_dim={head_dim} is not allowed: RoPE needs an even head dim")
         self.head_dim = head_dim
         self.base = base
+        self._inv_freq: dict = {}                     # (dtype, device) -> (hd/2,), not state
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def inverse_frequencies(self, dtype: torch.dtype, device) -> torch.Tensor:
+        """``base^(-2i/hd)``, i = 0..hd/2-1: (hd/2,), kept per (dtype, device)."""
+        key = (dtype, torch.device(device))
+        inv_freq = self._inv_freq.get(key)
+        if inv_freq is None:
+            exponents = torch.arange(0, self.head_dim, 2, device=device, dtype=dtype) / self.head_dim
+            inv_freq = self.base ** -exponents
+            if not torch.compiler.is_compiling():
+                self._inv_freq[key] = inv_freq
+        return inv_freq
+
+    def cos_sin(self, positions: torch.Tensor, x: torch.Tensor):
+        """(cos, sin_signed), each (T, hd) or (B, 1, T, hd), in x's dtype (memoised)."""
         # Angles in fp64 when x is fp64 (tests), else fp32; never in bf16.
         dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
-        exponents = torch.arange(0, self.head_dim, 2, device=x.device, dtype=dtype) / self.head_dim
-        inv_freq = self.base ** -exponents                                   # (hd/2,)
-        angles = positions.to(dtype)[..., None] * inv_freq                  # (.., T, hd/2)
+        key = (self.head_dim, self.base, x.dtype, x.device)
+        memo = not torch.compiler.is_compiling() and not positions.is_inference()
+        if memo:
+            hit = _ROPE_MEMO.get(key)
+            if hit is not None and hit[0] is positions and hit[1] == positions._version:
+                return hit[2], hit[3]
+        angles = positions.to(dtype)[..., None] * self.inverse_frequencies(dtype, x.device)
         if angles.dim() == 3:                                             # (B, T, hd/2)
             angles = angles[:, None]                                      # (B, 1, T, hd/2)
-        cos = torch.cat([angles.cos(), angles.cos()], dim=-1).to(x.dtype)
-        sin = torch.cat([angles.sin(), angles.sin()], dim=-1).to(x.dtype)
-        x1, x2 = x.chunk(2, dim=-1)
-        rotated = torch.cat([-x2, x1], dim=-1)
-        return x * cos + rotated * sin
+        cos, sin = angles.cos(), angles.sin()
+        cos = torch.cat([cos, cos], dim=-1).to(x.dtype)
+        sin = torch.cat([-sin, sin], dim=-1).to(x.dtype)
+        if memo:
+            _ROPE_MEMO[key] = (positions, positions._version, cos, sin)
+        return cos, sin
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        cos, sin = self.cos_sin(positions, x)
+        return x * cos + x.roll(self.head_dim // 2, dims=-1) * sin
+
+
+# (head_dim, base, dtype, device) -> (positions, its version, cos, sin_signed): the last
+# angles computed, so the layers of one forward / decoding step share them. Holding the
+# positions tensor keeps its identity unique; its version counter catches in-place edits.
+_ROPE_MEMO: dict = {}
 
 
 class MLP(nn.Module):
@@ -186,8 +223,9 @@ class SelfAttention(nn.Module):
     def project_qkv(self, x: torch.Tensor, positions: torch.Tensor):
         """x: (B, T, D) -> q, k, v each (B, H, T, hd), RoPE applied to q and k."""
         b, t, _ = x.shape
-        q, k, v = self.qkv(x).view(b, t, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)
-        return self.rope(q, positions), self.rope(k, positions), v
+        qkv = self.qkv(x).view(b, t, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)
+        qk = self.rope(qkv[:2], positions)                  # q and k rotated in one go
+        return qk[0], qk[1], qkv[2]
 
     @staticmethod
     def merge_heads(y: torch.Tensor) -> torch.Tensor:

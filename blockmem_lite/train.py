@@ -15,6 +15,12 @@
   interrupts at once. A ``KeyboardInterrupt`` raised anywhere in the loop (for
   instance by a callback) is handled the same way.
 * Device: ``runtime.pick_device`` (cuda > mps > cpu); bf16 autocast only on CUDA.
+* Several processes (``torchrun``, ``distributed.setup``): the model trains inside DDP;
+  each process takes ``batch_size / W`` rows of the same global batch, the loss is
+  weighted by each process's share of the target tokens, so the gradient and the logged
+  loss are the single process's (to float rounding); evaluation and the stop flag are
+  all-reduced; rank 0 alone takes the folder lock, writes and runs the callbacks (the
+  default printer included). ``save_checkpoint`` is then called on every process.
 * Orchestration lives here too: ``train_curriculum`` (stages of growing data,
   ARMT's 2 -> 4 -> 8 segments) and ``load_model`` (a checkpoint's model, e.g.
   to wrap it). The command line is ``cli.py``.
@@ -40,6 +46,7 @@ from typing import Callable, Sequence
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, default_collate
 
+from blockmem_lite import distributed
 from blockmem_lite.checkpoints import (
     CHECKPOINT_FORMAT,
     CHECKPOINT_NAME,
@@ -261,13 +268,17 @@ class _BatchStream:
 
     ``position`` counts the batches already handed out in ``epoch``; a partial last
     batch is dropped so every step sees ``batch_size`` examples.
+    ``shard=(rank, W)``: this process gets rows ``rank * B/W .. (rank+1) * B/W`` of each
+    global batch; the order and the position stay global, so any W can resume them.
     """
 
     def __init__(self, dataset, batch_size: int, seed: int, num_workers: int = 0,
-                 pin_memory: bool = False):
+                 pin_memory: bool = False, shard: tuple[int, int] = (0, 1)):
         if len(dataset) < batch_size:
             raise ValueError(f"batch_size={batch_size} is not allowed: train_data has only "
                              f"{len(dataset)} examples; use batch_size <= {len(dataset)}")
+        self.rows = distributed.check_batch_size(batch_size, shard[1])   # rows per process
+        self.shard = shard
         self.dataset = dataset
         self.batch_size = batch_size
         self.seed = seed
@@ -285,8 +296,8 @@ class _BatchStream:
         if self._order is None or self._order[0] != self.epoch:
             g = torch.Generator().manual_seed(_epoch_seed(self.seed, self.epoch))
             self._order = (self.epoch, torch.randperm(len(self.dataset), generator=g))
-        start = position * self.batch_size
-        return self._order[1][start:start + self.batch_size].tolist()
+        start = position * self.batch_size + self.shard[0] * self.rows
+        return self._order[1][start:start + self.rows].tolist()
 
     def next_batch(self):
         """(x, y), each (B, T); advances the position (and the epoch when it is used up)."""
@@ -325,14 +336,17 @@ def _loss_for_eval(out) -> torch.Tensor:
 @torch.no_grad()
 def evaluate(model: torch.nn.Module, data, max_batches: int | None = None,
              device: torch.device | str | None = None, *, batch_size: int = 16,
-             precision: str = "auto") -> float:
+             precision: str = "auto", world: distributed.World | None = None) -> float:
     """Mean cross-entropy (``ModelOutput.ce_loss``, else ``loss``) over ``data``.
 
     ``data``: a DataLoader (iterated as is), a map-style Dataset of (x, y) or an object with
     ``.dataset()`` (batched in order, ``batch_size`` examples). Averaged per target token
     (positions with target -100 do not count). Runs in eval mode under no_grad and puts
     the model back in the mode it was in.
+    ``world`` with several processes: each evaluates its share of every batch's rows and
+    the sums are all-reduced, so every process returns the same value (call it on all).
     """
+    world = world or distributed.SINGLE
     if max_batches is not None and max_batches < 1:
         raise ValueError(f"max_batches={max_batches} is not allowed: expected None or >= 1")
     device = torch.device(device) if device is not None else next(model.parameters()).device
@@ -345,6 +359,9 @@ def evaluate(model: torch.nn.Module, data, max_batches: int | None = None,
         for i, (x, y) in enumerate(batches):
             if max_batches is not None and i >= max_batches:
                 break
+            if world.distributed:                       # this process's rows of the batch
+                lo, hi = (len(x) * r // world.world_size for r in (world.rank, world.rank + 1))
+                x, y = x[lo:hi], y[lo:hi]
             x, y = x.to(device), y.to(device)
             n = int((y != IGNORE_INDEX).sum())
             if n == 0:
@@ -355,6 +372,9 @@ def evaluate(model: torch.nn.Module, data, max_batches: int | None = None,
             count += n
     finally:
         model.train(was_training)
+    if world.distributed:
+        total, count = world.all_reduce_sum(torch.tensor([total, count],
+                                                         dtype=torch.float64)).tolist()
     if count == 0:
         raise ValueError("data has no target tokens to evaluate (every target is -100 or the "
                          "data is empty)")
@@ -441,6 +461,9 @@ class Trainer:
     ``.dataset()`` (e.g. ``tasks.TaskBatch``). ``val_data`` likewise (optional).
     ``callbacks``: ``Callback`` objects or anything with on_step / on_eval / on_end; with
     none, the Trainer prints throttled progress lines itself.
+    Under ``distributed.setup`` (torchrun) the Trainer trains with every process of the
+    run (see the module docstring); callbacks then run on rank 0 only, and a
+    KeyboardInterrupt they raise stops every process after the current step.
     """
 
     def __init__(self, model: torch.nn.Module, cfg: TrainConfig, train_data, val_data=None,
@@ -455,18 +478,29 @@ class Trainer:
                              "torch.nn.Module (e.g. build_model(cfg))")
         self.cfg = cfg
         self.run_cfg = run_cfg
-        self.device = pick_device(cfg.device)
+        self.world = distributed.current()
+        distributed.check_batch_size(cfg.batch_size, self.world.world_size)
+        self.device = distributed.device_for(cfg.device, self.world)
+        if self.world.distributed and self.world.device.type != self.device.type:
+            raise ValueError(f"device={cfg.device!r} is not allowed here: this process joined "
+                             f"the run on {self.world.device.type} (distributed.setup), and "
+                             f"{cfg.device!r} trains on {self.device.type}; use the device "
+                             "given to distributed.setup")
         autocast_context(self.device, cfg.precision)   # fails early for bf16 off CUDA
         self.model = model.to(self.device)
         self.train_dataset = _as_dataset(train_data, "train_data")
         self.val_dataset = _as_dataset(val_data, "val_data") if val_data is not None else None
-        self.callbacks = _check_callbacks(callbacks) or [_PrintProgress(cfg.log_every)]
+        callbacks = _check_callbacks(callbacks) or [_PrintProgress(cfg.log_every)]
+        self.callbacks = callbacks if self.world.is_main else []
         self.optimizer = make_optimizer(self.model, cfg)
         self.history = History()
         self.step = 0
         self._stream = _BatchStream(self.train_dataset, cfg.batch_size, cfg.seed,
-                                    usable_workers(cfg.num_workers), pin_memory=self.device.type == "cuda")
+                                    usable_workers(cfg.num_workers), pin_memory=self.device.type == "cuda",
+                                    shard=(self.world.rank, self.world.world_size))
         self._params = [p for p in self.model.parameters() if p.requires_grad]
+        self._train_model = distributed.wrap(self.model, self.world)   # DDP, or the model
+        self._stop_code = 0                 # W > 1: a stop a callback asked for (SIGINT's number)
         self._seeded = False
         self._mid_update = False
         self._saved_step: int | None = None           # step of the last checkpoint written here
@@ -484,14 +518,30 @@ class Trainer:
             raise ValueError(f"steps={total} is not allowed: this trainer is already at step "
                              f"{self.step}; expected at least {self.step}")
         folder = self.cfg.checkpoint_dir
-        if folder:
-            prepare_folder(folder, self.checkpoint_bytes())
-        with RunLock(folder) if folder else contextlib.nullcontext():
+        if not self.world.distributed:
+            if folder:
+                prepare_folder(folder, self.checkpoint_bytes())
+            with RunLock(folder) if folder else contextlib.nullcontext():
+                return self._fit(total)
+        lock = RunLock(folder) if folder and self.world.is_main else None
+
+        def claim():                                    # rank 0 alone writes into the folder
+            if lock is not None:
+                prepare_folder(folder, self.checkpoint_bytes())
+                lock.acquire()
+
+        self.world.on_main(claim)
+        try:
             return self._fit(total)
+        finally:
+            if lock is not None:
+                lock.release()
 
     def _fit(self, total: int) -> History:
         if not self._seeded:
             seed_everything(self.cfg.seed)
+            if self.world.rank:                          # other dropout masks on other rows
+                torch.manual_seed(distributed.rank_seed(self.cfg.seed, self.world.rank))
             self._seeded = True
         self.history.total_steps = total
         self.history.interrupted = False
@@ -499,29 +549,50 @@ class Trainer:
         self.model.train()
         reset_peak_memory(self.device)
         clock = _Clock(self.history.elapsed_s[-1] if self.history.elapsed_s else 0.0, self.step)
+        self._stop_code = 0
         with _StopButton() as stop:
+            agreed = None                              # W > 1: the stop every process agreed on
             try:
-                while self.step < total and not stop.requested:
+                while self.step < total:
+                    if not self.world.distributed:
+                        if stop.requested:
+                            break
+                    else:
+                        agreed = self._agreed_stop(stop)
+                        if agreed:
+                            break
                     self._step_with_rollback(total, clock)
                     self._after_step(total, clock)
-                interrupted = stop.requested
+                interrupted = stop.requested if agreed is None else bool(agreed)
             except KeyboardInterrupt:
                 interrupted = True
             finally:
                 self._stream.close()
-            self.history.stopped_by = stop.signal_name or ("SIGINT" if interrupted else "")
+            name = signal.Signals(agreed).name if agreed else stop.signal_name
+            self.history.stopped_by = name or ("SIGINT" if interrupted else "")
             if interrupted:
                 self._end_interrupted(total)
             else:
                 self._end_finished(total, clock)
         return self.history
 
+    def _agreed_stop(self, stop: _StopButton) -> int:
+        """W > 1, before each step: the largest stop signal number any process has (0: go on),
+        so every process stops after the same step. Peers' stops do not touch ``stop``, so
+        their own signal, arriving later, still only asks for a stop."""
+        mine = 0
+        if stop.requested:
+            mine = int(getattr(signal, stop.signal_name or "SIGINT", signal.SIGINT))
+        return self.world.all_reduce_max(max(mine, self._stop_code))
+
     def evaluate(self, max_batches: int | None = None) -> float:
-        """Mean validation CE over ``max_batches`` (default ``cfg.eval_batches``) batches."""
+        """Mean validation CE over ``max_batches`` (default ``cfg.eval_batches``) batches
+        (with several processes: all-reduced, call it on every one)."""
         if self.val_dataset is None:
             raise ValueError("val_data is None: pass val_data to the Trainer to evaluate")
         return evaluate(self.model, self.val_dataset, max_batches or self.cfg.eval_batches,
-                        self.device, batch_size=self.cfg.batch_size, precision=self.cfg.precision)
+                        self.device, batch_size=self.cfg.batch_size, precision=self.cfg.precision,
+                        world=self.world)
 
     def checkpoint_path(self) -> Path | None:
         """``<checkpoint_dir>/checkpoint.pt``, or None without a checkpoint_dir."""
@@ -531,7 +602,8 @@ class Trainer:
         """Write everything needed to resume exactly (atomically); returns the path.
 
         Refuses (FloatingPointError) to write weights that are not finite, so a
-        checkpoint on disk is always a good state.
+        checkpoint on disk is always a good state. With several processes, call it on
+        every one: rank 0 writes (with every process's RNG state), the others wait.
         """
         path = Path(path) if path is not None else self.checkpoint_path()
         if path is None:
@@ -541,8 +613,18 @@ class Trainer:
         if broken:
             raise FloatingPointError(f"not saving a checkpoint at step {self.step}: {broken} of "
                                      "the model's tensors are not finite")
-        state = self._checkpoint_state()
-        atomic_write(path, lambda f: torch.save(state, f))
+        if not self.world.distributed:
+            state = self._checkpoint_state()
+            atomic_write(path, lambda f: torch.save(state, f))
+            self._saved_step = self.step
+            return path
+        rngs = self.world.gather_objects(_rng_state(self.device))
+
+        def write():
+            state = {**self._checkpoint_state(), "rng_ranks": rngs}
+            atomic_write(path, lambda f: torch.save(state, f))
+
+        self.world.on_main(write)      # the others wait for the file, and share its error
         self._saved_step = self.step
         return path
 
@@ -557,8 +639,9 @@ class Trainer:
         return f"{bad}/{len(tensors)}" if bad else ""
 
     def load_checkpoint(self, path) -> None:
-        """Restore model, optimizer, step, data position, history and RNG states."""
-        self._restore(load_checkpoint_file(path))
+        """Restore model, optimizer, step, data position, history and RNG states (with
+        several processes: rank 0 reads the file and hands it to the others)."""
+        self._restore(self.world.on_main(lambda: load_checkpoint_file(path)))
 
     @classmethod
     def from_checkpoint(cls, path, train_data, val_data=None, callbacks=(), *,
@@ -568,7 +651,7 @@ class Trainer:
         unless ``model`` is given. ``device`` overrides the stored one (e.g. "cpu").
         Later checkpoints go beside ``path`` (the folder it was loaded from, wherever it was
         moved to), or to ``checkpoint_dir``."""
-        ckpt = load_checkpoint_file(path)
+        ckpt = distributed.current().on_main(lambda: load_checkpoint_file(path))
         run_dict = ckpt.get("run_config")
         run_cfg = RunConfig.from_dict(run_dict) if run_dict is not None else None
         if model is None and run_cfg is None:
@@ -609,20 +692,23 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr * group.get("lr_scale", 1.0)
         with autocast_context(self.device, self.cfg.precision):
-            out = self.model(x, y)
+            out = self._train_model(x, y)
         if out.loss is None:
             raise ValueError("the model returned loss=None: its forward(tokens, targets) must "
                              "return a ModelOutput with a loss")
         self.optimizer.zero_grad(set_to_none=True)
-        out.loss.backward()
-        grad_norm = self._clip_gradients()
         ce = out.ce_loss if out.ce_loss is not None else out.loss
         aux = out.aux_loss if out.aux_loss is not None else torch.zeros_like(out.loss)
         extras = out.extras or {}
-        loss_v, ce_v, aux_v, norm_v, *extra_v = torch.stack(
-            [out.loss.detach().float(), ce.detach().float(), aux.detach().float(),
-             grad_norm.float(), *(torch.as_tensor(v, device=out.loss.device).detach().float()
-                                  for v in extras.values())]).tolist()     # one host sync
+        if self.world.distributed:
+            loss_v, ce_v, aux_v, norm_v, extra_v = self._distributed_backward(out, ce, aux, y)
+        else:
+            out.loss.backward()
+            grad_norm = self._clip_gradients()
+            loss_v, ce_v, aux_v, norm_v, *extra_v = torch.stack(
+                [out.loss.detach().float(), ce.detach().float(), aux.detach().float(),
+                 grad_norm.float(), *(torch.as_tensor(v, device=out.loss.device).detach().float()
+                                      for v in extras.values())]).tolist()     # one host sync
         if not (math.isfinite(loss_v) and math.isfinite(norm_v)):
             self._fail_non_finite(loss_v, norm_v, total)
         self._mid_update = True
@@ -634,12 +720,40 @@ class Trainer:
         memory, method = peak_memory(self.device)
         rec = {"step": self.step, "total_steps": total, "loss": loss_v, "ce_loss": ce_v,
                "aux_loss": aux_v, "lr": lr, "grad_norm": norm_v,
-               "tokens_per_s": x.numel() / seconds, "memory_bytes": memory,
+               "tokens_per_s": x.numel() * self.world.world_size / seconds,
+               "memory_bytes": memory,
                "memory_method": method, "elapsed_s": clock.elapsed(),
                "eta_s": clock.eta(self.step, total),
                "extras": dict(zip(extras, extra_v, strict=True))}
         self.history.append_step(rec)
         self._emit("on_step", rec)
+
+    def _distributed_backward(self, out, ce, aux, y) -> tuple:
+        """W > 1: backward through DDP (which averages the gradients over the processes),
+        clip, and the step's global figures, the same on every process.
+
+        DDP's average of per-process means is the global mean only when every process
+        has as many target tokens; so the cross-entropy is weighted by this process's
+        share of them (``n_local * W / n_all``, exactly 1 for full LM windows), which makes
+        the gradient and the logged loss those of one process on the whole batch. The
+        auxiliary terms are per-batch averages and are averaged as they are.
+        """
+        n_local = (y != IGNORE_INDEX).sum()
+        n_all = self.world.all_reduce_sum(n_local)
+        share = (n_local * self.world.world_size / n_all.clamp(min=1)).to(ce.dtype)
+        if out.ce_loss is None:              # only the total is known: weight all of it
+            rest = torch.zeros_like(ce)
+        else:                                # the loss beyond the cross-entropy
+            rest = aux if out.aux_loss is not None else out.loss - ce
+        (ce * share + rest).backward()                # out.loss's own graph when share = 1
+        grad_norm = self._clip_gradients()                        # of the averaged gradients
+        extras = out.extras or {}
+        local = torch.stack([(ce * share).detach().float(), rest.detach().float(),
+                             aux.detach().float(),
+                             *(torch.as_tensor(v, device=out.loss.device).detach().float()
+                               for v in extras.values())])
+        ce_v, rest_v, aux_v, *extra_v = self.world.all_reduce_mean(local).tolist()
+        return ce_v + rest_v, ce_v, aux_v, float(grad_norm), extra_v
 
     def _clip_gradients(self) -> torch.Tensor:
         """Global grad norm before clipping; clips to ``cfg.grad_clip`` when it is > 0."""
@@ -675,8 +789,9 @@ class Trainer:
             except (OSError, RuntimeError) as err:          # a full disk must not end the run
                 if not is_disk_full(err):
                     raise
-                warnings.warn(f"the checkpoint of step {self.step} was not written: "
-                              f"{self._disk_full_advice()}; training goes on", stacklevel=2)
+                if self.world.is_main:
+                    warnings.warn(f"the checkpoint of step {self.step} was not written: "
+                                  f"{self._disk_full_advice()}; training goes on", stacklevel=2)
 
     def _run_eval(self, total: int, clock: _Clock) -> None:
         rec = {"step": self.step, "total_steps": total, "val_loss": self.evaluate(),
@@ -702,8 +817,9 @@ class Trainer:
         note = " (the interrupt hit an optimizer update: weights may mix two steps)" \
             if self._mid_update else ""
         self._mid_update = False
-        print(f"stopped by {self.history.stopped_by} at step {self.step}/{total}; model and "
-              f"history kept; checkpoint: {where}{note}", flush=True)
+        if self.world.is_main:
+            print(f"stopped by {self.history.stopped_by} at step {self.step}/{total}; model and "
+                  f"history kept; checkpoint: {where}{note}", flush=True)
         self._emit("on_end", self.history)
         if failure:
             raise failure
@@ -736,10 +852,15 @@ class Trainer:
                 f"about {self.checkpoint_bytes() / 2**20:.0f} MiB): free that much space")
 
     def _emit(self, event: str, payload) -> None:
-        for cb in self.callbacks:
-            method = getattr(cb, event, None)
-            if callable(method):
-                method(self, payload)
+        try:
+            for cb in self.callbacks:
+                method = getattr(cb, event, None)
+                if callable(method):
+                    method(self, payload)
+        except KeyboardInterrupt:
+            if not self.world.distributed or event == "on_end":
+                raise
+            self._stop_code = int(signal.SIGINT)      # every process stops after this step
 
     # --- checkpoint state ---------------------------------------------------------------------
     def _run_config_dict(self) -> dict | None:
@@ -773,7 +894,14 @@ class Trainer:
             warnings.warn(f"the checkpoint was trained on {ckpt['data_size']} examples, "
                           f"train_data has {len(self.train_dataset)}: the batch order will "
                           "differ from the original run", stacklevel=3)
-        _set_rng_state(ckpt["rng"])
+        ranks = ckpt.get("rng_ranks")
+        if self.world.distributed and ranks is not None and len(ranks) == self.world.world_size:
+            _set_rng_state(ranks[self.world.rank])            # every process's own stream
+        else:
+            _set_rng_state(ckpt["rng"])                       # rank 0's (a single process's)
+            if self.world.rank:
+                torch.manual_seed(distributed.rank_seed(self.cfg.seed + self.step,
+                                                        self.world.rank))
         self._seeded = True
 
 

@@ -173,6 +173,35 @@ def test_memory_carries_segment_one_into_later_segments_only_once_w_v_learns():
     assert torch.equal(fresh(y).logits[:, S:], fresh(x).logits[:, S:])     # W_V = 0: no memory
 
 
+def test_a7_no_grad_decoding_with_the_prepared_read_equals_full_forward():
+    model = _model()
+    x = _tokens()
+    with torch.no_grad():
+        full = model(x).logits
+        logits, state = model.prefill(x[:, :S + 1])
+        pieces = [logits]
+        for t in range(S + 1, T):
+            step_logits, state = model.step(x[:, t], state)
+            pieces.append(step_logits[:, None])
+    assert torch.allclose(torch.cat(pieces, 1), full, atol=1e-10)
+    prepared = state.prepared[0]
+    assert prepared.memory is state.memory[0]                      # A, z are views of [A | z]
+    assert state.memory[0][0].untyped_storage().data_ptr() == prepared.az.untyped_storage().data_ptr()
+
+
+def test_prepared_read_equals_read_and_its_features_equal_dpfp():
+    layer = _model().memory_layer(0)
+    A = torch.randn(2, 6 * D_MEM, 32, dtype=torch.float64)
+    z = torch.rand(2, 6 * D_MEM, dtype=torch.float64)
+    h = torch.randn(2, 5, 32, dtype=torch.float64)
+    with trace() as fast:
+        got = layer.read_prepared(h, layer.prepare_read((A, z)))
+    with trace() as plain:
+        expected = layer.read(h, (A, z))
+    assert torch.allclose(got, expected, atol=1e-12)
+    assert torch.equal(fast["read_query"], plain["read_query"])   # the same DPFP features
+
+
 # --- A5: constant state ---------------------------------------------------------------
 
 def test_a5_state_size_does_not_grow_with_segments():

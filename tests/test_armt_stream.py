@@ -109,7 +109,7 @@ def test_sweep_options_parse():
 
 
 TINY = dict(d_model=32, n_layer=1, n_head=2, vocab_size=256, threads=1, warmup=1, repeats=1,
-            phases=("infer",), progress=False)
+            phases=("infer",), progress=False, roofline_seconds=0.0)
 
 
 def _sweep(lengths, sizes, dense_max="auto", **kw):
@@ -128,6 +128,10 @@ def test_inference_sweep_records_and_the_dense_limit():
         assert r["phase"] == "infer" and r["memory_method"] == "none" and r["tokens_per_s"] > 0
         assert r["shortest_len"] == 32 and r["memory_vs_shortest"] is None
         assert r["tokens_per_s_vs_shortest"] > 0
+        assert r["flops_per_step"] == pytest.approx(r["flops_per_token"] * r["seq_len"])
+        assert r["bytes_per_step"] > r["state_bytes"] > 0                 # the prefill model
+        assert r["roofline_bound"] in ("compute", "memory")
+        assert r["roofline_fraction"] == pytest.approx(r["roofline_ms"] / r["ms_per_step"])
     state = {(r["variant"], r["seq_len"]): r["state_bytes"] for r in records}
     assert state[("", 64)] == 2 * state[("", 32)]                         # dense: the KV cache
     assert state[("S=8", 32)] == state[("S=8", 128)] < state[("S=16", 128)]   # ARMT: constant

@@ -108,6 +108,68 @@ def test_b5_cached_generation_equals_full_forward(arch, prompt_len):
     assert max(layer.cache.length for layer in state.layers) <= L
 
 
+def _decode_all(model, x, prompt_len):
+    logits, state = model.prefill(x[:, :prompt_len])
+    pieces = [logits]
+    for t in range(prompt_len, x.shape[1]):
+        step_logits, state = model.step(x[:, t], state)
+        pieces.append(step_logits[:, None])
+    return torch.cat(pieces, 1), state
+
+
+@pytest.mark.parametrize("prompt_len", [1, L + 3])
+def test_b5_holds_for_no_grad_decoding_with_the_layers_cached_decode_weights(prompt_len):
+    model = _model()
+    x = torch.randint(0, 256, (2, 30))
+    with torch.no_grad():
+        full = model(x).logits
+        decoded, state = _decode_all(model, x, prompt_len)
+        again, _ = _decode_all(model, x, prompt_len)          # second session: weights reused
+        kept = model.blocks[0].decode_weights()
+    assert torch.allclose(decoded, full, atol=1e-10) and torch.equal(decoded, again)
+    assert state.layers[0].weights is kept                         # one object, kept on the layer
+    assert kept.shift is not None                                  # the fixed score bound is used
+
+
+def test_b5_decode_weights_follow_a_weight_change():
+    model = _model()
+    x = torch.randint(0, 256, (1, 20))
+    with torch.no_grad():
+        _decode_all(model, x, 1)                                   # builds the cached weights
+        for layer in model.blocks:
+            layer.gate.weight.mul_(-1.5)                           # in place: new version
+            layer.score.weight.add_(0.3)
+        decoded, _ = _decode_all(model, x, 1)
+        assert torch.allclose(decoded, model(x).logits, atol=1e-10)
+
+
+def test_b5_large_scores_use_the_running_max_and_still_equal_the_full_forward():
+    model = _model()
+    with torch.no_grad():
+        for layer in model.blocks:               # |a_t| up to ~1e3: exp(-2 * bound) underflows
+            layer.score.weight.normal_(std=60.0)
+    assert all(layer.decode_weights().shift is None for layer in model.blocks)
+    x = torch.randint(0, 256, (2, 30))
+    decoded, _ = _decode_all(model, x, 3)
+    assert torch.allclose(decoded, model(x).logits, atol=1e-10)
+
+
+def test_decoding_gates_equal_the_full_forward_gates_from_the_first_token():
+    model = _model()
+    x = torch.randint(0, 256, (1, 2 * L + 2))
+    with trace(model) as full:
+        model(x)
+    state = model.new_state(1)
+    with trace(model) as steps:
+        for t in range(x.shape[1]):
+            model.step(x[:, t], state)
+    gates = steps.all("gate")                              # per step, layer by layer: (1, 1, D)
+    n_layer = model.cfg.n_layer
+    for i in range(n_layer):
+        decoded = torch.cat(gates[i::n_layer], dim=1)      # (1, T, D)
+        assert torch.allclose(decoded, full[f"layer{i}.gate"][:, :x.shape[1]], atol=1e-10), i
+
+
 def test_greedy_generation_matches_full_forward_argmax():
     model = _model()
     out = model.generate(torch.randint(0, 256, (1, 5)), 20, greedy=True)

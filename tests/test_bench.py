@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from blockmem_lite import ModelConfig, bench, metrics, registry
+from blockmem_lite import ModelConfig, bench, metrics, registry, roofline
 from blockmem_lite.cli import bench_main, bench_parser
 from blockmem_lite.flops import flop_ceiling
 from blockmem_lite.models import bcmt
@@ -14,9 +14,10 @@ from blockmem_lite.units import human_bytes
 from blockmem_lite.validation import parse_int_list
 
 TINY = dict(d_model=32, n_layer=2, n_head=2, batch=2, threads=1, warmup=1, repeats=1,
-            decode_burst=2, progress=False)
+            decode_burst=2, progress=False, roofline_seconds=0.0)
 TINY_ARGS = ["--d-model", "32", "--n-layer", "2", "--n-head", "2", "--batch", "2",
-             "--threads", "1", "--warmup", "1", "--repeats", "1", "--decode-burst", "2"]
+             "--threads", "1", "--warmup", "1", "--repeats", "1", "--decode-burst", "2",
+             "--roofline-seconds", "0"]
 
 KEY_TYPES = {
     "arch": str, "variant": str, "phase": str, "seq_len": int, "batch": int,
@@ -26,6 +27,10 @@ KEY_TYPES = {
     "device": str, "dtype": str, "threads": int, "torch_version": str,
     "saved_bytes": (int, type(None)), "rss_peak_bytes": (int, type(None)),
     "rss_base_bytes": (int, type(None)), "flops_per_token": (float, type(None)),
+    "flops_per_step": (float, type(None)), "bytes_per_step": (float, type(None)),
+    "roofline_bound": (str, type(None)), "roofline_ms": (float, type(None)),
+    "roofline_fraction": (float, type(None)), "peak_flops_per_s": (float, type(None)),
+    "peak_bytes_per_s": (float, type(None)),
 }
 
 
@@ -227,3 +232,72 @@ def test_bcmt_and_honly_share_the_block_size_option():
     state = {r["arch"]: r["state_bytes"] for r in records}
     assert state["dense"] > state["honly"] > 0
     assert {r["variant"] for r in records if r["arch"] != "dense"} == {"L=8"}
+
+
+# --- roofline --------------------------------------------------------------------------------
+
+def test_records_carry_a_consistent_roofline(dense_records):
+    for r in dense_records:
+        assert r["peak_flops_per_s"] > 0 and r["peak_bytes_per_s"] > 0
+        tokens = r["batch"] * (r["seq_len"] if r["phase"] == "train" else 1)
+        assert r["flops_per_step"] == pytest.approx(r["flops_per_token"] * tokens)
+        cfg = ModelConfig(d_model=32, n_layer=2, n_head=2, seq_len=r["seq_len"])
+        assert r["bytes_per_step"] == pytest.approx(roofline.step_bytes(
+            cfg, r["phase"], batch=r["batch"], seq_len=r["seq_len"], params=r["params"],
+            precision="fp32", state_bytes=r["state_bytes"]))
+        compute_s = r["flops_per_step"] / r["peak_flops_per_s"]
+        memory_s = r["bytes_per_step"] / r["peak_bytes_per_s"]
+        assert r["roofline_ms"] == pytest.approx(1000 * max(compute_s, memory_s))
+        assert r["roofline_bound"] == ("compute" if compute_s >= memory_s else "memory")
+        assert r["roofline_fraction"] == pytest.approx(r["roofline_ms"] / r["ms_per_step"])
+        assert 0 < r["roofline_fraction"]
+
+
+def test_the_header_gives_the_measured_peaks_and_the_table_the_bound(dense_records):
+    table = bench.format_table(dense_records)
+    header = table.splitlines()[0]
+    flops, bandwidth = dense_records[0]["peak_flops_per_s"], dense_records[0]["peak_bytes_per_s"]
+    assert f"matmul={flops / 1e9:,.1f} GFLOP/s" in header
+    assert f"copy={bandwidth / 1e9:,.1f} GB/s" in header
+    assert "bound" in table and "% roof" in table
+
+
+def test_without_probes_the_roofline_keys_are_none():
+    (record,) = bench.run_bench(["dense"], [16], phases=("train",), memory=("none",),
+                                **{**TINY, "roofline_seconds": None})
+    assert record["flops_per_step"] > 0 and record["bytes_per_step"] > 0
+    for key in ("roofline_bound", "roofline_ms", "roofline_fraction", "peak_flops_per_s",
+                "peak_bytes_per_s"):
+        assert record[key] is None, key
+    assert "matmul=" not in bench.format_table([record])
+
+
+def test_the_traffic_model_by_phase():
+    cfg = ModelConfig(d_model=32, n_layer=2, n_head=2, seq_len=16)
+    e = roofline.activation_elements(cfg)
+    assert e == 2 * (13 * 32 + 4 * roofline.mlp_hidden(cfg)) + 2 * 32 + 256
+    train = roofline.step_bytes(cfg, "train", batch=2, seq_len=16, params=1000)
+    assert train == 3 * 1000 * 4 + 3 * 2 * (2 * 16) * e * 4
+    prefill = roofline.step_bytes(cfg, "prefill", batch=2, seq_len=16, params=1000,
+                                  state_bytes=500)
+    assert prefill == 1000 * 4 + 2 * (2 * 16) * e * 4 + 500
+    decode = roofline.step_bytes(cfg, "decode", batch=2, seq_len=16, params=1000,
+                                 state_bytes=500, precision="bf16")
+    assert decode == 1000 * 4 + 500 + 2 * 2 * e * 2
+    with pytest.raises(ValueError, match="traffic='infer' is not allowed"):
+        roofline.step_bytes(cfg, "infer", batch=1, seq_len=16, params=1)
+
+
+def test_the_bound_is_the_larger_of_compute_and_memory_time():
+    peaks = roofline.Peaks(flops_per_s=1e9, bytes_per_s=1e8, dtype="fp32", matmul_n=1,
+                           copy_bytes=1, seconds=0.0)
+    assert roofline.bound(2e9, 1e8, peaks) == ("compute", 2.0)
+    assert roofline.bound(1e9, 3e8, peaks) == ("memory", 3.0)
+    assert roofline.bound(None, 1e8, peaks) == (None, None)
+    assert roofline.bound(1e9, 1e8, None) == (None, None)
+
+
+def test_measure_peaks_is_brief_and_positive():
+    peaks = roofline.measure_peaks("cpu", "fp32", 0.0, matmul_n=128, copy_bytes=1 << 20)
+    assert peaks.flops_per_s > 0 and peaks.bytes_per_s > 0 and peaks.dtype == "fp32"
+    assert peaks.matmul_n == 128 and peaks.copy_bytes == 1 << 20 and peaks.seconds < 5

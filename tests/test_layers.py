@@ -13,20 +13,21 @@ PACKAGE = Path(__file__).resolve().parent.parent / "blockmem_lite"
 LAYERS = (
     ("leaves", ("units", "validation", "labdata")),
     ("registry", ("registry",)),
-    ("settings", ("config", "runtime", "tokenizer", "flops")),
+    ("settings", ("config", "runtime", "distributed", "tokenizer", "flops", "compiling")),
     ("primitives", ("nn", "masks", "trace")),
     ("model interface", ("models.base",)),
     ("mechanisms", ("models.*",)),
     ("model zoo", ("models",)),
     ("data", ("corpora", "tasks")),
-    ("measuring and training", ("checkpoints", "metrics", "train", "bench", "checks", "lab")),
+    ("measuring and training", ("checkpoints", "metrics", "roofline", "train", "bench", "checks",
+                                "lab")),
     ("viz", ("viz", "viz.*")),
-    ("tools and command line", ("cli", "exercises", "grading", "envcheck", "site", "__main__",
-                                "")),
+    ("tools and command line", ("cli", "exercises", "grading", "envcheck", "site", "gpucheck",
+                                "__main__", "")),
 )
-CORE = ("config", "runtime", "tokenizer", "flops", "nn", "masks", "trace", "models.base",
+CORE = ("config", "runtime", "distributed", "tokenizer", "flops", "nn", "masks", "trace", "models.base",
         "corpora", "tasks", "metrics", "train", "bench", "checks", "cli", "viz", "viz.*",
-        "lab", "labdata", "checkpoints", "site")
+        "lab", "labdata", "checkpoints", "site", "roofline", "compiling")
 
 
 def module_names() -> dict[str, Path]:

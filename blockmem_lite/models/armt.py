@@ -79,6 +79,7 @@ fast forward.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from dataclasses import dataclass, field
 
@@ -104,7 +105,7 @@ from blockmem_lite.registry import (
     SpecialBench,
     register,
 )
-from blockmem_lite.trace import record, scope
+from blockmem_lite.trace import is_tracing, record, scope
 from blockmem_lite.units import fmt, human_bytes
 from blockmem_lite.validation import (
     check_bool,
@@ -253,6 +254,27 @@ def _write(A, z, k_phi, v, beta, correction, eps, normalized=True):
 
 # --- one wrapped layer -------------------------------------------------------------------
 
+@dataclass
+class PreparedRead:
+    """A memory made ready for fast reads (``AssociativeMemoryLayer.prepare_read``).
+
+    ``memory``: (A, z) as views of ``az`` = [A | z] (B, K, D + 1); ``w_signed``:
+    [W_Q; -W_Q] (2 d_mem, D); ``roll_index``: (nu, 2 d_mem), ``roll(r, j) = r[..., roll_index[j-1]]``.
+    """
+
+    memory: tuple[torch.Tensor, torch.Tensor]
+    az: torch.Tensor
+    w_signed: torch.Tensor
+    roll_index: torch.Tensor
+
+
+def _no_autocast(device_type: str):
+    """Autocast off (the memory maths stays in fp32) -- a no-op context when it is off already."""
+    if torch.is_autocast_enabled(device_type):
+        return torch.autocast(device_type, enabled=False)
+    return contextlib.nullcontext()
+
+
 def _state_dtype(x: torch.Tensor) -> torch.dtype:
     """A and z live in fp32, or fp64 for fp64 models (never bf16)."""
     return torch.float64 if x.dtype == torch.float64 else torch.float32
@@ -300,6 +322,55 @@ class AssociativeMemoryLayer(nn.Module):
         record("read", r)
         return r.to(h.dtype)
 
+    def prepare_read(self, memory: tuple[torch.Tensor, torch.Tensor]) -> PreparedRead:
+        """What ``read_prepared`` needs, built once per memory (once per segment when
+        decoding), not once per token: ``[A | z]`` in one (B, K, D + 1) tensor, whose
+        views (A, z) replace the memory (so the state holds them once), with the layer's
+        signed query weights ``[W_Q; -W_Q]`` and DPFP roll indices."""
+        A, z = memory
+        az = torch.cat([A, z[..., None]], dim=-1)                               # (B, K, D + 1)
+        d = A.shape[-1]
+        w_signed, roll_index = self._query_weights()
+        return PreparedRead((az[..., :d], az[..., d]), az, w_signed, roll_index)
+
+    def _query_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """([W_Q; -W_Q], the DPFP roll indices), kept on the layer per weight version (built
+        afresh while autograd tracks W_Q); a re-layout of the weights, not decoding state."""
+        w = self.w_q.weight
+        track = torch.is_grad_enabled() and w.requires_grad
+        key = (w.data_ptr(), w._version, w.dtype, w.device)
+        cached = getattr(self, "_query_cache", None)
+        if not track and cached is not None and cached[0] == key:
+            return cached[1]
+        r = 2 * self.w_q.out_features
+        steps = torch.arange(1, DPFP_NU + 1, device=w.device)[:, None]
+        roll_index = (torch.arange(r, device=w.device) - steps) % r                  # (nu, 2 d_mem)
+        weights = (torch.cat([w, -w], dim=0), roll_index)
+        self._query_cache = None if track else (key, weights)
+        return weights
+
+    def read_prepared(self, h: torch.Tensor, prepared: PreparedRead) -> torch.Tensor:
+        """``read(h, memory)`` from ``prepare_read(memory)``: the same maths in fewer ops.
+
+        ``relu(h [W_Q; -W_Q]^T) = [relu(q); relu(-q)] = r`` exactly (negating a weight
+        negates the dot product exactly); the nu rolls of r are one gather
+        (``r[..., roll_index]``), so ``phi`` is bit-identical to ``dpfp``; one matmul with
+        ``[A | z]`` gives ``q A`` and ``q . z`` together. h (B, T, D) -> (B, T, D).
+        """
+        signed = F.linear(h, prepared.w_signed)                                 # (B, T, 2 d_mem)
+        with _no_autocast(h.device.type):
+            dtype = _state_dtype(signed)
+            r = F.relu(signed if signed.dtype == dtype else signed.to(dtype))
+            phi = (r.unsqueeze(-2) * r[..., prepared.roll_index]).flatten(-2)  # (B, T, K)
+            if self.normalize_phi:
+                phi = F.normalize(phi, dim=-1)
+            out = torch.matmul(phi, prepared.az)                               # (B, T, D + 1)
+            d = out.shape[-1] - 1
+            read = out[..., :d] / (out[..., d:] + self.eps)
+        record("read_query", phi)
+        record("read", read)
+        return read if read.dtype == h.dtype else read.to(h.dtype)
+
     def write(self, m: torch.Tensor, memory: Memory) -> tuple[torch.Tensor, torch.Tensor]:
         """Write the memory-token outputs m: (B, M, D); returns the new (A, z)."""
         k, v, b = self.w_k(m), self.w_v(m), self.w_beta(m)
@@ -332,6 +403,7 @@ class ARMTState(State):
         self.caches = caches
         self.memory = memory
         self.position = position
+        self.prepared: dict[int, PreparedRead] = {}   # layer -> its memory made ready to read
 
     def tensors(self) -> list[torch.Tensor]:
         kv = [t for c in self.caches for t in (c.k, c.v)]
@@ -564,33 +636,70 @@ class ARMT(LanguageModel):
     def _decode(self, tokens: torch.Tensor, state: ARMTState) -> torch.Tensor:
         """Tokens (B, r) of the current segment through the caches -> logits (B, r, V).
 
-        When the segment is full, P runs through the same caches to write, and
-        the caches start a fresh segment.
+        The memory is made ready to read once per segment (``prepare_reads``); the tokens
+        go through ``decode_tokens``; when the segment is full, P runs through the same
+        caches to write, and the caches start a fresh segment.
         """
-        index = state.position // self.segment_size
-        x = self._cached_pass(self.backbone.embed(tokens), state, index, write=False)
-        state.position += tokens.shape[1]
+        self.prepare_reads(state)
+        logits = self.decode_tokens(tokens, state)
         if state.caches[0].length == self.segment_size:
-            memory_tokens = self.memory_tokens.expand(tokens.shape[0], -1, -1).to(x.dtype)
-            self._cached_pass(memory_tokens, state, index, write=True)
+            index = (state.position - 1) // self.segment_size
+            memory_tokens = self.memory_tokens.expand(tokens.shape[0], -1, -1)
+            self._cached_pass(memory_tokens.to(self.backbone.embed.weight.dtype), state, index,
+                              write=True)
             for cache in state.caches:
                 cache.reset()
+        return logits
+
+    def decode_tokens(self, tokens: torch.Tensor, state: ARMTState) -> torch.Tensor:
+        """The per-token part of decoding (no segment boundary, memory already prepared):
+        tokens (B, r) -> logits (B, r, V). What ``compiling.compile_decoding`` compiles."""
+        x = self._cached_pass(self.backbone.embed(tokens), state, None, write=False)
+        state.position += tokens.shape[1]
         return self.backbone.head(self.backbone.norm(x))
 
-    def _cached_pass(self, x: torch.Tensor, state: ARMTState, index: int,
+    def prepare_reads(self, state: ARMTState) -> None:
+        """Make each kit memory layer's memory ready to read (``prepare_read``), once per
+        memory: again only after a write (or a prefill / stream) replaced it."""
+        for key, layer in self.memory.items():
+            i = int(key)
+            memory = state.memory[i]
+            if memory is None or type(layer) is not AssociativeMemoryLayer:
+                continue
+            prepared = state.prepared.get(i)
+            if prepared is None or prepared.memory is not memory:
+                prepared = layer.prepare_read(memory)
+                state.memory[i] = prepared.memory          # (A, z) as views of [A | z]
+                state.prepared[i] = prepared
+
+    def _cached_pass(self, x: torch.Tensor, state: ARMTState, index: int | None,
                      write: bool) -> torch.Tensor:
-        """x (B, r, D) after the cached part of segment ``index``; reads, and writes if asked."""
+        """x (B, r, D) after the cached part of segment ``index`` (None: the segment of
+        ``state.position``); reads, and writes if asked.
+
+        Kit memory layers read from their prepared memory (``prepare_reads`` ran first and
+        keeps it current); any other memory module (a learner's, a subclass with its own
+        ``read``) reads as usual.
+        """
         start = state.caches[0].length
         positions = torch.arange(start, start + x.shape[1], device=x.device)
-        with scope(f"segment{index}"):
+        # the segment's name only when a trace records it: a compiled decode_tokens would
+        # otherwise specialise on the segment index and recompile at every segment
+        named = contextlib.nullcontext()
+        if is_tracing():
+            named = scope(f"segment{state.position // self.segment_size if index is None else index}")
+        with named:
             for i, block in enumerate(self.backbone.blocks):
                 with scope(f"layer{i}"):
                     layer = self.memory_layer(i)
                     if layer is not None and state.memory[i] is not None:
-                        x = x + layer.read(x, state.memory[i])
+                        prepared = state.prepared.get(i)
+                        x = x + (layer.read(x, state.memory[i]) if prepared is None
+                                 else layer.read_prepared(x, prepared))
                     x = block(x, positions, state.caches[i])
                     if layer is not None and write:
                         state.memory[i] = layer.write(x, state.memory[i])
+                        state.prepared.pop(i, None)              # prepared again before a read
         return x
 
 
@@ -885,7 +994,8 @@ def bench_inference(options: dict, bench) -> list[dict]:
     (what is kept to continue: ARMT's constant state, dense's KV cache) and
     extra keys ``memory_vs_shortest`` / ``tokens_per_s_vs_shortest`` (this entry
     over the same entry at the shortest length: the constant-memory and
-    flat-throughput targets) and ``note`` (why dense is missing, or None).
+    flat-throughput targets), ``note`` (why dense is missing, or None) and the roofline
+    keys by the prefill traffic model (one call reads one whole prompt).
     """
     lengths = sorted(set(parse_infer_lengths(options["infer_len"])))
     if not lengths:
@@ -921,7 +1031,10 @@ def bench_inference(options: dict, bench) -> list[dict]:
             model_fields={k: getattr(entry.cfg, k) for k in ("d_model", "n_layer", "n_head",
                                                               "vocab_size")},
             params=models[i].num_params(), overrides=entry.overrides,
-            note=None if baseline else _dense_skipped_note(bench, batch, seq_len, dense_max)))
+            note=None if baseline else _dense_skipped_note(bench, batch, seq_len, dense_max),
+            **bench.step_cost(entry.cfg, "prefill", batch=batch, seq_len=seq_len,
+                              params=models[i].num_params(), flops_per_token=flops,
+                              state_bytes=state_bytes[i])))
     _add_growth(records)
     return records
 

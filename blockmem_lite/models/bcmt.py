@@ -44,6 +44,7 @@ equals the fast forward.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -165,17 +166,29 @@ def block_summaries(states: torch.Tensor, scores: torch.Tensor, block_size: int,
 # --- one layer -------------------------------------------------------------------------
 
 class BCMTLayerState:
-    """Per-layer decoding state: one block of KV, the memory and the streaming summary."""
+    """Per-layer decoding state: one block of KV, the memory and the streaming summary.
+
+    ``memory_out`` is P of the current block and ``gate_bias`` the gate's P half
+    ``P W_g,P + b_g``: both change only when a block opens, so they are computed once
+    per block, not once per token; so is ``weights``, the layer's ``DecodeWeights``
+    (owned by the layer, shared by every state, not counted in ``nbytes``).
+    ``run_max`` is the reference the streaming summary is scaled by (see
+    ``BCMTLayer._memory_step``); ``run_sum`` sums ``exp(a_t - ref) / rms(U_t) * U_t``
+    (the summary gain is applied when the block closes) and ``run_norm`` sums
+    ``exp(a_t - ref)``.
+    """
 
     def __init__(self, cache: KVCache, dim: int, batch: int, device, dtype):
         self.cache = cache
         zeros = dict(device=device, dtype=dtype)
-        self.num = torch.zeros(batch, dim, **zeros)          # sum_j alpha^(i-j) S_j
-        self.den = torch.zeros(batch, 1, **zeros)            # sum_j alpha^(i-j)
+        self.num = torch.zeros(batch, 1, dim, **zeros)         # sum_j alpha^(i-j) S_j
+        self.den = torch.zeros(batch, 1, 1, **zeros)           # sum_j alpha^(i-j)
         self.memory_out = torch.zeros(batch, 1, dim, **zeros)  # P of the current block (B, 1, D)
-        self.run_max = torch.full((batch, 1), float("-inf"), **zeros)
-        self.run_norm = torch.zeros(batch, 1, **zeros)
-        self.run_sum = torch.zeros(batch, dim, **zeros)
+        self.gate_bias = torch.zeros(batch, 1, dim, **zeros)   # P W_g,P + b_g (B, 1, D)
+        self.run_max = torch.full((batch, 1, 1), float("-inf"), **zeros)
+        self.run_norm = torch.zeros(batch, 1, 1, **zeros)
+        self.run_sum = torch.zeros(batch, 1, dim, **zeros)
+        self.weights: DecodeWeights | None = None              # set when the block opens
 
     def reset_summary(self) -> None:
         self.run_max.fill_(float("-inf"))
@@ -184,7 +197,25 @@ class BCMTLayerState:
 
     def tensors(self) -> list[torch.Tensor]:
         return [self.cache.k, self.cache.v, self.num, self.den, self.memory_out,
-                self.run_max, self.run_norm, self.run_sum]
+                self.gate_bias, self.run_max, self.run_norm, self.run_sum]
+
+
+@dataclass
+class DecodeWeights:
+    """What a BCMT layer's decoding step needs from its weights, prepared once per weight
+    version (``BCMTLayer.decode_weights``), not once per token.
+
+    ``w_ext`` (D + 1, D): the gate's U half ``W_g,U`` with the summary-score row
+    ``w_s * g_s`` under it, so one matmul gives the gate pre-activation and the raw
+    score. ``shift``: ``-sqrt(D) |w_s * g_s|``, so that ``a_t - m = raw / rms + shift``
+    with ``m = b_s + sqrt(D) |w_s * g_s|``, an upper bound on every score (``|U_t / rms(U_t)|
+    <= sqrt(D)``); None when ``exp(-2 sqrt(D) |w_s * g_s|)`` could underflow in this dtype
+    (then the streaming summary keeps a running max instead).
+    """
+
+    w_ext: torch.Tensor
+    score_bias: torch.Tensor
+    shift: torch.Tensor | None
 
 
 class BCMTLayer(nn.Module):
@@ -275,43 +306,109 @@ class BCMTLayer(nn.Module):
         return u + self.drop(self.mlp(self.norm2(u)))
 
     # recurrent (generation) form ---------------------------------------------------
-    def step(self, x: torch.Tensor, position: int, st: BCMTLayerState) -> torch.Tensor:
-        """One token. x: (B, 1, D) -> (B, 1, D); updates ``st`` in place."""
-        pos = torch.tensor([position], device=x.device)
-        u = x + self.attn(self.norm1(x), pos, cache=st.cache)               # (B, 1, D)
-        if self.has_memory:
-            self._stream_summary(u, st)
-            u = self.fuse(u[:, None], st.memory_out)[:, 0]                   # one block of one
-        out = u + self.mlp(self.norm2(u))
+    def step(self, x: torch.Tensor, position: int, st: BCMTLayerState,
+             positions: torch.Tensor | None = None) -> torch.Tensor:
+        """One token. x: (B, 1, D) -> (B, 1, D); updates ``st`` in place (closing the
+        block after its last token). ``positions`` (1,) holds ``position``."""
+        if positions is None:
+            positions = torch.tensor([position], device=x.device)
+        self.open_block(st)
+        out = self.decode(x, positions, st)
         if (position + 1) % self.block_size == 0:
             self.close_block(st)
         return out
 
-    def _stream_summary(self, u: torch.Tensor, st: BCMTLayerState) -> None:
-        """Online softmax: fold token u (B, 1, D) into the running block summary."""
-        u_bar = self.summary_norm(u)[:, 0]                                  # (B, D)
-        score = self.score(u_bar)                                           # (B, 1)
-        new_max = torch.maximum(st.run_max, score)
-        rescale = torch.exp(st.run_max - new_max)
-        weight = torch.exp(score - new_max)
-        st.run_norm.copy_(st.run_norm * rescale + weight)
-        st.run_sum.copy_(st.run_sum * rescale + weight * u_bar)
-        st.run_max.copy_(new_max)
+    def decode(self, x: torch.Tensor, positions: torch.Tensor, st: BCMTLayerState) -> torch.Tensor:
+        """The per-token part of ``step`` inside an open block. x: (B, 1, D) -> (B, 1, D)."""
+        u = x + self.attn(self.norm1(x), positions, cache=st.cache)           # (B, 1, D)
+        if self.has_memory:
+            u = self._memory_step(u, st, st.weights)
+        return u + self.mlp(self.norm2(u))
+
+    def open_block(self, st: BCMTLayerState) -> None:
+        """Make sure the block's per-block values are there (``close_block`` and
+        ``load_memory`` set them; a fresh state, P = 0, gets them here, once)."""
+        if self.has_memory and st.weights is None:
+            st.gate_bias.copy_(self.gate.bias.expand_as(st.gate_bias))      # 0 W_g,P + b_g
+            st.weights = self.decode_weights()
+
+    def decode_weights(self) -> DecodeWeights:
+        """The decoding step's fused weights (``DecodeWeights``) for the current parameters.
+
+        Asked for when a block opens (the state keeps the answer for the block). Kept on
+        the layer, not in the state (they are a re-layout of the weights, shared by every
+        decoding state), and rebuilt when a parameter changes (its version counter or
+        storage); built afresh each time while autograd tracks the parameters.
+        """
+        params = (self.gate.weight, self.score.weight, self.score.bias, self.summary_norm.weight)
+        track = torch.is_grad_enabled() and any(p.requires_grad for p in params)
+        key = tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in params)
+        cached = getattr(self, "_decode_weights", None)
+        if not track and cached is not None and cached[0] == key:
+            return cached[1]
+        d = self.gate.out_features
+        score_row = self.score.weight * self.summary_norm.weight             # (1, D)
+        w_ext = torch.cat([self.gate.weight[:, :d], score_row], dim=0)       # (D + 1, D)
+        bound = d ** 0.5 * float(score_row.detach().norm())                  # |a_t - b_s| <= bound
+        limit = -math.log(torch.finfo(w_ext.dtype).tiny) - 16.0              # exp(-limit): normal
+        shift = w_ext.new_tensor(-bound).reshape(1, 1, 1) if 2.0 * bound <= limit else None
+        weights = DecodeWeights(w_ext, self.score.bias.reshape(1, 1, 1), shift)
+        self._decode_weights = None if track else (key, weights)
+        return weights
+
+    def _memory_step(self, u: torch.Tensor, st: BCMTLayerState, w: DecodeWeights) -> torch.Tensor:
+        """Steps 2 and 6 for one token u (B, 1, D): fold it into the streaming summary and
+        return ``V = U + sigmoid(U W_g,U + P W_g,P + b_g) * P`` (P fixed for the block).
+
+        One matmul ``U w_ext^T`` gives the gate pre-activation and the raw score
+        ``U . (w_s * g_s)``; ``a_t = raw / rms(U) + b_s`` as in the parallel form.
+        The summary is an online softmax: ``run_sum += exp(a_t - m) / rms(U_t) * U_t``,
+        ``run_norm += exp(a_t - m)``. With ``w.shift`` the reference m is a fixed upper
+        bound of every score (``b_s + sqrt(D) |w_s * g_s|``), so no running max is
+        needed (softmax does not depend on m; every weight stays a normal number);
+        otherwise m is the running max and the sums are rescaled when it grows.
+        """
+        d = u.shape[-1]
+        y = F.linear(u, w.w_ext)                                             # (B, 1, D + 1)
+        sum_sq = torch.linalg.vecdot(u, u)[..., None]                        # D * mean(U^2)
+        inv_rms = torch.rsqrt(torch.add(self.summary_norm.eps, sum_sq, alpha=1.0 / d))
+        if w.shift is not None:
+            weight = torch.exp(torch.addcmul(w.shift, y[..., d:], inv_rms))   # exp(a_t - m)
+            st.run_norm.add_(weight)
+            st.run_sum.addcmul_(weight * inv_rms, u)
+        else:
+            score = torch.addcmul(w.score_bias, y[..., d:], inv_rms)        # a_t (B, 1, 1)
+            new_max = torch.maximum(st.run_max, score)
+            rescale = torch.exp(st.run_max - new_max)
+            weight = torch.exp(score - new_max)
+            st.run_norm = torch.addcmul(weight, st.run_norm, rescale)
+            st.run_sum = torch.addcmul(st.run_sum * rescale, weight * inv_rms, u)
+            st.run_max = new_max
+        g = torch.sigmoid(y[..., :d] + st.gate_bias)                         # (B, 1, D)
+        record("gate", g)
+        return torch.addcmul(u, g, st.memory_out)                            # u + g * p
+
+    def _refresh_memory(self, st: BCMTLayerState) -> None:
+        """P = (num / den) W_p for the next block, and the gate's P half from it."""
+        p = self.memory_proj(st.num / st.den)                                # (B, 1, D)
+        st.memory_out.copy_(p)
+        st.gate_bias.copy_(F.linear(p, self.gate.weight[:, p.shape[-1]:], self.gate.bias))
+        st.weights = self.decode_weights()
 
     def load_memory(self, summaries: torch.Tensor, st: BCMTLayerState) -> None:
         """Set (num, den) and P from the summaries (B, N, D) of N completed blocks."""
         for j in range(summaries.shape[1]):
-            st.num.copy_(self.alpha * st.num + summaries[:, j])
+            st.num.copy_(self.alpha * st.num + summaries[:, j:j + 1])
             st.den.copy_(self.alpha * st.den + 1.0)
-        st.memory_out.copy_(self.memory_proj(st.num / st.den)[:, None])
+        self._refresh_memory(st)
 
     def close_block(self, st: BCMTLayerState) -> None:
         """A block ended: fold its summary into (num, den), refresh P, clear the cache."""
         if self.has_memory:
-            summary = st.run_sum / st.run_norm                                # (B, D)
+            summary = st.run_sum / st.run_norm * self.summary_norm.weight      # (B, 1, D)
             st.num.copy_(self.alpha * st.num + summary)
             st.den.copy_(self.alpha * st.den + 1.0)
-            st.memory_out.copy_(self.memory_proj(st.num / st.den)[:, None])
+            self._refresh_memory(st)
             st.reset_summary()
         st.cache.reset()
 
@@ -391,13 +488,27 @@ class BCMTLM(DenseLM):
         return torch.cat(logits, dim=1), state
 
     def step(self, token: torch.Tensor, state: BCMTState):
+        """One token: open the block's per-block work if needed, ``decode_tokens``, then close
+        the block when it is full (all per-block work stays out of the per-token part)."""
         token = token.reshape(-1, 1)
         check_tokens(token, self.cfg.vocab_size)
-        x = self.embed(token)                                               # (B, 1, D)
         for layer, layer_state in zip(self.blocks, state.layers, strict=True):
-            x = layer.step(x, state.position, layer_state)
+            layer.open_block(layer_state)
+        logits = self.decode_tokens(token, state)[:, -1]
+        if state.position % self.cfg.block_size == 0:                       # the block is full
+            for layer, layer_state in zip(self.blocks, state.layers, strict=True):
+                layer.close_block(layer_state)
+        return logits, state
+
+    def decode_tokens(self, token: torch.Tensor, state: BCMTState) -> torch.Tensor:
+        """The per-token part of ``step`` (no checks, no block boundary): token (B, 1) ->
+        logits (B, 1, V). What ``compiling.compile_decoding`` compiles."""
+        x = self.embed(token)                                               # (B, 1, D)
+        positions = torch.arange(state.position, state.position + 1, device=x.device)
+        for layer, layer_state in zip(self.blocks, state.layers, strict=True):
+            x = layer.decode(x, positions, layer_state)                     # one for every layer
         state.position += 1
-        return self.head(self.norm(x))[:, -1], state
+        return self.head(self.norm(x))
 
 
 class HOnlyLM(BCMTLM):

@@ -83,7 +83,12 @@ class DenseLM(LanguageModel):
     def step(self, token: torch.Tensor, state: DenseState):
         token = token.reshape(-1, 1)                                       # (B, 1)
         check_tokens(token, self.cfg.vocab_size)
-        return self._run(token, state.caches)[:, -1], state
+        return self.decode_tokens(token, state)[:, -1], state
+
+    def decode_tokens(self, tokens: torch.Tensor, state: DenseState) -> torch.Tensor:
+        """The per-token part of ``step`` (no checks): tokens (B, r) -> logits (B, r, V)
+        through the caches. What ``compiling.compile_decoding`` compiles."""
+        return self._run(tokens, state.caches)
 
 
 def flops_per_token(cfg, seq_len: int, decode: bool = False) -> float:
