@@ -545,7 +545,7 @@ def _plan(ctx: BenchContext, archs: list[str], phases, options: dict) -> list:
             extra = (ctx.warmup + ctx.repeats) * ctx.burst if phase == "decode" else 0
             entries = ctx.entries(archs, seq_len + extra, options)
             if phase == "decode" and ctx.compile:           # and the compiled warm-up's bursts
-                extra += compile_warmup_calls(ctx, entries) * ctx.burst
+                extra += compile_warmup_calls(ctx, entries) * ctx.burst + 1   # + a spare slot
                 entries = ctx.entries(archs, seq_len + extra, options)
             plan.append((phase, seq_len, entries))
     if "rss" in ctx.memory and ctx.device.type != "cuda":

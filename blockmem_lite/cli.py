@@ -95,6 +95,9 @@ def train_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="output folder (default: runs/PRESET_ARCH)")
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
     p.add_argument("--device", default=None, help="auto, cpu, cuda, cuda:N or mps")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile the model's forward/backward (TrainConfig.compile; the "
+                        "first step compiles, tens of seconds on a CPU)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override any ModelConfig/TrainConfig field or mechanism option "
                         "(repeatable; booleans: true/false, yes/no, on/off, 1/0)")
@@ -157,7 +160,8 @@ def cli_overrides(args) -> dict:
     kinds = field_kinds(arch)
     overrides = {key: parse_setting(key, value, kinds.get(key)) for key, value in pairs}
     corpus = args.corpus or ("files" if args.paths else None)
-    explicit = {"arch": args.arch, "steps": args.steps, "corpus": corpus, "device": args.device}
+    explicit = {"arch": args.arch, "steps": args.steps, "corpus": corpus, "device": args.device,
+                "compile": True if getattr(args, "compile", False) else None}
     overrides.update({k: v for k, v in explicit.items() if v is not None})
     return overrides
 

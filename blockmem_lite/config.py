@@ -32,7 +32,7 @@ from dataclasses import dataclass, field, fields
 
 from blockmem_lite import registry
 from blockmem_lite.registry import PRESET_NAMES, Options
-from blockmem_lite.validation import check_float, check_int, fail
+from blockmem_lite.validation import check_bool, check_float, check_int, fail
 
 
 @dataclass(init=False, repr=False)
@@ -198,6 +198,7 @@ class TrainConfig:
     val_fraction: float = 0.1
     corpus: str = "offline"          # see corpora.load_corpus
     tokenizer: str = "bytes"         # "bytes" or a Hugging Face tokenizer in the local cache
+    compile: bool = False            # torch.compile the model's forward/backward (compiling.py)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -222,6 +223,7 @@ class TrainConfig:
         if self.precision not in ("auto", "fp32", "bf16"):
             fail("precision", self.precision, "expected 'auto', 'fp32' or 'bf16'")
         check_int("num_workers", self.num_workers, 0)
+        check_bool("compile", self.compile)
         check_float("val_fraction", self.val_fraction, 0.0, 0.5, low_inclusive=False)
         if not isinstance(self.tokenizer, str) or not self.tokenizer:
             fail("tokenizer", self.tokenizer, "expected 'bytes' or the name of a Hugging Face "

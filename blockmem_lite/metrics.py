@@ -35,6 +35,7 @@ from typing import Callable, Iterable
 import torch
 
 from blockmem_lite import registry
+from blockmem_lite.compiling import is_decoding_compiled
 from blockmem_lite.config import ModelConfig
 from blockmem_lite.flops import dense_layer_flops
 from blockmem_lite.models.base import build_model
@@ -213,13 +214,16 @@ def make_decode_step(model, batch: int, context_len: int, *, n_calls: int, burst
                      precision: str = "fp32", seed: int = 0) -> Callable[[], None]:
     """Decoding after a prefill of ``context_len`` tokens: each call runs ``burst`` steps.
 
-    The state is sized for ``n_calls * burst`` further tokens, so the timed
-    steps run at contexts ``context_len .. context_len + n_calls·burst``.
+    The state is sized for ``n_calls * burst`` further tokens (a compiled decoding step
+    gets one spare slot: a dense cache filled exactly is a case it would recompile for),
+    so the timed steps run at contexts ``context_len .. context_len + n_calls·burst``.
     """
     check_positive("n_calls", n_calls)
     check_positive("burst", burst)
     device = model.device
-    state = prefill_state(model, batch, context_len, capacity=context_len + n_calls * burst,
+    spare = 1 if is_decoding_compiled(model) else 0
+    state = prefill_state(model, batch, context_len,
+                          capacity=context_len + n_calls * burst + spare,
                           precision=precision, seed=seed)
     feed = random_tokens(batch, n_calls * burst, model.cfg.vocab_size, device, seed + 1)
     position = 0

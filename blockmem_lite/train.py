@@ -57,6 +57,7 @@ from blockmem_lite.checkpoints import (
     load_checkpoint_file,
     prepare_folder,
 )
+from blockmem_lite.compiling import compile_training
 from blockmem_lite.config import ModelConfig, RunConfig, TrainConfig
 from blockmem_lite.models.base import IGNORE_INDEX, build_model
 from blockmem_lite.runtime import (
@@ -488,6 +489,8 @@ class Trainer:
                              "given to distributed.setup")
         autocast_context(self.device, cfg.precision)   # fails early for bf16 off CUDA
         self.model = model.to(self.device)
+        if cfg.compile:                                # forward + backward compiled in place
+            compile_training(self.model)
         self.train_dataset = _as_dataset(train_data, "train_data")
         self.val_dataset = _as_dataset(val_data, "val_data") if val_data is not None else None
         callbacks = _check_callbacks(callbacks) or [_PrintProgress(cfg.log_every)]
