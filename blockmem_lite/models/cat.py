@@ -134,8 +134,15 @@ def interleave(tokens: torch.Tensor, compressed: torch.Tensor, head: torch.Tenso
     return torch.cat([body, groups[:, k]], dim=1)                          # (B, S, D)
 
 
-PER_CHUNK_STRATEGIES = ("auto", "copy", "split")
+PER_CHUNK_STRATEGIES = ("auto", "merge", "copy", "split")
 COPY_BUDGET_BYTES = 2 ** 29      # "auto" copies the chunk vectors per group below this size
+
+
+def merge_available(q: torch.Tensor) -> bool:
+    """Whether the ``merge`` strategy can run on ``q``: it needs the CPU flash-attention
+    kernel that also returns the log-sum-exp (``torch.ops.aten``'s ``..._for_cpu``)."""
+    return q.device.type == "cpu" and hasattr(torch.ops.aten,
+                                              "_scaled_dot_product_flash_attention_for_cpu")
 
 
 def per_chunk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_chunks: int,
@@ -144,16 +151,26 @@ def per_chunk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_chu
     """Attention under ``masks.cat_mask`` without an S x S mask (PERFORMANCE.md's fast form).
 
     q, k, v: (B, H, S, hd) in interleaved slot order -> (B, H, S, hd). Slots are
-    grouped (the closing group padded to W); a query sees the G compressed slots
-    (those of later groups masked) and the other W - 1 slots of its own group
-    (causally): G + W - 1 keys instead of S, O(S (K + C)) work, not O(S^2).
+    grouped (the closing group padded to W). A query sees two key sets: its own
+    group up to itself (causal over W slots; offset 0 is the group's own
+    compressed slot) and the compressed slots of every *earlier* group (causal
+    over the G groups): O(S (K + C)) work, not O(S^2).
 
-    ``strategy``: ``copy`` gives every group its own key list (the chunk
-    vectors copied per group) and runs one batched SDPA, fastest while the
-    copies are small; ``split`` scores the chunk vectors and the own group
-    separately and joins them in one softmax, with no copies: its memory stays
-    O(S (K + C)) when small chunks make K large. ``auto`` picks ``copy`` while
-    the copied keys and values fit in ``COPY_BUDGET_BYTES``.
+    ``strategy``:
+
+    * ``merge`` (CPU): each key set on its own, by causal flash attention, which
+      also returns each query's log-sum-exp (lse) of its scores; the two partial
+      results are joined exactly, ``out = sum_i exp(lse_i - lse) out_i`` with
+      ``lse = logaddexp(lse_1, lse_2)``. No copies, no mask, and the causal kernel
+      skips the masked half of both sets; memory O(S hd).
+    * ``copy`` gives every group its own key list (the chunk vectors copied per
+      group) and runs one batched SDPA under a (W, G + W - 1) mask.
+    * ``split`` scores the chunk vectors and the own group separately and joins
+      them in one softmax, with no copies: O(S (K + C)) memory.
+
+    ``auto``: ``merge`` where it runs, else ``copy`` while the copied keys and
+    values fit in ``COPY_BUDGET_BYTES``, else ``split``. All agree to float
+    rounding (tests), gradients included.
     """
     b, h, s, hd = q.shape
     width = group_width(chunk_size, separator)
@@ -164,11 +181,17 @@ def per_chunk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_chu
     if strategy not in PER_CHUNK_STRATEGIES:
         raise ValueError(f"strategy={strategy!r} is not allowed: expected one of "
                          f"{', '.join(PER_CHUNK_STRATEGIES)}")
+    if strategy == "merge" and not merge_available(q):
+        raise ValueError(f"strategy='merge' is not allowed on {q.device.type}: it needs the "
+                         "CPU flash-attention kernel; use 'auto', 'copy' or 'split'")
     if strategy == "auto":
         copied = 2 * b * h * groups * (groups + width) * hd * q.element_size()
-        strategy = "copy" if copied <= COPY_BUDGET_BYTES else "split"
+        strategy = ("merge" if merge_available(q)
+                    else "copy" if copied <= COPY_BUDGET_BYTES else "split")
     pad = groups * width - s
     q, k, v = (F.pad(t, (0, 0, 0, pad)).view(b, h, groups, width, hd) for t in (q, k, v))
+    if strategy == "merge":
+        return _MergedAttention.apply(q, k, v).reshape(b, h, groups * width, hd)[:, :, :s]
     g = torch.arange(groups, device=q.device)
     offset = torch.arange(width, device=q.device)
     sees_vector = g[None, :] <= g[:, None]                                  # (G, G)
@@ -178,6 +201,89 @@ def per_chunk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_chu
     else:
         out = _attend_split(q, k, v, sees_vector, sees_own)
     return out.reshape(b, h, groups * width, hd)[:, :, :s]
+
+
+def _flash(q, k, v):
+    """Causal flash attention on the CPU: (out, lse), lse (B, H, L) the log-sum-exp of each
+    query's scaled scores (the public SDPA does not return it)."""
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, True)
+
+
+def _flash_backward(grad, q, k, v, out, lse):
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+        grad, q, k, v, out, lse, 0.0, True)
+
+
+def _own_layout(x: torch.Tensor) -> torch.Tensor:
+    """(B, H, G, W, hd) -> (B*H, G, W, hd): one causal sequence per group."""
+    b, h, n, w, hd = x.shape
+    return x.reshape(b * h, n, w, hd)
+
+
+def _vector_layout(x: torch.Tensor) -> torch.Tensor:
+    """(B, H, G, W, hd), groups 1..G-1 -> (B*H, W, G-1, hd): one causal sequence over the
+    groups per offset (a view)."""
+    b, h, n, w, hd = x.shape
+    return x[:, :, 1:].transpose(2, 3).reshape(b * h, w, n - 1, hd)
+
+
+def _vector_keys(k: torch.Tensor) -> torch.Tensor:
+    """The compressed slots of groups 0..G-2, shared by every offset: (B*H, W, G-1, hd)."""
+    b, h, n, w, hd = k.shape
+    return k[:, :, :-1, 0].reshape(b * h, 1, n - 1, hd).expand(-1, w, -1, -1)
+
+
+class _MergedAttention(torch.autograd.Function):
+    """``per_chunk_attention``'s ``merge`` strategy. q, k, v: (B, H, G, W, hd), the groups
+    of slots (the closing one padded; its padding sits after every real slot, so causal
+    attention never shows it to a real query).
+
+    * Part 1, the own group: causal flash attention over the W slots of each group
+      (offset 0 is the group's compressed slot).
+    * Part 2, earlier groups' compressed slots: for each offset o the queries of
+      groups 1..G-1 form one sequence over the compressed slots of groups 0..G-2,
+      and "group g sees the slots of groups < g" is plain causal attention on it
+      (group 0 has no earlier slot).
+
+    The parts are joined by their log-sum-exps: with w = sigmoid(lse_2 - lse_1)
+    (the softmax mass on part 2), out = out_1 + w (out_2 - out_1) and
+    lse = logaddexp(lse_1, lse_2). Backward: each part's flash backward, given the
+    *joined* output and lse, yields that part's share of the exact gradient (the
+    weights it recomputes, exp(score - lse), are the joined softmax's), and the
+    shares add up.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v):
+        b, h, n, w, hd = q.shape
+        out, lse = _flash(_own_layout(q), _own_layout(k), _own_layout(v))
+        out, lse = out.view(b, h, n, w, hd), lse.view(b, h, n, w)          # fresh buffers
+        if n > 1:
+            vec, vec_lse = _flash(_vector_layout(q), _vector_keys(k), _vector_keys(v))
+            vec = vec.view(b, h, w, n - 1, hd).transpose(2, 3)              # (B, H, G-1, W, hd)
+            vec_lse = vec_lse.view(b, h, w, n - 1).transpose(2, 3)          # (B, H, G-1, W)
+            later, later_lse = out[:, :, 1:], lse[:, :, 1:]
+            later.lerp_(vec, torch.sigmoid(vec_lse - later_lse)[..., None])
+            torch.logaddexp(later_lse, vec_lse, out=later_lse)
+        ctx.save_for_backward(q, k, v, out, lse)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k, v, out, lse = ctx.saved_tensors
+        b, h, n, w, hd = q.shape
+        grad = grad.contiguous()
+        dq, dk, dv = (t.view(b, h, n, w, hd) for t in _flash_backward(
+            *(_own_layout(t) for t in (grad, q, k, v, out)), lse.view(b * h, n, w)))
+        if n > 1:
+            lse_vec = lse[:, :, 1:].transpose(2, 3).reshape(b * h, w, n - 1)
+            dq_vec, dk_vec, dv_vec = _flash_backward(
+                _vector_layout(grad), _vector_layout(q), _vector_keys(k), _vector_keys(v),
+                _vector_layout(out), lse_vec)
+            dq[:, :, 1:] += dq_vec.view(b, h, w, n - 1, hd).transpose(2, 3)
+            dk[:, :, :-1, 0] += dk_vec.sum(1).view(b, h, n - 1, hd)
+            dv[:, :, :-1, 0] += dv_vec.sum(1).view(b, h, n - 1, hd)
+        return dq, dk, dv
 
 
 def _attend_with_copies(q, k, v, sees_vector, sees_own) -> torch.Tensor:
