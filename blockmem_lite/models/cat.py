@@ -552,6 +552,35 @@ class CATOptions(Options):
 PATHS = ("per_chunk", "masked", "reference")
 
 
+PREFILL_BLOCK_TOKENS = 256        # prompt tokens ``prefill`` reads per block (whole chunks)
+
+
+def _prefill_mask(first: int, n_chunks: int, chunk_size: int, separator: bool,
+                  device=None) -> torch.Tensor:
+    """Which keys each slot of a prefill block sees: (R*width, held + R*width) bool.
+
+    Keys: the cached ``[g_0, f_0..f_{first-1}, (SEP_first)]`` (held = first + 1 (+1)),
+    then the block, chunk r = 0..R-1 as ``[x_0..x_{C-2}, f_{first+r}, (SEP)]`` (width
+    = C (+1)). ``masks.cat_mask``'s rule: a token sees every compressed slot of earlier
+    chunks, the SEP of its own group and its own chunk up to itself; a compressed slot
+    sees the compressed slots up to itself; a SEP sees those and itself.
+    """
+    c, r = chunk_size, n_chunks
+    width = c + (1 if separator else 0)
+    slot = torch.arange(r * width, device=device)
+    chunk, offset = slot // width, slot % width
+    is_token, is_vector, is_sep = offset < c - 1, offset == c - 1, offset == c
+    q_chunk, q_offset = chunk[:, None], offset[:, None]
+    q_token, q_sep = is_token[:, None], is_sep[:, None]
+    block = ((is_vector & torch.where(q_token, chunk < q_chunk, chunk <= q_chunk))
+             | (is_sep & ((q_token & (chunk + 1 == q_chunk)) | (q_sep & (chunk == q_chunk))))
+             | (is_token & q_token & (chunk == q_chunk) & (offset <= q_offset)))
+    held = [torch.ones(r * width, first + 1, dtype=torch.bool, device=device)]
+    if separator:                                   # SEP_first: the first chunk's group only
+        held.append((is_token & (chunk == 0))[:, None])
+    return torch.cat([*held, block], dim=1)
+
+
 class CATState(State):
     """Decoding state: per-layer KV caches of compressed slots + the current chunk.
 
@@ -718,32 +747,88 @@ class CATLM(LanguageModel):
         return x
 
     def prefill(self, tokens: torch.Tensor, max_len: int | None = None,
-                chunk_size: int | None = None):
-        """Prompt logits from the parallel forward; the state holds g_0, f_0..f_{m-1} for
-        the m complete chunks (RoPE 0), (SEP,) and the r leftover tokens."""
+                chunk_size: int | None = None, block_tokens: int = PREFILL_BLOCK_TOKENS):
+        """Read the prompt into a state, ``block_tokens`` tokens (whole chunks) at a time.
+
+        Returns the prompt's logits (B, T, V), equal to the parallel forward's, and a state
+        holding g_0, f_0..f_{m-1} for the m complete chunks (RoPE 0), (SEP,) and the r
+        leftover tokens. Each block of chunks is compressed, run through the decoder next
+        to the cached compressed slots (``_prefill_chunks``) and leaves only its compressed
+        slots in the cache, so memory stays near weights + state + one block's activations
+        at any prompt length; ``block_tokens >= T`` reads the prompt in one go.
+        """
         check_tokens(tokens, self.cfg.vocab_size, max_len=self.cfg.seq_len)
+        check_int("block_tokens", block_tokens, 1)
         c = self._checked_chunk_size(chunk_size) if chunk_size is not None else self._chunk_size
         b, t = tokens.shape
         max_len = max(max_len or self.cfg.seq_len, t)
         if max_len > self.max_tokens(c):
             raise ValueError(f"max_len={max_len} is not allowed at chunk_size={c}: the "
                              f"chunk-index table covers {self.max_tokens(c)} tokens")
-        logits = self._parallel(tokens, c, "per_chunk")
         state = self.new_state(b, max_len, c)
-        m = t // c
-        parts = [self._opener(c).expand(b, 1, -1),
-                 self.compressor(tokens[:, :m * c], c) if m else logits.new_zeros(b, 0,
-                                                                                  self.width)]
-        positions = [torch.zeros(1 + m, dtype=torch.long)]
+        opening, positions = [self._opener(c).expand(b, 1, -1)], [0]       # g_0 (, SEP_0)
         if self.multi_chunk:
-            parts.append(self.separator.expand(b, 1, -1))
-            positions.append(torch.ones(1, dtype=torch.long))
-        offset = 1 + self.separator_slots
-        parts.append(self.embed(tokens[:, m * c:]))                          # (B, r, D)
-        positions.append(torch.arange(t - m * c) + offset)
-        self._decode(torch.cat(parts, 1), torch.cat(positions).to(tokens.device), state.caches)
-        state.pending, state.n_chunks = tokens[:, m * c:].clone(), m     # no view of the prompt
-        return logits, state
+            opening.append(self.separator.expand(b, 1, -1))
+            positions.append(1)
+        self._decode(torch.cat(opening, 1), torch.tensor(positions, device=tokens.device),
+                     state.caches)
+        m = t // c
+        per_block = max(1, block_tokens // c)                                # chunks per block
+        slot_width = c + self.separator_slots                                # per chunk, below
+        caches = state.caches
+        scratch = [KVCache(b, cache.k.shape[1], 1 + m + self.separator_slots
+                           + min(per_block, m) * slot_width, cache.k.shape[3],
+                           cache.k.device, cache.k.dtype) for cache in caches] if m else []
+        logits = [self._prefill_chunks(tokens[:, first * c:min(first + per_block, m) * c],
+                                       first, c, caches, scratch)
+                  for first in range(0, m, per_block)]
+        tail = tokens[:, m * c:]                                             # (B, r), r < C
+        if tail.shape[1]:
+            offset = 1 + self.separator_slots
+            out = self._decode(self.embed(tail), torch.arange(
+                tail.shape[1], device=tokens.device) + offset, caches)
+            logits.append(self.head(self.norm(out)))
+        state.pending, state.n_chunks = tail.clone(), m                     # no view of the prompt
+        return torch.cat(logits, 1), state
+
+    def _prefill_chunks(self, tokens: torch.Tensor, first: int, c: int, caches: list[KVCache],
+                        scratch: list[KVCache]) -> torch.Tensor:
+        """Chunks ``first..first+R-1`` of a prompt (tokens (B, R*C)) -> their logits (B, R*C, V).
+
+        The cache holds ``[g_0, f_0..f_{first-1}, (SEP)]``. The block's slots are, chunk by
+        chunk, ``[x_0..x_{C-2}, f_k, (SEP)]``: the last token of a chunk is not needed (its
+        prediction is read at f_k or its SEP, and no other slot sees it), and f_k comes
+        from the compressor, which reads raw tokens only. Each layer attends over the
+        cached slots + the block under ``_prefill_mask`` (CAT's visibility rule), working
+        in ``scratch``; then the layer's cache keeps only the block's compressed slots
+        (and the last SEP), as decoding would have left it.
+        """
+        b, n = tokens.shape
+        r, sep = n // c, self.separator_slots
+        width, device = c + sep, tokens.device                           # slots per chunk
+        parts = [self.embed(tokens).view(b, r, c, -1)[:, :, :c - 1],
+                 self.compressor(tokens, c, first_chunk=first)[:, :, None]]
+        if sep:
+            parts.append(self.separator.expand(b, r, 1, -1))
+        x = torch.cat(parts, 2).flatten(1, 2)                               # (B, R*width, D)
+        offset = torch.arange(width, device=device)
+        within = torch.where(offset < c - 1, offset + 1 + sep, offset - (c - 1))  # 0 f, 1 SEP
+        positions = within.repeat(r)
+        held = 1 + first + sep                                              # cached slots
+        mask = _prefill_mask(first, r, c, bool(sep), device)               # (R*width, held + .)
+        keep = held + torch.cat([torch.arange(r, device=device) * width + c - 1,
+                                 torch.tensor([r * width - 1] if sep else [], device=device,
+                                              dtype=torch.long)])
+        for block, cache, work in zip(self.blocks, caches, scratch, strict=True):
+            work.reset()
+            work.append(cache.k[:, :, :held], cache.v[:, :, :held])
+            x = block(x, positions, work, mask=mask)
+            cache.truncate(1 + first)                                       # drops the old SEP
+            cache.append(work.k[:, :, keep], work.v[:, :, keep])
+        read = torch.cat([torch.arange(c - 1, device=device),
+                          torch.tensor([c - 1 + sep], device=device)])      # token j's slot
+        h = x.view(b, r, width, -1)[:, :, read].flatten(1, 2)               # (B, R*C, D)
+        return self.head(self.norm(h))
 
     def step(self, token: torch.Tensor, state: CATState):
         """Feed one token. Inside a chunk it takes the next slot; the chunk's last token
