@@ -49,6 +49,7 @@ token (fixed-C and multi-chunk); tests check that it equals the fast forward.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -204,15 +205,38 @@ def per_chunk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_chu
     return out.reshape(b, h, groups * width, hd)[:, :, :s]
 
 
-def _flash(q, k, v):
-    """Causal flash attention on the CPU: (out, lse), lse (B, H, L) the log-sum-exp of each
-    query's scaled scores (the public SDPA does not return it)."""
-    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, True)
+def _flash(q, k, v, mask=None):
+    """Flash attention on the CPU, causal or (``mask``, additive float) masked: (out, lse),
+    lse (B, H, L) the log-sum-exp of each query's scaled scores (the public SDPA does not
+    return it)."""
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        q, k, v, 0.0, mask is None, attn_mask=mask)
 
 
-def _flash_backward(grad, q, k, v, out, lse):
+def _flash_backward(grad, q, k, v, out, lse, mask=None):
     return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-        grad, q, k, v, out, lse, 0.0, True)
+        grad, q, k, v, out, lse, 0.0, mask is None, attn_mask=mask)
+
+
+VECTOR_PARTS = 8      # the earlier-vector attention runs in this many slices of the groups
+
+
+@functools.lru_cache(maxsize=4)
+def _vector_parts(n: int, width: int, dtype: torch.dtype, device: torch.device) -> tuple:
+    """The slices of ``_MergedAttention``'s part 2: ((lo, hi, mask), ...).
+
+    Groups lo..hi-1 of the n querying groups (the queries of group i see the compressed
+    slots 0..i) read the keys 0..hi-1 under an additive (W*(hi-lo), hi) mask: one call
+    per slice skips the keys no query of the slice sees, most of the masked triangle.
+    """
+    bounds = sorted({n * i // min(VECTOR_PARTS, n) for i in range(min(VECTOR_PARTS, n) + 1)})
+    parts = []
+    for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
+        group = lo + torch.arange((hi - lo) * width, device=device) // width
+        hidden = torch.arange(hi, device=device)[None, :] > group[:, None]
+        parts.append((lo, hi, torch.zeros(hidden.shape, dtype=dtype, device=device)
+                      .masked_fill(hidden, float("-inf"))))
+    return tuple(parts)
 
 
 def _own_layout(x: torch.Tensor) -> torch.Tensor:
@@ -221,17 +245,16 @@ def _own_layout(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(b * h, n, w, hd)
 
 
-def _vector_layout(x: torch.Tensor) -> torch.Tensor:
-    """(B, H, G, W, hd), groups 1..G-1 -> (B*H, W, G-1, hd): one causal sequence over the
-    groups per offset (a view)."""
-    b, h, n, w, hd = x.shape
-    return x[:, :, 1:].transpose(2, 3).reshape(b * h, w, n - 1, hd)
+def _rows(x: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
+    """Groups 1+lo..hi of (B, H, G, W, hd) as one sequence of queries: (B*H, 1, (hi-lo)*W, hd)."""
+    b, h, _, w, hd = x.shape
+    return x[:, :, 1 + lo:1 + hi].reshape(b * h, 1, (hi - lo) * w, hd)
 
 
-def _vector_keys(k: torch.Tensor) -> torch.Tensor:
-    """The compressed slots of groups 0..G-2, shared by every offset: (B*H, W, G-1, hd)."""
-    b, h, n, w, hd = k.shape
-    return k[:, :, :-1, 0].reshape(b * h, 1, n - 1, hd).expand(-1, w, -1, -1)
+def _vector_keys(k: torch.Tensor, hi: int) -> torch.Tensor:
+    """The compressed slots of groups 0..hi-1: (B*H, 1, hi, hd)."""
+    b, h, _, _, hd = k.shape
+    return k[:, :, :hi, 0].reshape(b * h, 1, hi, hd)
 
 
 class _MergedAttention(torch.autograd.Function):
@@ -241,10 +264,9 @@ class _MergedAttention(torch.autograd.Function):
 
     * Part 1, the own group: causal flash attention over the W slots of each group
       (offset 0 is the group's compressed slot).
-    * Part 2, earlier groups' compressed slots: for each offset o the queries of
-      groups 1..G-1 form one sequence over the compressed slots of groups 0..G-2,
-      and "group g sees the slots of groups < g" is plain causal attention on it
-      (group 0 has no earlier slot).
+    * Part 2, earlier groups' compressed slots: the queries of group g see the
+      compressed slots of groups 0..g-1 (group 0 sees none), flash attention under a
+      mask, in slices of the groups (``_vector_parts``).
 
     The parts are joined by their log-sum-exps: with w = sigmoid(lse_2 - lse_1)
     (the softmax mass on part 2), out = out_1 + w (out_2 - out_1) and
@@ -258,14 +280,13 @@ class _MergedAttention(torch.autograd.Function):
     def forward(ctx, q, k, v):
         b, h, n, w, hd = q.shape
         out, lse = _flash(_own_layout(q), _own_layout(k), _own_layout(v))
-        out, lse = out.view(b, h, n, w, hd), lse.view(b, h, n, w)          # fresh buffers
-        if n > 1:
-            vec, vec_lse = _flash(_vector_layout(q), _vector_keys(k), _vector_keys(v))
-            vec = vec.view(b, h, w, n - 1, hd).transpose(2, 3)              # (B, H, G-1, W, hd)
-            vec_lse = vec_lse.view(b, h, w, n - 1).transpose(2, 3)          # (B, H, G-1, W)
-            later, later_lse = out[:, :, 1:], lse[:, :, 1:]
-            later.lerp_(vec, torch.sigmoid(vec_lse - later_lse)[..., None])
-            torch.logaddexp(later_lse, vec_lse, out=later_lse)
+        out, lse = out.view(b, h, n, w, hd), lse.reshape(b, h, n, w).contiguous()  # fresh
+        for lo, hi, mask in _vector_parts(n - 1, w, q.dtype, q.device):
+            vec, vec_lse = _flash(_rows(q, lo, hi), _vector_keys(k, hi), _vector_keys(v, hi), mask)
+            own, own_lse = out[:, :, 1 + lo:1 + hi], lse[:, :, 1 + lo:1 + hi]
+            vec_lse = vec_lse.view(own_lse.shape)
+            own.lerp_(vec.view(own.shape), torch.sigmoid(vec_lse - own_lse)[..., None])
+            torch.logaddexp(own_lse, vec_lse, out=own_lse)
         ctx.save_for_backward(q, k, v, out, lse)
         return out
 
@@ -276,14 +297,14 @@ class _MergedAttention(torch.autograd.Function):
         grad = grad.contiguous()
         dq, dk, dv = (t.view(b, h, n, w, hd) for t in _flash_backward(
             *(_own_layout(t) for t in (grad, q, k, v, out)), lse.view(b * h, n, w)))
-        if n > 1:
-            lse_vec = lse[:, :, 1:].transpose(2, 3).reshape(b * h, w, n - 1)
+        for lo, hi, mask in _vector_parts(n - 1, w, q.dtype, q.device):
             dq_vec, dk_vec, dv_vec = _flash_backward(
-                _vector_layout(grad), _vector_layout(q), _vector_keys(k), _vector_keys(v),
-                _vector_layout(out), lse_vec)
-            dq[:, :, 1:] += dq_vec.view(b, h, w, n - 1, hd).transpose(2, 3)
-            dk[:, :, :-1, 0] += dk_vec.sum(1).view(b, h, n - 1, hd)
-            dv[:, :, :-1, 0] += dv_vec.sum(1).view(b, h, n - 1, hd)
+                _rows(grad, lo, hi), _rows(q, lo, hi), _vector_keys(k, hi),
+                _vector_keys(v, hi), _rows(out, lo, hi),
+                lse[:, :, 1 + lo:1 + hi].reshape(b * h, 1, (hi - lo) * w), mask)
+            dq[:, :, 1 + lo:1 + hi] += dq_vec.view(b, h, hi - lo, w, hd)
+            dk[:, :, :hi, 0] += dk_vec.view(b, h, hi, hd)
+            dv[:, :, :hi, 0] += dv_vec.view(b, h, hi, hd)
         return dq, dk, dv
 
 
