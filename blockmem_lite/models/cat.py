@@ -408,9 +408,10 @@ class CATAttention(SelfAttention):
     def project_qkv(self, x: torch.Tensor, positions: torch.Tensor):
         """SelfAttention's projection, with q and k rotated in one call (same numbers)."""
         b, t, _ = x.shape
-        qkv = self.qkv(x).view(b, t, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)
-        q, k = self.rope(qkv[:2], positions)                               # (B, H, T, hd) each
-        return q, k, qkv[2]
+        qk, v = self.qkv(x).view(b, t, 3, self.n_head, self.head_dim).permute(
+            2, 0, 3, 1, 4).split([2, 1])         # split: its backward is one cat, no zero-fill
+        q, k = self.rope(qk, positions)                                    # (B, H, T, hd) each
+        return q, k, v[0]
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None,
                 cache: KVCache | None = None, reference: bool = False,
