@@ -222,21 +222,23 @@ VECTOR_PARTS = 8      # the earlier-vector attention runs in this many slices of
 
 
 @functools.lru_cache(maxsize=4)
-def _vector_parts(n: int, width: int, dtype: torch.dtype, device: torch.device) -> tuple:
+def _vector_parts(n: int, width: int, dtype: torch.dtype, device: torch.device,
+                  parts: int = VECTOR_PARTS) -> tuple:
     """The slices of ``_MergedAttention``'s part 2: ((lo, hi, mask), ...).
 
     Groups lo..hi-1 of the n querying groups (the queries of group i see the compressed
     slots 0..i) read the keys 0..hi-1 under an additive (W*(hi-lo), hi) mask: one call
     per slice skips the keys no query of the slice sees, most of the masked triangle.
     """
-    bounds = sorted({n * i // min(VECTOR_PARTS, n) for i in range(min(VECTOR_PARTS, n) + 1)})
-    parts = []
+    count = min(parts, n)
+    bounds = sorted({n * i // count for i in range(count + 1)})
+    slices = []
     for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
         group = lo + torch.arange((hi - lo) * width, device=device) // width
         hidden = torch.arange(hi, device=device)[None, :] > group[:, None]
-        parts.append((lo, hi, torch.zeros(hidden.shape, dtype=dtype, device=device)
+        slices.append((lo, hi, torch.zeros(hidden.shape, dtype=dtype, device=device)
                       .masked_fill(hidden, float("-inf"))))
-    return tuple(parts)
+    return tuple(slices)
 
 
 def _own_layout(x: torch.Tensor) -> torch.Tensor:
@@ -281,7 +283,7 @@ class _MergedAttention(torch.autograd.Function):
         b, h, n, w, hd = q.shape
         out, lse = _flash(_own_layout(q), _own_layout(k), _own_layout(v))
         out, lse = out.view(b, h, n, w, hd), lse.reshape(b, h, n, w).contiguous()  # fresh
-        for lo, hi, mask in _vector_parts(n - 1, w, q.dtype, q.device):
+        for lo, hi, mask in _vector_parts(n - 1, w, q.dtype, q.device, VECTOR_PARTS):
             vec, vec_lse = _flash(_rows(q, lo, hi), _vector_keys(k, hi), _vector_keys(v, hi), mask)
             own, own_lse = out[:, :, 1 + lo:1 + hi], lse[:, :, 1 + lo:1 + hi]
             vec_lse = vec_lse.view(own_lse.shape)
@@ -297,7 +299,7 @@ class _MergedAttention(torch.autograd.Function):
         grad = grad.contiguous()
         dq, dk, dv = (t.view(b, h, n, w, hd) for t in _flash_backward(
             *(_own_layout(t) for t in (grad, q, k, v, out)), lse.view(b * h, n, w)))
-        for lo, hi, mask in _vector_parts(n - 1, w, q.dtype, q.device):
+        for lo, hi, mask in _vector_parts(n - 1, w, q.dtype, q.device, VECTOR_PARTS):
             dq_vec, dk_vec, dv_vec = _flash_backward(
                 _rows(grad, lo, hi), _rows(q, lo, hi), _vector_keys(k, hi),
                 _vector_keys(v, hi), _rows(out, lo, hi),
