@@ -160,11 +160,12 @@ def per_chunk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_chu
 
     ``strategy``:
 
-    * ``merge`` (CPU): each key set on its own, by causal flash attention, which
-      also returns each query's log-sum-exp (lse) of its scores; the two partial
-      results are joined exactly, ``out = sum_i exp(lse_i - lse) out_i`` with
-      ``lse = logaddexp(lse_1, lse_2)``. No copies, no mask, and the causal kernel
-      skips the masked half of both sets; memory O(S hd).
+    * ``merge`` (CPU): each key set on its own by flash attention, which also
+      returns each query's log-sum-exp (lse) of its scores: the own group causally,
+      the earlier chunk vectors in slices of the groups under a small mask
+      (``_MergedAttention``); the partial results are joined exactly,
+      ``out = sum_i exp(lse_i - lse) out_i`` with ``lse = logaddexp(lse_1, lse_2)``.
+      No copies, most of the masked triangle skipped; memory O(S hd).
     * ``copy`` gives every group its own key list (the chunk vectors copied per
       group) and runs one batched SDPA under a (W, G + W - 1) mask.
     * ``split`` scores the chunk vectors and the own group separately and joins
