@@ -95,6 +95,36 @@ def test_c4_c5_cached_decode_equals_full_forward_within_cache_bound(multi, promp
 
 
 @pytest.mark.parametrize("multi", [False, True])
+@pytest.mark.parametrize("prompt_len", [2, 8, 19, 29])
+def test_chunked_prefill_equals_one_shot_prefill_and_the_full_forward(multi, prompt_len):
+    """The prompt read block by block (1 chunk, a few chunks, a block not dividing the
+    prompt) gives the one-shot prefill's logits and state, and the same next steps."""
+    model = _model(SIZES if multi else ())
+    x = torch.randint(0, 256, (2, T))
+    for c in model.chunk_sizes:
+        full = model(x, chunk_size=c).logits
+        one_shot, reference = model.prefill(x[:, :prompt_len], max_len=T, chunk_size=c,
+                                            block_tokens=T)
+        assert torch.allclose(one_shot, full[:, :prompt_len], atol=1e-10)
+        for block_tokens in (1, c, 3 * c, 5 * c + 1):
+            logits, state = model.prefill(x[:, :prompt_len], max_len=T, chunk_size=c,
+                                          block_tokens=block_tokens)
+            assert torch.allclose(logits, one_shot, atol=1e-10), (c, block_tokens)
+            assert (state.slots, state.n_chunks) == (reference.slots, reference.n_chunks)
+            assert torch.equal(state.pending, reference.pending)
+            for mine, theirs in zip(state.caches, reference.caches, strict=True):
+                assert mine.capacity == theirs.capacity == model.cache_slots(T, c)
+                n = theirs.length
+                assert torch.allclose(mine.k[:, :, :n], theirs.k[:, :, :n], atol=1e-10)
+                assert torch.allclose(mine.v[:, :, :n], theirs.v[:, :, :n], atol=1e-10)
+            for i in range(prompt_len, min(prompt_len + c + 1, T)):      # across a boundary
+                step_logits, state = model.step(x[:, i], state)
+                assert torch.allclose(step_logits, full[:, i], atol=1e-10), (c, block_tokens, i)
+    with pytest.raises(ValueError, match="block_tokens=0"):
+        model.prefill(x, block_tokens=0)
+
+
+@pytest.mark.parametrize("multi", [False, True])
 def test_c4_greedy_decode_matches_argmax_of_full_forward_over_boundaries(multi):
     model = _model(SIZES if multi else ())
     prompt = torch.randint(0, 256, (2, 5))
@@ -238,6 +268,23 @@ def test_cat_attention_draws_no_random_numbers_and_is_self_attention_without_a_l
     plain.load_state_dict(block.state_dict())
     x, positions = torch.randn(2, 7, 16), torch.arange(7)
     torch.testing.assert_close(block(x, positions), plain(x, positions), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_slot_rope_table_gives_rotary_embeddings_numbers_exactly(dtype):
+    """The decoder's RoPE reads cos / sin from a table of the positions n mod W; the numbers
+    are RotaryEmbedding's bit for bit, in the table and past it (computed then)."""
+    table, plain = cat.SlotRotary(8, 500.0, n_positions=6), RotaryEmbedding(8, 500.0)
+    x = torch.randn(2, 3, 2, 5, 8, dtype=dtype)                # (q, k) stacked: (2, B, H, T, hd)
+    for positions in (torch.tensor([0, 5, 1, 1, 3]), torch.tensor([2, 9, 0, 1, 4])):
+        assert torch.equal(table(x, positions), plain(x, positions))
+    torch.manual_seed(0)
+    block = cat._decoder_block(16, 2, 8 / 3, 10000.0, 1e-5, 0.0, n_positions=6)
+    torch.manual_seed(0)
+    ours = Block(16, 2, 8 / 3, 10000.0, 1e-5, 0.0)
+    ours.load_state_dict(block.state_dict())
+    h, positions = torch.randn(2, 7, 16), torch.arange(7) % 6
+    assert torch.equal(block(h, positions), ours(h, positions))
 
 
 def test_decoder_width_and_heads_keep_the_head_dim():
