@@ -270,23 +270,6 @@ def test_cat_attention_draws_no_random_numbers_and_is_self_attention_without_a_l
     torch.testing.assert_close(block(x, positions), plain(x, positions), rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_slot_rope_table_gives_rotary_embeddings_numbers_exactly(dtype):
-    """The decoder's RoPE reads cos / sin from a table of the positions n mod W; the numbers
-    are RotaryEmbedding's bit for bit, in the table and past it (computed then)."""
-    table, plain = cat.SlotRotary(8, 500.0, n_positions=6), RotaryEmbedding(8, 500.0)
-    x = torch.randn(2, 3, 2, 5, 8, dtype=dtype)                # (q, k) stacked: (2, B, H, T, hd)
-    for positions in (torch.tensor([0, 5, 1, 1, 3]), torch.tensor([2, 9, 0, 1, 4])):
-        assert torch.equal(table(x, positions), plain(x, positions))
-    torch.manual_seed(0)
-    block = cat._decoder_block(16, 2, 8 / 3, 10000.0, 1e-5, 0.0, n_positions=6)
-    torch.manual_seed(0)
-    ours = Block(16, 2, 8 / 3, 10000.0, 1e-5, 0.0)
-    ours.load_state_dict(block.state_dict())
-    h, positions = torch.randn(2, 7, 16), torch.arange(7) % 6
-    assert torch.equal(block(h, positions), ours(h, positions))
-
-
 def test_decoder_width_and_heads_keep_the_head_dim():
     for mult in (1, 2, 3):
         model = _model((), decoder_width=mult)

@@ -142,3 +142,22 @@ def test_auto_strategy_merges_on_the_cpu_and_falls_back_elsewhere(monkeypatch):
     assert picked == ["merge"]
     with pytest.raises(ValueError, match="strategy='merge' is not allowed"):
         cat.per_chunk_attention(q, q, q, 2, 4, strategy="merge")
+
+
+def test_merge_strategy_runs_in_bfloat16_close_to_the_fp64_reference():
+    """Under bf16 (autocast's dtype) the CPU flash kernel returns fp32 log-sum-exps next to
+    a bf16 output; the join casts the share, and forward and backward stay near fp64."""
+    from blockmem_lite.masks import cat_mask
+    from blockmem_lite.models.cat import per_chunk_attention
+    from blockmem_lite.nn import reference_attention
+
+    k, c = 9, 4
+    s = n_slots(k, c)
+    exact = torch.randn(3, 2, 3, s, 16, dtype=torch.float64)
+    expected, _ = reference_attention(*exact.unbind(0), mask=cat_mask(k, c))
+    q, key, v = (t.to(torch.bfloat16).requires_grad_() for t in exact.unbind(0))
+    got = per_chunk_attention(q, key, v, k, c, strategy="merge")
+    assert got.dtype == torch.bfloat16
+    assert (got.double() - expected).abs().max() < 0.05
+    got.float().square().sum().backward()
+    assert all(bool(torch.isfinite(t.grad).all()) and t.grad.abs().sum() > 0 for t in (q, key, v))

@@ -65,7 +65,6 @@ from blockmem_lite.nn import (
     Block,
     KVCache,
     RMSNorm,
-    RotaryEmbedding,
     SelfAttention,
     init_weights,
     reference_attention,
@@ -288,7 +287,8 @@ class _MergedAttention(torch.autograd.Function):
             vec, vec_lse = _flash(_rows(q, lo, hi), _vector_keys(k, hi), _vector_keys(v, hi), mask)
             own, own_lse = out[:, :, 1 + lo:1 + hi], lse[:, :, 1 + lo:1 + hi]
             vec_lse = vec_lse.view(own_lse.shape)
-            own.lerp_(vec.view(own.shape), torch.sigmoid(vec_lse - own_lse)[..., None])
+            share = torch.sigmoid(vec_lse - own_lse)[..., None]         # fp32 lse under bf16
+            own.lerp_(vec.view(own.shape), share.to(own.dtype))
             torch.logaddexp(own_lse, vec_lse, out=own_lse)
         ctx.save_for_backward(q, k, v, out, lse)
         return out
@@ -342,46 +342,6 @@ def _attend_split(q, k, v, sees_vector, sees_own) -> torch.Tensor:
     return from_vectors.view(b, h, groups, width, hd) + weights[..., groups:] @ v[..., 1:, :]
 
 
-class SlotRotary(RotaryEmbedding):
-    """RoPE at CAT's decoder positions, looked up in a table instead of computed per call.
-
-    The decoder's RoPE position of a slot is n mod W, so every position it meets (in
-    training, in the reference and while decoding) is below ``n_positions`` = the
-    largest group width: cos and sin are computed once per device and dtype, by
-    RotaryEmbedding's formula, for 0..n_positions-1 and read by index (a decoding
-    step saves a dozen small operators per call). Positions beyond the table fall
-    back to computing, so the numbers are RotaryEmbedding's either way.
-    """
-
-    def __init__(self, head_dim: int, base: float = 10000.0, n_positions: int = 0):
-        super().__init__(head_dim, base)
-        self.n_positions = n_positions
-        self._tables: dict = {}
-
-    def _table(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        key = (x.device, x.dtype)
-        if key not in self._tables:                      # RotaryEmbedding.forward's numbers
-            dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
-            exponents = torch.arange(0, self.head_dim, 2, device=x.device,
-                                     dtype=dtype) / self.head_dim
-            angles = (torch.arange(self.n_positions, device=x.device).to(dtype)[..., None]
-                      * self.base ** -exponents)                          # (P, hd/2)
-            self._tables[key] = tuple(torch.cat([f(angles), f(angles)], -1).to(x.dtype)
-                                      for f in (torch.cos, torch.sin))   # (P, hd) each
-        return self._tables[key]
-
-    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        if positions.dim() != 1 or x.device.type != "cpu":
-            return super().forward(x, positions)
-        cos, sin = self._table(x)
-        try:
-            cos, sin = cos[positions], sin[positions]                     # (T, hd)
-        except IndexError:                                                # beyond the table
-            return super().forward(x, positions)
-        x1, x2 = x.chunk(2, dim=-1)
-        return x * cos + torch.cat([-x2, x1], dim=-1) * sin
-
-
 class CATAttention(SelfAttention):
     """The decoder's attention: SelfAttention's weights (``qkv``, ``out``), CAT's pattern.
 
@@ -402,19 +362,6 @@ class CATAttention(SelfAttention):
     keywords, ``(x, positions, n_chunks=, chunk_size=, separator=)``, adding ``path=`` and
     ``mask=`` only for the other paths (and when tracing the attention weights).
     """
-
-    def __init__(self, dim: int, n_head: int, rope_base: float = 10000.0, dropout: float = 0.0,
-                 n_positions: int = 0):
-        super().__init__(dim, n_head, rope_base, dropout)
-        self.rope = SlotRotary(self.head_dim, rope_base, n_positions)
-
-    def project_qkv(self, x: torch.Tensor, positions: torch.Tensor):
-        """SelfAttention's projection, with q and k rotated in one call (same numbers)."""
-        b, t, _ = x.shape
-        qk, v = self.qkv(x).view(b, t, 3, self.n_head, self.head_dim).permute(
-            2, 0, 3, 1, 4).split([2, 1])         # split: its backward is one cat, no zero-fill
-        q, k = self.rope(qk, positions)                                    # (B, H, T, hd) each
-        return q, k, v[0]
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None,
                 cache: KVCache | None = None, reference: bool = False,
@@ -437,16 +384,15 @@ class CATAttention(SelfAttention):
 
 
 def _decoder_block(dim: int, n_head: int, mlp_ratio: float, rope_base: float, norm_eps: float,
-                   dropout: float, n_positions: int = 0) -> Block:
-    """A pre-norm Block whose attention is a CATAttention (same parameter names and shapes);
-    ``n_positions``: the largest group width (its RoPE table's length).
+                   dropout: float) -> Block:
+    """A pre-norm Block whose attention is a CATAttention (same parameter names and shapes).
 
     The CATAttention is built with the RNG forked: it draws no random numbers, so a seed
     gives the same weights as a plain Block would (``init_weights`` sets them all anyway).
     """
     block = Block(dim, n_head, mlp_ratio, rope_base, norm_eps, dropout)
     with torch.random.fork_rng(devices=[]):
-        block.attn = CATAttention(dim, n_head, rope_base, dropout, n_positions)
+        block.attn = CATAttention(dim, n_head, rope_base, dropout)
     return block
 
 
@@ -654,7 +600,7 @@ class CATLM(LanguageModel):
         self.embed = nn.Embedding(cfg.vocab_size, self.width)              # E_d
         self.blocks = nn.ModuleList(                                       # attn: CATAttention
             _decoder_block(self.width, heads, cfg.mlp_ratio, cfg.rope_base, cfg.norm_eps,
-                           cfg.dropout, group_width(self.chunk_sizes[-1], self.multi_chunk))
+                           cfg.dropout)
             for _ in range(cfg.n_layer))
         self.norm = RMSNorm(self.width, cfg.norm_eps)
         self.head = nn.Linear(self.width, cfg.vocab_size, bias=False)
