@@ -223,9 +223,10 @@ class SelfAttention(nn.Module):
     def project_qkv(self, x: torch.Tensor, positions: torch.Tensor):
         """x: (B, T, D) -> q, k, v each (B, H, T, hd), RoPE applied to q and k."""
         b, t, _ = x.shape
-        qkv = self.qkv(x).view(b, t, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)
-        qk = self.rope(qkv[:2], positions)                  # q and k rotated in one go
-        return qk[0], qk[1], qkv[2]
+        qk, v = self.qkv(x).view(b, t, 3, self.n_head, self.head_dim).permute(
+            2, 0, 3, 1, 4).split([2, 1])    # split, not slices: its backward is one cat,
+        q, k = self.rope(qk, positions)     # each slice's zero-fills all of qkv's gradient
+        return q, k, v[0]                   # (B, H, T, hd) each; q and k rotated in one go
 
     @staticmethod
     def merge_heads(y: torch.Tensor) -> torch.Tensor:

@@ -95,6 +95,36 @@ def test_c4_c5_cached_decode_equals_full_forward_within_cache_bound(multi, promp
 
 
 @pytest.mark.parametrize("multi", [False, True])
+@pytest.mark.parametrize("prompt_len", [2, 8, 19, 29])
+def test_chunked_prefill_equals_one_shot_prefill_and_the_full_forward(multi, prompt_len):
+    """The prompt read block by block (1 chunk, a few chunks, a block not dividing the
+    prompt) gives the one-shot prefill's logits and state, and the same next steps."""
+    model = _model(SIZES if multi else ())
+    x = torch.randint(0, 256, (2, T))
+    for c in model.chunk_sizes:
+        full = model(x, chunk_size=c).logits
+        one_shot, reference = model.prefill(x[:, :prompt_len], max_len=T, chunk_size=c,
+                                            block_tokens=T)
+        assert torch.allclose(one_shot, full[:, :prompt_len], atol=1e-10)
+        for block_tokens in (1, c, 3 * c, 5 * c + 1):
+            logits, state = model.prefill(x[:, :prompt_len], max_len=T, chunk_size=c,
+                                          block_tokens=block_tokens)
+            assert torch.allclose(logits, one_shot, atol=1e-10), (c, block_tokens)
+            assert (state.slots, state.n_chunks) == (reference.slots, reference.n_chunks)
+            assert torch.equal(state.pending, reference.pending)
+            for mine, theirs in zip(state.caches, reference.caches, strict=True):
+                assert mine.capacity == theirs.capacity == model.cache_slots(T, c)
+                n = theirs.length
+                assert torch.allclose(mine.k[:, :, :n], theirs.k[:, :, :n], atol=1e-10)
+                assert torch.allclose(mine.v[:, :, :n], theirs.v[:, :, :n], atol=1e-10)
+            for i in range(prompt_len, min(prompt_len + c + 1, T)):      # across a boundary
+                step_logits, state = model.step(x[:, i], state)
+                assert torch.allclose(step_logits, full[:, i], atol=1e-10), (c, block_tokens, i)
+    with pytest.raises(ValueError, match="block_tokens=0"):
+        model.prefill(x, block_tokens=0)
+
+
+@pytest.mark.parametrize("multi", [False, True])
 def test_c4_greedy_decode_matches_argmax_of_full_forward_over_boundaries(multi):
     model = _model(SIZES if multi else ())
     prompt = torch.randint(0, 256, (2, 5))

@@ -35,3 +35,21 @@ def test_cat_cli_options_are_listed_and_parsed():
     assert cat.bench_variants({"chunk_size": args.chunk_size,
                                "decoder_width": args.decoder_width}) == [
         ("C=16 w=1", {"chunk_size": 16, "decoder_width": 1})]
+
+
+def test_decode_process_peak_stays_near_weights_and_state_and_below_dense():
+    """Peak RSS of a fresh process per configuration, as the bench measures it: prefill of
+    T tokens then decoding. CAT reads the prompt block by block, so its peak barely grows
+    from T = 256 to T = 4096 (the one-shot prefill added ~330 MiB at C = 16) and stays
+    below dense's, whose KV cache and prefill grow with T."""
+    run = dict(d_model=256, n_layer=4, n_head=4, batch=1, threads=1, warmup=1, repeats=1,
+               decode_burst=2, progress=False, memory=("rss",), phases=("decode",),
+               options={"chunk_size": "16", "decoder_width": "1"})
+    short, long = (bench.run_bench(["dense", "cat"], [t], **run) for t in (256, 4096))
+    peak = {(r["arch"], r["seq_len"]): r for r in short + long}
+    for r in peak.values():
+        assert r["memory_method"] == "rss_subprocess"
+    assert peak["cat", 4096]["rss_peak_bytes"] < peak["dense", 4096]["rss_peak_bytes"]
+    growth = {arch: bench.rss_delta(peak[arch, 4096]) - bench.rss_delta(peak[arch, 256])
+              for arch in ("cat", "dense")}
+    assert growth["cat"] < 48 * 2 ** 20 < growth["dense"], growth

@@ -98,8 +98,66 @@ def test_per_chunk_strategies_agree_with_the_masked_reference():
         s = n_slots(k, c, sep)
         q, key, v = torch.randn(3, 2, 3, s, 8, dtype=torch.float64).unbind(0)
         expected, _ = reference_attention(q, key, v, mask=cat_mask(k, c, sep))
-        for strategy in ("copy", "split", "auto"):
+        for strategy in ("merge", "copy", "split", "auto"):
             got = per_chunk_attention(q, key, v, k, c, sep, strategy=strategy)
             assert torch.allclose(got, expected, atol=1e-12), (k, c, sep, strategy)
     with pytest.raises(ValueError, match="strategy='flash' is not allowed"):
         per_chunk_attention(q, key, v, 4, 8, True, strategy="flash")
+
+
+@pytest.mark.parametrize("strategy", ["merge", "copy", "split"])
+@pytest.mark.parametrize("k, c, sep", [(1, 1, False), (1, 4, True), (3, 4, False),
+                                       (5, 2, True), (9, 4, False)])
+def test_per_chunk_strategies_give_the_reference_gradients(strategy, k, c, sep):
+    """Backward too: ``merge`` writes its own (two flash backwards given the joined output
+    and log-sum-exp); inputs laid out (B, S, H, hd) in memory, as the projection gives."""
+    from blockmem_lite.masks import cat_mask
+    from blockmem_lite.models.cat import per_chunk_attention
+    from blockmem_lite.nn import reference_attention
+
+    gen = torch.Generator().manual_seed(k * 10 + c)
+    s = n_slots(k, c, sep)
+    q, key, v = (torch.randn(2, s, 3, 8, generator=gen, dtype=torch.float64).transpose(1, 2)
+                 .requires_grad_() for _ in range(3))
+    weights = torch.randn(2, 3, s, 8, generator=gen, dtype=torch.float64)
+    expected, _ = reference_attention(q, key, v, mask=cat_mask(k, c, sep))
+    want = torch.autograd.grad((expected * weights).sum(), (q, key, v))
+    got = per_chunk_attention(q, key, v, k, c, sep, strategy=strategy)
+    assert torch.allclose(got, expected, atol=1e-12)
+    for a, b in zip(torch.autograd.grad((got * weights).sum(), (q, key, v)), want, strict=True):
+        assert torch.allclose(a, b, atol=1e-12)
+
+
+def test_auto_strategy_merges_on_the_cpu_and_falls_back_elsewhere(monkeypatch):
+    from blockmem_lite.models import cat
+
+    picked = []
+    monkeypatch.setattr(cat._MergedAttention, "apply",
+                        lambda *a: picked.append("merge") or a[0])
+    q = torch.randn(1, 1, n_slots(2, 4), 4)
+    cat.per_chunk_attention(q, q, q, 2, 4)
+    assert picked == ["merge"]
+    monkeypatch.setattr(cat, "merge_available", lambda t: False)
+    cat.per_chunk_attention(q, q, q, 2, 4)                  # copy / split, no merge
+    assert picked == ["merge"]
+    with pytest.raises(ValueError, match="strategy='merge' is not allowed"):
+        cat.per_chunk_attention(q, q, q, 2, 4, strategy="merge")
+
+
+def test_merge_strategy_runs_in_bfloat16_close_to_the_fp64_reference():
+    """Under bf16 (autocast's dtype) the CPU flash kernel returns fp32 log-sum-exps next to
+    a bf16 output; the join casts the share, and forward and backward stay near fp64."""
+    from blockmem_lite.masks import cat_mask
+    from blockmem_lite.models.cat import per_chunk_attention
+    from blockmem_lite.nn import reference_attention
+
+    k, c = 9, 4
+    s = n_slots(k, c)
+    exact = torch.randn(3, 2, 3, s, 16, dtype=torch.float64)
+    expected, _ = reference_attention(*exact.unbind(0), mask=cat_mask(k, c))
+    q, key, v = (t.to(torch.bfloat16).requires_grad_() for t in exact.unbind(0))
+    got = per_chunk_attention(q, key, v, k, c, strategy="merge")
+    assert got.dtype == torch.bfloat16
+    assert (got.double() - expected).abs().max() < 0.05
+    got.float().square().sum().backward()
+    assert all(bool(torch.isfinite(t.grad).all()) and t.grad.abs().sum() > 0 for t in (q, key, v))

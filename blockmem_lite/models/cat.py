@@ -49,6 +49,7 @@ token (fixed-C and multi-chunk); tests check that it equals the fast forward.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -134,8 +135,15 @@ def interleave(tokens: torch.Tensor, compressed: torch.Tensor, head: torch.Tenso
     return torch.cat([body, groups[:, k]], dim=1)                          # (B, S, D)
 
 
-PER_CHUNK_STRATEGIES = ("auto", "copy", "split")
+PER_CHUNK_STRATEGIES = ("auto", "merge", "copy", "split")
 COPY_BUDGET_BYTES = 2 ** 29      # "auto" copies the chunk vectors per group below this size
+
+
+def merge_available(q: torch.Tensor) -> bool:
+    """Whether the ``merge`` strategy can run on ``q``: it needs the CPU flash-attention
+    kernel that also returns the log-sum-exp (``torch.ops.aten``'s ``..._for_cpu``)."""
+    return q.device.type == "cpu" and hasattr(torch.ops.aten,
+                                              "_scaled_dot_product_flash_attention_for_cpu")
 
 
 def per_chunk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_chunks: int,
@@ -144,16 +152,27 @@ def per_chunk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_chu
     """Attention under ``masks.cat_mask`` without an S x S mask (PERFORMANCE.md's fast form).
 
     q, k, v: (B, H, S, hd) in interleaved slot order -> (B, H, S, hd). Slots are
-    grouped (the closing group padded to W); a query sees the G compressed slots
-    (those of later groups masked) and the other W - 1 slots of its own group
-    (causally): G + W - 1 keys instead of S, O(S (K + C)) work, not O(S^2).
+    grouped (the closing group padded to W). A query sees two key sets: its own
+    group up to itself (causal over W slots; offset 0 is the group's own
+    compressed slot) and the compressed slots of every *earlier* group (causal
+    over the G groups): O(S (K + C)) work, not O(S^2).
 
-    ``strategy``: ``copy`` gives every group its own key list (the chunk
-    vectors copied per group) and runs one batched SDPA, fastest while the
-    copies are small; ``split`` scores the chunk vectors and the own group
-    separately and joins them in one softmax, with no copies: its memory stays
-    O(S (K + C)) when small chunks make K large. ``auto`` picks ``copy`` while
-    the copied keys and values fit in ``COPY_BUDGET_BYTES``.
+    ``strategy``:
+
+    * ``merge`` (CPU): each key set on its own by flash attention, which also
+      returns each query's log-sum-exp (lse) of its scores: the own group causally,
+      the earlier chunk vectors in slices of the groups under a small mask
+      (``_MergedAttention``); the partial results are joined exactly,
+      ``out = sum_i exp(lse_i - lse) out_i`` with ``lse = logaddexp(lse_1, lse_2)``.
+      No copies, most of the masked triangle skipped; memory O(S hd).
+    * ``copy`` gives every group its own key list (the chunk vectors copied per
+      group) and runs one batched SDPA under a (W, G + W - 1) mask.
+    * ``split`` scores the chunk vectors and the own group separately and joins
+      them in one softmax, with no copies: O(S (K + C)) memory.
+
+    ``auto``: ``merge`` where it runs, else ``copy`` while the copied keys and
+    values fit in ``COPY_BUDGET_BYTES``, else ``split``. All agree to float
+    rounding (tests), gradients included.
     """
     b, h, s, hd = q.shape
     width = group_width(chunk_size, separator)
@@ -164,11 +183,17 @@ def per_chunk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_chu
     if strategy not in PER_CHUNK_STRATEGIES:
         raise ValueError(f"strategy={strategy!r} is not allowed: expected one of "
                          f"{', '.join(PER_CHUNK_STRATEGIES)}")
+    if strategy == "merge" and not merge_available(q):
+        raise ValueError(f"strategy='merge' is not allowed on {q.device.type}: it needs the "
+                         "CPU flash-attention kernel; use 'auto', 'copy' or 'split'")
     if strategy == "auto":
         copied = 2 * b * h * groups * (groups + width) * hd * q.element_size()
-        strategy = "copy" if copied <= COPY_BUDGET_BYTES else "split"
+        strategy = ("merge" if merge_available(q)
+                    else "copy" if copied <= COPY_BUDGET_BYTES else "split")
     pad = groups * width - s
     q, k, v = (F.pad(t, (0, 0, 0, pad)).view(b, h, groups, width, hd) for t in (q, k, v))
+    if strategy == "merge":
+        return _MergedAttention.apply(q, k, v).reshape(b, h, groups * width, hd)[:, :, :s]
     g = torch.arange(groups, device=q.device)
     offset = torch.arange(width, device=q.device)
     sees_vector = g[None, :] <= g[:, None]                                  # (G, G)
@@ -178,6 +203,112 @@ def per_chunk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_chu
     else:
         out = _attend_split(q, k, v, sees_vector, sees_own)
     return out.reshape(b, h, groups * width, hd)[:, :, :s]
+
+
+def _flash(q, k, v, mask=None):
+    """Flash attention on the CPU, causal or (``mask``, additive float) masked: (out, lse),
+    lse (B, H, L) the log-sum-exp of each query's scaled scores (the public SDPA does not
+    return it)."""
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        q, k, v, 0.0, mask is None, attn_mask=mask)
+
+
+def _flash_backward(grad, q, k, v, out, lse, mask=None):
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+        grad, q, k, v, out, lse, 0.0, mask is None, attn_mask=mask)
+
+
+VECTOR_PARTS = 8      # the earlier-vector attention runs in this many slices of the groups
+
+
+@functools.lru_cache(maxsize=4)
+def _vector_parts(n: int, width: int, dtype: torch.dtype, device: torch.device,
+                  parts: int = VECTOR_PARTS) -> tuple:
+    """The slices of ``_MergedAttention``'s part 2: ((lo, hi, mask), ...).
+
+    Groups lo..hi-1 of the n querying groups (the queries of group i see the compressed
+    slots 0..i) read the keys 0..hi-1 under an additive (W*(hi-lo), hi) mask: one call
+    per slice skips the keys no query of the slice sees, most of the masked triangle.
+    """
+    count = min(parts, n)
+    bounds = sorted({n * i // count for i in range(count + 1)})
+    slices = []
+    for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
+        group = lo + torch.arange((hi - lo) * width, device=device) // width
+        hidden = torch.arange(hi, device=device)[None, :] > group[:, None]
+        slices.append((lo, hi, torch.zeros(hidden.shape, dtype=dtype, device=device)
+                      .masked_fill(hidden, float("-inf"))))
+    return tuple(slices)
+
+
+def _own_layout(x: torch.Tensor) -> torch.Tensor:
+    """(B, H, G, W, hd) -> (B*H, G, W, hd): one causal sequence per group."""
+    b, h, n, w, hd = x.shape
+    return x.reshape(b * h, n, w, hd)
+
+
+def _rows(x: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
+    """Groups 1+lo..hi of (B, H, G, W, hd) as one sequence of queries: (B*H, 1, (hi-lo)*W, hd)."""
+    b, h, _, w, hd = x.shape
+    return x[:, :, 1 + lo:1 + hi].reshape(b * h, 1, (hi - lo) * w, hd)
+
+
+def _vector_keys(k: torch.Tensor, hi: int) -> torch.Tensor:
+    """The compressed slots of groups 0..hi-1: (B*H, 1, hi, hd)."""
+    b, h, _, _, hd = k.shape
+    return k[:, :, :hi, 0].reshape(b * h, 1, hi, hd)
+
+
+class _MergedAttention(torch.autograd.Function):
+    """``per_chunk_attention``'s ``merge`` strategy. q, k, v: (B, H, G, W, hd), the groups
+    of slots (the closing one padded; its padding sits after every real slot, so causal
+    attention never shows it to a real query).
+
+    * Part 1, the own group: causal flash attention over the W slots of each group
+      (offset 0 is the group's compressed slot).
+    * Part 2, earlier groups' compressed slots: the queries of group g see the
+      compressed slots of groups 0..g-1 (group 0 sees none), flash attention under a
+      mask, in slices of the groups (``_vector_parts``).
+
+    The parts are joined by their log-sum-exps: with w = sigmoid(lse_2 - lse_1)
+    (the softmax mass on part 2), out = out_1 + w (out_2 - out_1) and
+    lse = logaddexp(lse_1, lse_2). Backward: each part's flash backward, given the
+    *joined* output and lse, yields that part's share of the exact gradient (the
+    weights it recomputes, exp(score - lse), are the joined softmax's), and the
+    shares add up.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v):
+        b, h, n, w, hd = q.shape
+        out, lse = _flash(_own_layout(q), _own_layout(k), _own_layout(v))
+        out, lse = out.view(b, h, n, w, hd), lse.reshape(b, h, n, w).contiguous()  # fresh
+        for lo, hi, mask in _vector_parts(n - 1, w, q.dtype, q.device, VECTOR_PARTS):
+            vec, vec_lse = _flash(_rows(q, lo, hi), _vector_keys(k, hi), _vector_keys(v, hi), mask)
+            own, own_lse = out[:, :, 1 + lo:1 + hi], lse[:, :, 1 + lo:1 + hi]
+            vec_lse = vec_lse.view(own_lse.shape)
+            share = torch.sigmoid(vec_lse - own_lse)[..., None]         # fp32 lse under bf16
+            own.lerp_(vec.view(own.shape), share.to(own.dtype))
+            torch.logaddexp(own_lse, vec_lse, out=own_lse)
+        ctx.save_for_backward(q, k, v, out, lse)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k, v, out, lse = ctx.saved_tensors
+        b, h, n, w, hd = q.shape
+        grad = grad.contiguous()
+        dq, dk, dv = (t.view(b, h, n, w, hd) for t in _flash_backward(
+            *(_own_layout(t) for t in (grad, q, k, v, out)), lse.view(b * h, n, w)))
+        for lo, hi, mask in _vector_parts(n - 1, w, q.dtype, q.device, VECTOR_PARTS):
+            dq_vec, dk_vec, dv_vec = _flash_backward(
+                _rows(grad, lo, hi), _rows(q, lo, hi), _vector_keys(k, hi),
+                _vector_keys(v, hi), _rows(out, lo, hi),
+                lse[:, :, 1 + lo:1 + hi].reshape(b * h, 1, (hi - lo) * w), mask)
+            dq[:, :, 1 + lo:1 + hi] += dq_vec.view(b, h, hi - lo, w, hd)
+            dk[:, :, :hi, 0] += dk_vec.view(b, h, hi, hd)
+            dv[:, :, :hi, 0] += dv_vec.view(b, h, hi, hd)
+        return dq, dk, dv
 
 
 def _attend_with_copies(q, k, v, sees_vector, sees_own) -> torch.Tensor:
@@ -392,6 +523,35 @@ class CATOptions(Options):
 PATHS = ("per_chunk", "masked", "reference")
 
 
+PREFILL_BLOCK_TOKENS = 256        # prompt tokens ``prefill`` reads per block (whole chunks)
+
+
+def _prefill_mask(first: int, n_chunks: int, chunk_size: int, separator: bool,
+                  device=None) -> torch.Tensor:
+    """Which keys each slot of a prefill block sees: (R*width, held + R*width) bool.
+
+    Keys: the cached ``[g_0, f_0..f_{first-1}, (SEP_first)]`` (held = first + 1 (+1)),
+    then the block, chunk r = 0..R-1 as ``[x_0..x_{C-2}, f_{first+r}, (SEP)]`` (width
+    = C (+1)). ``masks.cat_mask``'s rule: a token sees every compressed slot of earlier
+    chunks, the SEP of its own group and its own chunk up to itself; a compressed slot
+    sees the compressed slots up to itself; a SEP sees those and itself.
+    """
+    c, r = chunk_size, n_chunks
+    width = c + (1 if separator else 0)
+    slot = torch.arange(r * width, device=device)
+    chunk, offset = slot // width, slot % width
+    is_token, is_vector, is_sep = offset < c - 1, offset == c - 1, offset == c
+    q_chunk, q_offset = chunk[:, None], offset[:, None]
+    q_token, q_sep = is_token[:, None], is_sep[:, None]
+    block = ((is_vector & torch.where(q_token, chunk < q_chunk, chunk <= q_chunk))
+             | (is_sep & ((q_token & (chunk + 1 == q_chunk)) | (q_sep & (chunk == q_chunk))))
+             | (is_token & q_token & (chunk == q_chunk) & (offset <= q_offset)))
+    held = [torch.ones(r * width, first + 1, dtype=torch.bool, device=device)]
+    if separator:                                   # SEP_first: the first chunk's group only
+        held.append((is_token & (chunk == 0))[:, None])
+    return torch.cat([*held, block], dim=1)
+
+
 class CATState(State):
     """Decoding state: per-layer KV caches of compressed slots + the current chunk.
 
@@ -440,7 +600,8 @@ class CATLM(LanguageModel):
         self.embed = nn.Embedding(cfg.vocab_size, self.width)              # E_d
         self.blocks = nn.ModuleList(                                       # attn: CATAttention
             _decoder_block(self.width, heads, cfg.mlp_ratio, cfg.rope_base, cfg.norm_eps,
-                           cfg.dropout) for _ in range(cfg.n_layer))
+                           cfg.dropout)
+            for _ in range(cfg.n_layer))
         self.norm = RMSNorm(self.width, cfg.norm_eps)
         self.head = nn.Linear(self.width, cfg.vocab_size, bias=False)
         # g_0: the dummy (fixed C) or the chunk-size indicator, one row per log2(C)
@@ -557,32 +718,88 @@ class CATLM(LanguageModel):
         return x
 
     def prefill(self, tokens: torch.Tensor, max_len: int | None = None,
-                chunk_size: int | None = None):
-        """Prompt logits from the parallel forward; the state holds g_0, f_0..f_{m-1} for
-        the m complete chunks (RoPE 0), (SEP,) and the r leftover tokens."""
+                chunk_size: int | None = None, block_tokens: int = PREFILL_BLOCK_TOKENS):
+        """Read the prompt into a state, ``block_tokens`` tokens (whole chunks) at a time.
+
+        Returns the prompt's logits (B, T, V), equal to the parallel forward's, and a state
+        holding g_0, f_0..f_{m-1} for the m complete chunks (RoPE 0), (SEP,) and the r
+        leftover tokens. Each block of chunks is compressed, run through the decoder next
+        to the cached compressed slots (``_prefill_chunks``) and leaves only its compressed
+        slots in the cache, so memory stays near weights + state + one block's activations
+        at any prompt length; ``block_tokens >= T`` reads the prompt in one go.
+        """
         check_tokens(tokens, self.cfg.vocab_size, max_len=self.cfg.seq_len)
+        check_int("block_tokens", block_tokens, 1)
         c = self._checked_chunk_size(chunk_size) if chunk_size is not None else self._chunk_size
         b, t = tokens.shape
         max_len = max(max_len or self.cfg.seq_len, t)
         if max_len > self.max_tokens(c):
             raise ValueError(f"max_len={max_len} is not allowed at chunk_size={c}: the "
                              f"chunk-index table covers {self.max_tokens(c)} tokens")
-        logits = self._parallel(tokens, c, "per_chunk")
         state = self.new_state(b, max_len, c)
-        m = t // c
-        parts = [self._opener(c).expand(b, 1, -1),
-                 self.compressor(tokens[:, :m * c], c) if m else logits.new_zeros(b, 0,
-                                                                                  self.width)]
-        positions = [torch.zeros(1 + m, dtype=torch.long)]
+        opening, positions = [self._opener(c).expand(b, 1, -1)], [0]       # g_0 (, SEP_0)
         if self.multi_chunk:
-            parts.append(self.separator.expand(b, 1, -1))
-            positions.append(torch.ones(1, dtype=torch.long))
-        offset = 1 + self.separator_slots
-        parts.append(self.embed(tokens[:, m * c:]))                          # (B, r, D)
-        positions.append(torch.arange(t - m * c) + offset)
-        self._decode(torch.cat(parts, 1), torch.cat(positions).to(tokens.device), state.caches)
-        state.pending, state.n_chunks = tokens[:, m * c:].clone(), m     # no view of the prompt
-        return logits, state
+            opening.append(self.separator.expand(b, 1, -1))
+            positions.append(1)
+        self._decode(torch.cat(opening, 1), torch.tensor(positions, device=tokens.device),
+                     state.caches)
+        m = t // c
+        per_block = max(1, block_tokens // c)                                # chunks per block
+        slot_width = c + self.separator_slots                                # per chunk, below
+        caches = state.caches
+        scratch = [KVCache(b, cache.k.shape[1], 1 + m + self.separator_slots
+                           + min(per_block, m) * slot_width, cache.k.shape[3],
+                           cache.k.device, cache.k.dtype) for cache in caches] if m else []
+        logits = [self._prefill_chunks(tokens[:, first * c:min(first + per_block, m) * c],
+                                       first, c, caches, scratch)
+                  for first in range(0, m, per_block)]
+        tail = tokens[:, m * c:]                                             # (B, r), r < C
+        if tail.shape[1]:
+            offset = 1 + self.separator_slots
+            out = self._decode(self.embed(tail), torch.arange(
+                tail.shape[1], device=tokens.device) + offset, caches)
+            logits.append(self.head(self.norm(out)))
+        state.pending, state.n_chunks = tail.clone(), m                     # no view of the prompt
+        return torch.cat(logits, 1), state
+
+    def _prefill_chunks(self, tokens: torch.Tensor, first: int, c: int, caches: list[KVCache],
+                        scratch: list[KVCache]) -> torch.Tensor:
+        """Chunks ``first..first+R-1`` of a prompt (tokens (B, R*C)) -> their logits (B, R*C, V).
+
+        The cache holds ``[g_0, f_0..f_{first-1}, (SEP)]``. The block's slots are, chunk by
+        chunk, ``[x_0..x_{C-2}, f_k, (SEP)]``: the last token of a chunk is not needed (its
+        prediction is read at f_k or its SEP, and no other slot sees it), and f_k comes
+        from the compressor, which reads raw tokens only. Each layer attends over the
+        cached slots + the block under ``_prefill_mask`` (CAT's visibility rule), working
+        in ``scratch``; then the layer's cache keeps only the block's compressed slots
+        (and the last SEP), as decoding would have left it.
+        """
+        b, n = tokens.shape
+        r, sep = n // c, self.separator_slots
+        width, device = c + sep, tokens.device                           # slots per chunk
+        parts = [self.embed(tokens).view(b, r, c, -1)[:, :, :c - 1],
+                 self.compressor(tokens, c, first_chunk=first)[:, :, None]]
+        if sep:
+            parts.append(self.separator.expand(b, r, 1, -1))
+        x = torch.cat(parts, 2).flatten(1, 2)                               # (B, R*width, D)
+        offset = torch.arange(width, device=device)
+        within = torch.where(offset < c - 1, offset + 1 + sep, offset - (c - 1))  # 0 f, 1 SEP
+        positions = within.repeat(r)
+        held = 1 + first + sep                                              # cached slots
+        mask = _prefill_mask(first, r, c, bool(sep), device)               # (R*width, held + .)
+        keep = held + torch.cat([torch.arange(r, device=device) * width + c - 1,
+                                 torch.tensor([r * width - 1] if sep else [], device=device,
+                                              dtype=torch.long)])
+        for block, cache, work in zip(self.blocks, caches, scratch, strict=True):
+            work.reset()
+            work.append(cache.k[:, :, :held], cache.v[:, :, :held])
+            x = block(x, positions, work, mask=mask)
+            cache.truncate(1 + first)                                       # drops the old SEP
+            cache.append(work.k[:, :, keep], work.v[:, :, keep])
+        read = torch.cat([torch.arange(c - 1, device=device),
+                          torch.tensor([c - 1 + sep], device=device)])      # token j's slot
+        h = x.view(b, r, width, -1)[:, :, read].flatten(1, 2)               # (B, R*C, D)
+        return self.head(self.norm(h))
 
     def step(self, token: torch.Tensor, state: CATState):
         """Feed one token. Inside a chunk it takes the next slot; the chunk's last token
