@@ -108,8 +108,8 @@ def test_armt_reference_equals_fast_forward(kw, t):
 
 def test_armt_reference_catches_gamma_without_the_correction(monkeypatch):
     model, x = _armt(), _tokens(29)
-    monkeypatch.setattr(armt, "novelty", lambda k_phi, z, eps, normalized: torch.ones_like(
-        k_phi[..., 0]))                                        # z counts every key again
+    monkeypatch.setattr(armt, "_novelty_of", lambda seen, k_phi, eps, normalized: torch.ones_like(
+        seen))                                                 # z counts every key again
     assert _gap(model, armt.reference_forward, x) > 1e-3
 
 
@@ -119,9 +119,9 @@ def test_armt_2024_mode_needs_the_eps_in_the_key_norm(monkeypatch):
     Raw DPFP keys of W_K ~ N(0, 0.5) have |k|^2 near eps, where the two forms part.
     """
     model, x = _armt(key_std=0.5, normalize_phi=False), _tokens(29)
-    original = armt.novelty
-    monkeypatch.setattr(armt, "novelty", lambda k_phi, z, eps, normalized: original(
-        k_phi, z, eps, normalized=True))
+    original = armt._novelty_of                                # the fast path's gamma
+    monkeypatch.setattr(armt, "_novelty_of", lambda seen, k_phi, eps, normalized: original(
+        seen, k_phi, eps, normalized=True))
     assert _gap(model, armt.reference_forward, x) > 1e-6
 
 

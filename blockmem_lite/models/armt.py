@@ -216,7 +216,11 @@ def novelty(k_phi: torch.Tensor, z: torch.Tensor, eps: float = EPS,
     0 for a key already fully counted in z, 1 for a key orthogonal to every
     stored one; z only grows along new directions.
     """
-    seen = torch.einsum("bmk,bk->bm", k_phi, z) + eps
+    return _novelty_of(torch.einsum("bmk,bk->bm", k_phi, z) + eps, k_phi, eps, normalized)
+
+
+def _novelty_of(seen: torch.Tensor, k_phi: torch.Tensor, eps: float, normalized: bool):
+    """gamma from ``seen = k . z + eps`` (B, M) and the keys (B, M, K)."""
     norm2 = k_phi.pow(2).sum(-1) + (0.0 if normalized else eps)
     return (1 - seen / norm2).clamp(0, 1).detach()
 
@@ -237,19 +241,29 @@ def associative_write(A: torch.Tensor | None, z: torch.Tensor | None, k_phi: tor
 
 
 def _write(A, z, k_phi, v, beta, correction, eps, normalized=True):
-    """``associative_write`` that also returns gamma (B, M) for the trace."""
+    """``associative_write`` that also returns gamma (B, M) for the trace.
+
+    In few operators, as training runs it once per segment and layer: the memory is one
+    tensor ``[A | z]`` (B, K, D + 1), so ``k_phi [A | z]`` gives ``k A`` and ``k . z`` (v_bar
+    and gamma) in one matmul, and ``[A | z] + k_phi^T [beta (v - v_bar) | gamma]`` both
+    updates in one more. A and z come back as views of the new ``[A | z]``.
+    """
+    d = v.shape[-1]
+    ones = torch.ones_like(k_phi[..., :1])                                       # (B, M, 1)
     if A is None:
-        v_bar = torch.zeros_like(v)
-        gamma = torch.ones_like(k_phi[..., 0])
+        gamma = ones[..., 0]
+        delta = torch.cat([beta[..., None] * v, ones], dim=-1)                 # (B, M, D + 1)
+        joined = k_phi.transpose(1, 2) @ delta                                  # (B, K, D + 1)
     else:
-        v_bar = associative_read(k_phi, A, z, eps)                           # (B, M, D)
-        gamma = (novelty(k_phi, z, eps, normalized) if correction
-                 else torch.ones_like(k_phi[..., 0]))
-    update = torch.einsum("bmk,bmd->bkd", k_phi, beta[..., None] * (v - v_bar))  # (B, K, D)
-    grow = torch.einsum("bmk,bm->bk", k_phi, gamma)                              # (B, K)
-    if A is None:
-        return update, grow, gamma
-    return A + update, z + grow, gamma
+        old = torch.cat([A, z[..., None]], dim=-1)                              # (B, K, D + 1)
+        read = k_phi @ old                                                       # (B, M, D + 1)
+        seen = read[..., d:] + eps                                               # k . z + eps
+        v_bar = read[..., :d] / seen
+        gamma = (_novelty_of(seen[..., 0], k_phi, eps, normalized) if correction
+                 else ones[..., 0])
+        delta = torch.cat([beta[..., None] * (v - v_bar), gamma[..., None]], dim=-1)
+        joined = torch.baddbmm(old, k_phi.transpose(1, 2), delta)
+    return joined[..., :d], joined[..., d], gamma
 
 
 # --- one wrapped layer -------------------------------------------------------------------
@@ -313,14 +327,7 @@ class AssociativeMemoryLayer(nn.Module):
 
     def read(self, h: torch.Tensor, memory: Memory) -> torch.Tensor:
         """What the memory adds to the layer input h: (B, T, D) -> (B, T, D)."""
-        A, z = memory
-        q = self.w_q(h)
-        with torch.autocast(h.device.type, enabled=False):
-            q_phi = self.features(q)                                            # (B, T, K)
-            r = associative_read(q_phi, A, z, self.eps)
-        record("read_query", q_phi)
-        record("read", r)
-        return r.to(h.dtype)
+        return self.read_prepared(h, self.prepare_read(memory))
 
     def prepare_read(self, memory: tuple[torch.Tensor, torch.Tensor]) -> PreparedRead:
         """What ``read_prepared`` needs, built once per memory (once per segment when
@@ -330,40 +337,55 @@ class AssociativeMemoryLayer(nn.Module):
         A, z = memory
         az = torch.cat([A, z[..., None]], dim=-1)                               # (B, K, D + 1)
         d = A.shape[-1]
-        w_signed, roll_index = self._query_weights()
+        w_signed, roll_index = self._fused_weights("read")
         return PreparedRead((az[..., :d], az[..., d]), az, w_signed, roll_index)
 
-    def _query_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """([W_Q; -W_Q], the DPFP roll indices), kept on the layer per weight version (built
-        afresh while autograd tracks W_Q); a re-layout of the weights, not decoding state."""
-        w = self.w_q.weight
-        track = torch.is_grad_enabled() and w.requires_grad
-        key = (w.data_ptr(), w._version, w.dtype, w.device)
-        cached = getattr(self, "_query_cache", None)
+    def _fused_weights(self, use: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weight, the DPFP roll indices) of one matmul for ``use``: ``"read"``
+        ``[W_Q; -W_Q]``; ``"write"`` ``[W_K; -W_K; W_V; w_beta]`` (b_beta added after: a
+        fused bias rounds differently with and without autograd).
+
+        Kept on the layer per weight version (built afresh while autograd tracks the
+        weights); a re-layout of the weights, not decoding state.
+        """
+        if use == "read":
+            params, parts = [self.w_q.weight], (self.w_q.weight, -self.w_q.weight)
+        else:
+            params = [self.w_k.weight, self.w_v.weight, self.w_beta.weight]
+            parts = (self.w_k.weight, -self.w_k.weight, self.w_v.weight, self.w_beta.weight)
+        track = torch.is_grad_enabled() and any(p.requires_grad for p in params)
+        key = tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in params)
+        cache = self.__dict__.setdefault("_fused_cache", {})
+        cached = cache.get(use)
         if not track and cached is not None and cached[0] == key:
             return cached[1]
-        r = 2 * self.w_q.out_features
+        w = params[0]
+        r = 2 * w.shape[0]
         steps = torch.arange(1, DPFP_NU + 1, device=w.device)[:, None]
         roll_index = (torch.arange(r, device=w.device) - steps) % r                  # (nu, 2 d_mem)
-        weights = (torch.cat([w, -w], dim=0), roll_index)
-        self._query_cache = None if track else (key, weights)
-        return weights
+        fused = (torch.cat(parts, dim=0), roll_index)
+        cache[use] = None if track else (key, fused)
+        return fused
+
+    def _signed_features(self, signed: torch.Tensor, roll_index: torch.Tensor) -> torch.Tensor:
+        """DPFP from ``signed = [u; -u]`` (..., 2 d_mem) -> phi (..., K), in the state dtype.
+
+        ``relu([u; -u]) = [relu(u); relu(-u)] = r`` exactly (negating a weight negates the
+        dot product exactly); the nu rolls of r are one gather (``r[..., roll_index]``), so
+        ``phi`` is bit-identical to ``dpfp(u)``. Call with autocast off.
+        """
+        dtype = _state_dtype(signed)
+        r = F.relu(signed if signed.dtype == dtype else signed.to(dtype))
+        phi = (r.unsqueeze(-2) * r[..., roll_index]).flatten(-2)               # (..., K)
+        return F.normalize(phi, dim=-1) if self.normalize_phi else phi
 
     def read_prepared(self, h: torch.Tensor, prepared: PreparedRead) -> torch.Tensor:
-        """``read(h, memory)`` from ``prepare_read(memory)``: the same maths in fewer ops.
-
-        ``relu(h [W_Q; -W_Q]^T) = [relu(q); relu(-q)] = r`` exactly (negating a weight
-        negates the dot product exactly); the nu rolls of r are one gather
-        (``r[..., roll_index]``), so ``phi`` is bit-identical to ``dpfp``; one matmul with
-        ``[A | z]`` gives ``q A`` and ``q . z`` together. h (B, T, D) -> (B, T, D).
-        """
+        """``read(h, memory)`` from ``prepare_read(memory)``: one matmul for ``[q; -q]``
+        (``_signed_features``), one with ``[A | z]`` for ``q A`` and ``q . z`` together.
+        h (B, T, D) -> (B, T, D)."""
         signed = F.linear(h, prepared.w_signed)                                 # (B, T, 2 d_mem)
         with _no_autocast(h.device.type):
-            dtype = _state_dtype(signed)
-            r = F.relu(signed if signed.dtype == dtype else signed.to(dtype))
-            phi = (r.unsqueeze(-2) * r[..., prepared.roll_index]).flatten(-2)  # (B, T, K)
-            if self.normalize_phi:
-                phi = F.normalize(phi, dim=-1)
+            phi = self._signed_features(signed, prepared.roll_index)            # (B, T, K)
             out = torch.matmul(phi, prepared.az)                               # (B, T, D + 1)
             d = out.shape[-1] - 1
             read = out[..., :d] / (out[..., d:] + self.eps)
@@ -372,11 +394,19 @@ class AssociativeMemoryLayer(nn.Module):
         return read if read.dtype == h.dtype else read.to(h.dtype)
 
     def write(self, m: torch.Tensor, memory: Memory) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write the memory-token outputs m: (B, M, D); returns the new (A, z)."""
-        k, v, b = self.w_k(m), self.w_v(m), self.w_beta(m)
-        with torch.autocast(m.device.type, enabled=False):
+        """Write the memory-token outputs m: (B, M, D); returns the new (A, z).
+
+        ``[k; -k]``, v and the beta logit come from one matmul (``_fused_weights``).
+        """
+        weight, roll_index = self._fused_weights("write")
+        r, d = roll_index.shape[-1], m.shape[-1]
+        # contiguous: matmul treats a strided 3-D input differently when the weight needs
+        # grad, so prefill (autograd on) and stream (off) would round differently
+        k_signed, v, b = F.linear(m.contiguous(), weight).split([r, d, 1], dim=-1)
+        b = b + self.w_beta.bias
+        with _no_autocast(m.device.type):
             dtype = _state_dtype(m)
-            k_phi = self.features(k)                                            # (B, M, K)
+            k_phi = self._signed_features(k_signed, roll_index)                 # (B, M, K)
             beta = torch.sigmoid(b.to(dtype))[..., 0]                           # (B, M)
             A, z = memory if memory is not None else (None, None)
             A, z, gamma = _write(A, z, k_phi, v.to(dtype), beta, self.correction, self.eps,
@@ -504,7 +534,8 @@ class ARMT(LanguageModel):
         """The segment loop from an empty memory. tokens (B, T) -> (logits (B, T, V), memory).
 
         ``write_last=False`` skips the last segment's write (a forward pass never
-        reads it). Memory is per call: nothing leaks between batches.
+        reads it). Memory is per call: nothing leaks between batches. The final norm
+        and head run once over every segment's hidden states (one large matmul).
         """
         b, t = tokens.shape
         if t == 0:
@@ -517,15 +548,16 @@ class ARMT(LanguageModel):
             segment = tokens[:, start:start + self.segment_size]
             write = write_last or start + self.segment_size < t
             if self.grad_checkpoint and self.training and torch.is_grad_enabled():
-                logits, memory = checkpoint(self._segment, segment, memory, write, s,
+                hidden, memory = checkpoint(self._segment, segment, memory, write, s,
                                             use_reentrant=False)
             else:
-                logits, memory = self._segment(segment, memory, write, s)
-            pieces.append(logits)
-        return torch.cat(pieces, dim=1), memory
+                hidden, memory = self._segment(segment, memory, write, s)
+            pieces.append(hidden)
+        return self.logits(torch.cat(pieces, dim=1)), memory
 
     def _segment(self, tokens: torch.Tensor, memory: list[Memory], write: bool, index: int):
-        """One segment [x_s ; P]: READ, block, WRITE per layer. Returns (logits (B, n, V), memory)."""
+        """One segment [x_s ; P]: READ, block, WRITE per layer. Returns (hidden (B, n, D), memory);
+        ``logits`` turns the hidden states into logits."""
         b, n = tokens.shape
         x = self.backbone.embed(tokens)                                          # (B, n, D)
         if write:
@@ -541,7 +573,11 @@ class ARMT(LanguageModel):
                     x = block(x, positions, None)                                # (B, n+M, D)
                     if layer is not None and write:
                         memory[i] = layer.write(x[:, n:], memory[i])
-        return self.backbone.head(self.backbone.norm(x[:, :n])), memory
+        return x[:, :n], memory
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The backbone's final norm and head: hidden (B, n, D) -> logits (B, n, V)."""
+        return self.backbone.head(self.backbone.norm(hidden))
 
     def run_layer_major(self, tokens: torch.Tensor) -> torch.Tensor:
         """The same maths in the other loop order (MECHANISMS.md 2.7, A3): layer by layer,
@@ -567,8 +603,8 @@ class ARMT(LanguageModel):
                 if layer is not None:
                     memory = layer.write(x[:, -self.n_mem_tokens:], memory)
                 xs[s] = x
-        return torch.cat([self.backbone.head(self.backbone.norm(x[:, :seg.shape[1]]))
-                          for x, seg in zip(xs, segments, strict=True)], dim=1)
+        return self.logits(torch.cat([x[:, :seg.shape[1]]
+                                      for x, seg in zip(xs, segments, strict=True)], dim=1))
 
     # --- generation ------------------------------------------------------------------------
     def new_state(self, batch: int) -> ARMTState:
@@ -619,9 +655,9 @@ class ARMT(LanguageModel):
             last = self._decode(tokens[:, :start], state)[:, -1]
         while start + size <= tokens.shape[1]:
             index = state.position // size
-            logits, state.memory = self._segment(tokens[:, start:start + size], state.memory,
+            hidden, state.memory = self._segment(tokens[:, start:start + size], state.memory,
                                                  True, index)
-            last = logits[:, -1]                                                 # (B, V)
+            last = self.logits(hidden)[:, -1]            # (B, V); whole rows as prefill has them
             state.position += size
             start += size
         if start < tokens.shape[1]:
@@ -656,7 +692,7 @@ class ARMT(LanguageModel):
         tokens (B, r) -> logits (B, r, V). What ``compiling.compile_decoding`` compiles."""
         x = self._cached_pass(self.backbone.embed(tokens), state, None, write=False)
         state.position += tokens.shape[1]
-        return self.backbone.head(self.backbone.norm(x))
+        return self.logits(x)
 
     def prepare_reads(self, state: ARMTState) -> None:
         """Make each kit memory layer's memory ready to read (``prepare_read``), once per
