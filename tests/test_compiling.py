@@ -14,9 +14,9 @@ from blockmem_lite.train import Callback, Trainer
 SPAN = 8                       # block / segment size of the tiny models
 
 
-def _model(arch):
-    sizes = {"dense": {}, "bcmt": {"block_size": SPAN},
-             "armt": {"segment_size": SPAN, "n_mem_tokens": 2, "d_mem": 4}}[arch]
+def _model(arch, span=SPAN):
+    sizes = {"dense": {}, "bcmt": {"block_size": span},
+             "armt": {"segment_size": span, "n_mem_tokens": 2, "d_mem": 4}}[arch]
     model = build_model(preset("tiny", arch=arch, **sizes)).double().eval()
     for name, p in model.named_parameters():           # the memory paths carry real signal
         if name.endswith(("memory_proj.weight", "w_v.weight")):
@@ -28,11 +28,13 @@ def _compiles() -> int:
     return counters["frames"]["total"]
 
 
-@pytest.mark.parametrize("arch", ["dense", "bcmt", "armt"])
-def test_compiled_decoding_equals_the_full_forward_and_stops_recompiling(arch):
+def _compiled_decoding(arch, span):
+    """Decode 5 blocks / segments compiled: (logits == full forward, compiles after two
+    blocks, compiles at the end)."""
     torch._dynamo.reset()
-    model = _model(arch)
-    x = torch.randint(0, 256, (1, 5 * SPAN + 3))
+    start = _compiles()                                # the counter runs on across resets
+    model = _model(arch, span)
+    x = torch.randint(0, 256, (1, 5 * span + 3))
     with torch.no_grad():
         full = model(x).logits
         compile_decoding(model)
@@ -41,14 +43,23 @@ def test_compiled_decoding_equals_the_full_forward_and_stops_recompiling(arch):
         logits, state = model.prefill(x[:, :3], max_len=x.shape[1] + 1)
         pieces = [logits]
         for t in range(3, x.shape[1]):
-            if t == 2 * SPAN + 1:                      # one block / segment and more seen
-                settled = _compiles()
+            if t == 2 * span + 1:                      # one block / segment and more seen
+                settled = _compiles() - start
             step_logits, state = model.step(x[:, t], state)
             pieces.append(step_logits[:, None])
-    assert torch.allclose(torch.cat(pieces, 1), full, atol=1e-10)
-    assert _compiles() == settled                      # later blocks / segments: no recompile
+    same = torch.allclose(torch.cat(pieces, 1), full, atol=1e-10)
     uncompile_decoding(model)
     assert not is_decoding_compiled(model) and "decode_tokens" not in vars(model)
+    return same, settled, _compiles() - start
+
+
+@pytest.mark.parametrize("arch", ["dense", "bcmt", "armt"])
+def test_compiled_decoding_equals_the_full_forward_and_stops_recompiling(arch):
+    same, settled, final = _compiled_decoding(arch, SPAN)
+    assert same
+    assert final == settled                            # later blocks / segments: no recompile
+    longer = _compiled_decoding(arch, 2 * SPAN)        # not one compile per position either
+    assert longer == (True, settled, settled)
 
 
 def test_compiled_step_still_checks_token_ids():

@@ -34,8 +34,14 @@ and the model trained worse than HOnly at kit scale). Tests and notebooks that
 must exercise the memory path re-randomise W_p first.
 
 Generation keeps, per layer, a KV cache of at most one block, the (num, den)
-memory state and a streaming summary (running max, normaliser, weighted sum),
-so the decoding state is constant in the context length.
+memory state and the open block's U (B, L, D), so the decoding state is constant
+in the context length. Departure from MECHANISMS.md 1.3, which streams the summary
+(running max, normaliser, weighted sum) and stores no tokens: the streaming softmax
+cost about ten small operators per token and layer, and at batch 1 a CPU decoding
+step is bound by operator dispatch (BCMT decoded at 0.80x HOnly's speed with it,
+0.85-0.88x without; the issue-15 target is 0.9x). Keeping U costs L*D more state
+per layer (1.0 -> 1.5 MiB at L=128, d=256) and the summary is then computed when
+the block closes by the training formula itself (``BCMTLayer.summarise``).
 
 ``reference_forward(model, tokens)`` writes steps 1-7 out one equation per
 line (RMSNorm_s(U) materialised, the concatenated gate); tests check that it
@@ -44,7 +50,6 @@ equals the fast forward.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import torch
@@ -166,56 +171,30 @@ def block_summaries(states: torch.Tensor, scores: torch.Tensor, block_size: int,
 # --- one layer -------------------------------------------------------------------------
 
 class BCMTLayerState:
-    """Per-layer decoding state: one block of KV, the memory and the streaming summary.
+    """Per-layer decoding state: one block of KV, the open block's U, the memory.
 
+    ``block_u`` (B, L, D) keeps U_t (after attention, before the gate) of the open block's
+    tokens; the block's summary is computed from them when it closes, by the parallel
+    form's own formula (``BCMTLayer.summarise``), so a decoding step does no summary work.
     ``memory_out`` is P of the current block and ``gate_bias`` the gate's P half
-    ``P W_g,P + b_g``: both change only when a block opens, so they are computed once
-    per block, not once per token; so is ``weights``, the layer's ``DecodeWeights``
-    (owned by the layer, shared by every state, not counted in ``nbytes``).
-    ``run_max`` is the reference the streaming summary is scaled by (see
-    ``BCMTLayer._memory_step``); ``run_sum`` sums ``exp(a_t - ref) / rms(U_t) * U_t``
-    (the summary gain is applied when the block closes) and ``run_norm`` sums
-    ``exp(a_t - ref)``.
+    ``P W_g,P + b_g``: both change only when a block opens, so they are computed once per
+    block, not once per token. HOnly layers (``memory=False``) keep no ``block_u``.
     """
 
-    def __init__(self, cache: KVCache, dim: int, batch: int, device, dtype):
+    def __init__(self, cache: KVCache, dim: int, batch: int, device, dtype,
+                 block_size: int = 0, memory: bool = False):
         self.cache = cache
         zeros = dict(device=device, dtype=dtype)
         self.num = torch.zeros(batch, 1, dim, **zeros)         # sum_j alpha^(i-j) S_j
         self.den = torch.zeros(batch, 1, 1, **zeros)           # sum_j alpha^(i-j)
         self.memory_out = torch.zeros(batch, 1, dim, **zeros)  # P of the current block (B, 1, D)
         self.gate_bias = torch.zeros(batch, 1, dim, **zeros)   # P W_g,P + b_g (B, 1, D)
-        self.run_max = torch.full((batch, 1, 1), float("-inf"), **zeros)
-        self.run_norm = torch.zeros(batch, 1, 1, **zeros)
-        self.run_sum = torch.zeros(batch, 1, dim, **zeros)
-        self.weights: DecodeWeights | None = None              # set when the block opens
-
-    def reset_summary(self) -> None:
-        self.run_max.fill_(float("-inf"))
-        self.run_norm.zero_()
-        self.run_sum.zero_()
+        self.block_u = torch.zeros(batch, block_size, dim, **zeros) if memory else None
+        self.opened = False                                    # gate_bias set for this memory
 
     def tensors(self) -> list[torch.Tensor]:
-        return [self.cache.k, self.cache.v, self.num, self.den, self.memory_out,
-                self.gate_bias, self.run_max, self.run_norm, self.run_sum]
-
-
-@dataclass
-class DecodeWeights:
-    """What a BCMT layer's decoding step needs from its weights, prepared once per weight
-    version (``BCMTLayer.decode_weights``), not once per token.
-
-    ``w_ext`` (D + 1, D): the gate's U half ``W_g,U`` with the summary-score row
-    ``w_s * g_s`` under it, so one matmul gives the gate pre-activation and the raw
-    score. ``shift``: ``-sqrt(D) |w_s * g_s|``, so that ``a_t - m = raw / rms + shift``
-    with ``m = b_s + sqrt(D) |w_s * g_s|``, an upper bound on every score (``|U_t / rms(U_t)|
-    <= sqrt(D)``); None when ``exp(-2 sqrt(D) |w_s * g_s|)`` could underflow in this dtype
-    (then the streaming summary keeps a running max instead).
-    """
-
-    w_ext: torch.Tensor
-    score_bias: torch.Tensor
-    shift: torch.Tensor | None
+        kept = [self.cache.k, self.cache.v, self.num, self.den, self.memory_out, self.gate_bias]
+        return kept if self.block_u is None else [*kept, self.block_u]
 
 
 class BCMTLayer(nn.Module):
@@ -264,15 +243,7 @@ class BCMTLayer(nn.Module):
 
         ``summaries_out`` (prefill) receives this layer's block summaries S: (B, N, D).
         """
-        # RMSNorm_s(U)_t = g * U_t / rms(U_t): fold 1/rms into the scores and the
-        # summary weights rather than materialise the normalised (B, T, D) tensor.
-        wide = u.float() if u.dtype in (torch.float16, torch.bfloat16) else u
-        inv_rms = torch.rsqrt(wide.pow(2).mean(-1) + self.summary_norm.eps).to(u.dtype)  # (B, T)
-        gain = self.summary_norm.weight                                      # (D,)
-        scores = F.linear(u, self.score.weight * gain)[..., 0] * inv_rms + self.score.bias
-        summaries, weights = block_summaries(u, scores, self.block_size, n_valid,
-                                             state_scale=inv_rms)            # (B, N, D)
-        summaries = summaries * gain
+        summaries, weights = self.summarise(u, n_valid)                      # (B, N, D)
         if summaries_out is not None:
             summaries_out.append(summaries)
         memories = memory_matrix_form(summaries, self.alpha)
@@ -282,6 +253,20 @@ class BCMTLayer(nn.Module):
             record("summary_weights", weights)
             record("memory", shifted)
         return self.memory_proj(shifted)                                     # (B, N, D)
+
+    def summarise(self, u: torch.Tensor, n_valid: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Step 2, the block summaries: u (B, N*L, D) -> (S (B, N, D), weights pi (B, N, L)).
+
+        RMSNorm_s(U)_t = g * U_t / rms(U_t): 1/rms is folded into the scores and the
+        summary weights rather than the normalised (B, T, D) tensor materialised.
+        """
+        wide = u.float() if u.dtype in (torch.float16, torch.bfloat16) else u
+        inv_rms = torch.rsqrt(wide.pow(2).mean(-1) + self.summary_norm.eps).to(u.dtype)  # (B, T)
+        gain = self.summary_norm.weight                                      # (D,)
+        scores = F.linear(u, self.score.weight * gain)[..., 0] * inv_rms + self.score.bias
+        summaries, weights = block_summaries(u, scores, self.block_size, n_valid,
+                                             state_scale=inv_rms)            # (B, N, D)
+        return summaries * gain, weights
 
     def fuse(self, u: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
         """Step 6: V = U + sigmoid([U ; P] W_g + b_g) * P.
@@ -322,69 +307,25 @@ class BCMTLayer(nn.Module):
         """The per-token part of ``step`` inside an open block. x: (B, 1, D) -> (B, 1, D)."""
         u = x + self.attn(self.norm1(x), positions, cache=st.cache)           # (B, 1, D)
         if self.has_memory:
-            u = self._memory_step(u, st, st.weights)
+            u = self._gate_step(u, st)
         return u + self.mlp(self.norm2(u))
 
     def open_block(self, st: BCMTLayerState) -> None:
         """Make sure the block's per-block values are there (``close_block`` and
         ``load_memory`` set them; a fresh state, P = 0, gets them here, once)."""
-        if self.has_memory and st.weights is None:
+        if self.has_memory and not st.opened:
             st.gate_bias.copy_(self.gate.bias.expand_as(st.gate_bias))      # 0 W_g,P + b_g
-            st.weights = self.decode_weights()
+            st.opened = True
 
-    def decode_weights(self) -> DecodeWeights:
-        """The decoding step's fused weights (``DecodeWeights``) for the current parameters.
-
-        Asked for when a block opens (the state keeps the answer for the block). Kept on
-        the layer, not in the state (they are a re-layout of the weights, shared by every
-        decoding state), and rebuilt when a parameter changes (its version counter or
-        storage); built afresh each time while autograd tracks the parameters.
-        """
-        params = (self.gate.weight, self.score.weight, self.score.bias, self.summary_norm.weight)
-        track = torch.is_grad_enabled() and any(p.requires_grad for p in params)
-        key = tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in params)
-        cached = getattr(self, "_decode_weights", None)
-        if not track and cached is not None and cached[0] == key:
-            return cached[1]
-        d = self.gate.out_features
-        score_row = self.score.weight * self.summary_norm.weight             # (1, D)
-        w_ext = torch.cat([self.gate.weight[:, :d], score_row], dim=0)       # (D + 1, D)
-        bound = d ** 0.5 * float(score_row.detach().norm())                  # |a_t - b_s| <= bound
-        limit = -math.log(torch.finfo(w_ext.dtype).tiny) - 16.0              # exp(-limit): normal
-        shift = w_ext.new_tensor(-bound).reshape(1, 1, 1) if 2.0 * bound <= limit else None
-        weights = DecodeWeights(w_ext, self.score.bias.reshape(1, 1, 1), shift)
-        self._decode_weights = None if track else (key, weights)
-        return weights
-
-    def _memory_step(self, u: torch.Tensor, st: BCMTLayerState, w: DecodeWeights) -> torch.Tensor:
-        """Steps 2 and 6 for one token u (B, 1, D): fold it into the streaming summary and
-        return ``V = U + sigmoid(U W_g,U + P W_g,P + b_g) * P`` (P fixed for the block).
-
-        One matmul ``U w_ext^T`` gives the gate pre-activation and the raw score
-        ``U . (w_s * g_s)``; ``a_t = raw / rms(U) + b_s`` as in the parallel form.
-        The summary is an online softmax: ``run_sum += exp(a_t - m) / rms(U_t) * U_t``,
-        ``run_norm += exp(a_t - m)``. With ``w.shift`` the reference m is a fixed upper
-        bound of every score (``b_s + sqrt(D) |w_s * g_s|``), so no running max is
-        needed (softmax does not depend on m; every weight stays a normal number);
-        otherwise m is the running max and the sums are rescaled when it grows.
-        """
-        d = u.shape[-1]
-        y = F.linear(u, w.w_ext)                                             # (B, 1, D + 1)
-        sum_sq = torch.linalg.vecdot(u, u)[..., None]                        # D * mean(U^2)
-        inv_rms = torch.rsqrt(torch.add(self.summary_norm.eps, sum_sq, alpha=1.0 / d))
-        if w.shift is not None:
-            weight = torch.exp(torch.addcmul(w.shift, y[..., d:], inv_rms))   # exp(a_t - m)
-            st.run_norm.add_(weight)
-            st.run_sum.addcmul_(weight * inv_rms, u)
-        else:
-            score = torch.addcmul(w.score_bias, y[..., d:], inv_rms)        # a_t (B, 1, 1)
-            new_max = torch.maximum(st.run_max, score)
-            rescale = torch.exp(st.run_max - new_max)
-            weight = torch.exp(score - new_max)
-            st.run_norm = torch.addcmul(weight, st.run_norm, rescale)
-            st.run_sum = torch.addcmul(st.run_sum * rescale, weight * inv_rms, u)
-            st.run_max = new_max
-        g = torch.sigmoid(y[..., :d] + st.gate_bias)                         # (B, 1, D)
+    def _gate_step(self, u: torch.Tensor, st: BCMTLayerState) -> torch.Tensor:
+        """Step 6 for one token u (B, 1, D): ``V = U + sigmoid(U W_g,U + P W_g,P + b_g) * P``
+        with P and its half of the gate fixed for the block; U is kept in ``st.block_u``
+        for the block's summary (``close_block``). One matmul, two elementwise ops."""
+        b, _, d = u.shape
+        n = st.cache.length                          # this token's slot + 1 (a slice, not an
+        st.block_u[:, n - 1:n].copy_(u)              # int index: compiled, it stays symbolic)
+        pre = torch.addmm(st.gate_bias.view(b, d), u.view(b, d), self.gate.weight[:, :d].t())
+        g = torch.sigmoid(pre).view(b, 1, d)                                 # (B, 1, D)
         record("gate", g)
         return torch.addcmul(u, g, st.memory_out)                            # u + g * p
 
@@ -393,7 +334,7 @@ class BCMTLayer(nn.Module):
         p = self.memory_proj(st.num / st.den)                                # (B, 1, D)
         st.memory_out.copy_(p)
         st.gate_bias.copy_(F.linear(p, self.gate.weight[:, p.shape[-1]:], self.gate.bias))
-        st.weights = self.decode_weights()
+        st.opened = True
 
     def load_memory(self, summaries: torch.Tensor, st: BCMTLayerState) -> None:
         """Set (num, den) and P from the summaries (B, N, D) of N completed blocks."""
@@ -403,13 +344,13 @@ class BCMTLayer(nn.Module):
         self._refresh_memory(st)
 
     def close_block(self, st: BCMTLayerState) -> None:
-        """A block ended: fold its summary into (num, den), refresh P, clear the cache."""
+        """A block ended: its summary (from the kept U, as in training) into (num, den),
+        P refreshed, the cache cleared."""
         if self.has_memory:
-            summary = st.run_sum / st.run_norm * self.summary_norm.weight      # (B, 1, D)
+            summary, _ = self.summarise(st.block_u, self.block_size)          # (B, 1, D)
             st.num.copy_(self.alpha * st.num + summary)
             st.den.copy_(self.alpha * st.den + 1.0)
             self._refresh_memory(st)
-            st.reset_summary()
         st.cache.reset()
 
 
@@ -462,7 +403,8 @@ class BCMTLM(DenseLM):
         p = next(self.parameters())
         cfg = self.cfg
         layers = [BCMTLayerState(KVCache(batch, cfg.n_head, cfg.block_size, cfg.head_dim,
-                                         p.device, p.dtype), cfg.d_model, batch, p.device, p.dtype)
+                                         p.device, p.dtype), cfg.d_model, batch, p.device, p.dtype,
+                                 cfg.block_size, self.uses_memory)
                   for _ in range(cfg.n_layer)]
         return BCMTState(layers)
 
@@ -623,9 +565,10 @@ def bench_variants(options: dict) -> list[tuple[str, dict]]:
 
 
 def state_bytes(cfg, t: int) -> float:
-    """Per layer: at most one block of KV (``2·L·d``) plus the memory state (num, den, P and
-    the streaming summary, about ``4·d``) (fp32); BCMT's does not grow with t."""
-    memory = 4 * cfg.d_model if getattr(cfg, "memory", False) else 0
+    """Per layer: at most one block of KV (``2·L·d``) plus the memory state (the open block's
+    U, ``L·d``, and num, den, P, the gate's P half, about ``3·d``) (fp32); BCMT's does not
+    grow with t."""
+    memory = (cfg.block_size + 3) * cfg.d_model if getattr(cfg, "memory", False) else 0
     return 4.0 * cfg.n_layer * (2 * cfg.block_size * cfg.d_model + memory)
 
 
