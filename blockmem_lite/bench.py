@@ -412,8 +412,11 @@ def bench_phase(ctx: BenchContext, entries: list[Entry], phase: str, seq_len: in
 def boundary_span(cfg: ModelConfig) -> int:
     """Tokens between the mechanism's boundaries (block, segment: its ``boundary_fields``), 0
     for none: decoding runs another code path once per span."""
-    fields = registry.get(cfg.arch).boundary_fields
-    return max((int(getattr(cfg, f)) for f in fields), default=0)
+    values = []
+    for name in registry.get(cfg.arch).boundary_fields:
+        value = getattr(cfg, name)                      # an int, or a tuple (CAT's chunk_sizes)
+        values.extend(value if isinstance(value, (tuple, list)) else [value])
+    return max((int(v) for v in values if v is not None), default=0)
 
 
 def compile_warmup_calls(ctx: BenchContext, entries: list[Entry]) -> int:

@@ -98,3 +98,15 @@ def test_trainer_compiles_when_asked():
     assert model._compiled_call_impl is not None                  # model.compile() ran
     with pytest.raises(ValueError, match="compile"):
         TrainConfig(compile="no")
+
+
+def test_boundary_span_reads_every_mechanisms_fields_tuples_included():
+    """The compiled bench warms up across the longest boundary span; CAT's chunk_sizes is a
+    tuple (a multi-chunk model's span is its largest chunk)."""
+    def span(**settings):
+        return bench.boundary_span(preset("tiny", **settings).model)
+
+    assert span(arch="cat", chunk_size=4, chunk_sizes=(4, 8)) == 8
+    assert span(arch="cat", chunk_size=4) == 4
+    assert span(arch="bcmt", block_size=8) == 8
+    assert span(arch="dense") == 0
