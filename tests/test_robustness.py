@@ -25,7 +25,7 @@ from blockmem_lite import ModelConfig, TrainConfig, build_model, preset, registr
 from blockmem_lite import checkpoints as ck
 from blockmem_lite.cli import bench_main, train_main
 from blockmem_lite.corpora import load_corpus
-from blockmem_lite.train import CheckpointNotSaved, Trainer
+from blockmem_lite.train import CheckpointNotSaved, Trainer, _StopButton
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ["--preset", "tiny", "--steps", "6"]
@@ -92,12 +92,29 @@ def test_1_the_library_trainer_takes_the_lock_too(tmp_path):
 
 # --- 2. SIGTERM and SIGHUP stop like the stop button --------------------------------------------
 
+def _default_stop_signals() -> None:
+    """In the child: default handlers, whatever the tests inherited (under ``nohup`` SIGHUP is
+    ignored, and the trainer rightly leaves an ignored signal ignored)."""
+    for name in ("SIGTERM", "SIGHUP"):
+        signal.signal(getattr(signal, name), signal.SIG_DFL)
+
+
+def test_2_an_ignored_sighup_stays_ignored(tmp_path):
+    """``nohup`` sets SIGHUP to ignored: training must not take it over (and stop on it)."""
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        with _StopButton():
+            assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+
 @pytest.mark.parametrize("name", ["SIGTERM", "SIGHUP"])
 def test_2_a_signal_saves_checkpoint_and_history_then_exits(tmp_path, name):
     out = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "blockmem_lite", "train", "--preset", "tiny",
                              "--steps", "100000", "--set", "log_every=1", "--out", str(out)],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_default_stop_signals)
     for line in proc.stdout:                             # wait until training really runs
         if line.startswith("step"):
             break
