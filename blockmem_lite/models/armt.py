@@ -322,9 +322,6 @@ class AssociativeMemoryLayer(nn.Module):
         """K = 2 * nu * d_mem, the width of the DPFP features (and of A's rows)."""
         return 2 * DPFP_NU * self.w_k.out_features
 
-    def features(self, u: torch.Tensor) -> torch.Tensor:
-        return dpfp(u.to(_state_dtype(u)), DPFP_NU, self.normalize_phi)
-
     def read(self, h: torch.Tensor, memory: Memory) -> torch.Tensor:
         """What the memory adds to the layer input h: (B, T, D) -> (B, T, D)."""
         return self.read_prepared(h, self.prepare_read(memory))

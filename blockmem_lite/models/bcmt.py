@@ -190,7 +190,6 @@ class BCMTLayerState:
         self.memory_out = torch.zeros(batch, 1, dim, **zeros)  # P of the current block (B, 1, D)
         self.gate_bias = torch.zeros(batch, 1, dim, **zeros)   # P W_g,P + b_g (B, 1, D)
         self.block_u = torch.zeros(batch, block_size, dim, **zeros) if memory else None
-        self.opened = False                                    # gate_bias set for this memory
 
     def tensors(self) -> list[torch.Tensor]:
         kept = [self.cache.k, self.cache.v, self.num, self.den, self.memory_out, self.gate_bias]
@@ -291,31 +290,18 @@ class BCMTLayer(nn.Module):
         return u + self.drop(self.mlp(self.norm2(u)))
 
     # recurrent (generation) form ---------------------------------------------------
-    def step(self, x: torch.Tensor, position: int, st: BCMTLayerState,
-             positions: torch.Tensor | None = None) -> torch.Tensor:
-        """One token. x: (B, 1, D) -> (B, 1, D); updates ``st`` in place (closing the
-        block after its last token). ``positions`` (1,) holds ``position``."""
-        if positions is None:
-            positions = torch.tensor([position], device=x.device)
-        self.open_block(st)
-        out = self.decode(x, positions, st)
-        if (position + 1) % self.block_size == 0:
-            self.close_block(st)
-        return out
-
     def decode(self, x: torch.Tensor, positions: torch.Tensor, st: BCMTLayerState) -> torch.Tensor:
-        """The per-token part of ``step`` inside an open block. x: (B, 1, D) -> (B, 1, D)."""
+        """One token inside the open block. x: (B, 1, D) -> (B, 1, D); ``close_block`` ends
+        the block after its last token."""
         u = x + self.attn(self.norm1(x), positions, cache=st.cache)           # (B, 1, D)
         if self.has_memory:
             u = self._gate_step(u, st)
         return u + self.mlp(self.norm2(u))
 
-    def open_block(self, st: BCMTLayerState) -> None:
-        """Make sure the block's per-block values are there (``close_block`` and
-        ``load_memory`` set them; a fresh state, P = 0, gets them here, once)."""
-        if self.has_memory and not st.opened:
-            st.gate_bias.copy_(self.gate.bias.expand_as(st.gate_bias))      # 0 W_g,P + b_g
-            st.opened = True
+    def start(self, st: BCMTLayerState) -> None:
+        """A fresh state's memory: P = 0, so the gate's P half is b_g."""
+        if self.has_memory:
+            st.gate_bias.copy_(self.gate.bias.expand_as(st.gate_bias))
 
     def _gate_step(self, u: torch.Tensor, st: BCMTLayerState) -> torch.Tensor:
         """Step 6 for one token u (B, 1, D): ``V = U + sigmoid(U W_g,U + P W_g,P + b_g) * P``
@@ -334,7 +320,6 @@ class BCMTLayer(nn.Module):
         p = self.memory_proj(st.num / st.den)                                # (B, 1, D)
         st.memory_out.copy_(p)
         st.gate_bias.copy_(F.linear(p, self.gate.weight[:, p.shape[-1]:], self.gate.bias))
-        st.opened = True
 
     def load_memory(self, summaries: torch.Tensor, st: BCMTLayerState) -> None:
         """Set (num, den) and P from the summaries (B, N, D) of N completed blocks."""
@@ -406,6 +391,8 @@ class BCMTLM(DenseLM):
                                          p.device, p.dtype), cfg.d_model, batch, p.device, p.dtype,
                                  cfg.block_size, self.uses_memory)
                   for _ in range(cfg.n_layer)]
+        for layer, layer_state in zip(self.blocks, layers, strict=True):
+            layer.start(layer_state)
         return BCMTState(layers)
 
     def prefill(self, tokens: torch.Tensor, max_len: int | None = None):
@@ -430,12 +417,10 @@ class BCMTLM(DenseLM):
         return torch.cat(logits, dim=1), state
 
     def step(self, token: torch.Tensor, state: BCMTState):
-        """One token: open the block's per-block work if needed, ``decode_tokens``, then close
-        the block when it is full (all per-block work stays out of the per-token part)."""
+        """One token: ``decode_tokens``, then close the block when it is full (all per-block
+        work stays out of the per-token part)."""
         token = token.reshape(-1, 1)
         check_tokens(token, self.cfg.vocab_size)
-        for layer, layer_state in zip(self.blocks, state.layers, strict=True):
-            layer.open_block(layer_state)
         logits = self.decode_tokens(token, state)[:, -1]
         if state.position % self.cfg.block_size == 0:                       # the block is full
             for layer, layer_state in zip(self.blocks, state.layers, strict=True):
