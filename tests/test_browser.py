@@ -271,7 +271,7 @@ RECORDER = """
   };
   window.__bmHtml = [];
   const lastHtml = new Map();
-  const sweep = () => {
+  const sweepHtml = () => {
     for (const el of document.querySelectorAll('%(panel)s .jp-Cell .widget-html')) {
       const text = el.textContent;
       if (lastHtml.get(el) !== text) {
@@ -279,6 +279,13 @@ RECORDER = """
         window.__bmHtml.push({t: performance.now(), cell: cellOf(el), text});
       }
     }
+  };
+  // every DOM change, not only every 25 ms: on a busy machine several status updates can
+  // land between two timer sweeps
+  new MutationObserver(sweepHtml).observe(document,
+    {subtree: true, childList: true, characterData: true});
+  const sweep = () => {
+    sweepHtml();
     for (const el of document.querySelectorAll('%(panel)s .js-plotly-plot')) {
       if (!el.__bmListening && typeof el.on === 'function') {
         el.__bmListening = true;
