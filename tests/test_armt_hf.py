@@ -1,5 +1,8 @@
 """ARMT around a Hugging Face Llama model (the optional ``hf`` extra), tiny random weights."""
 
+import inspect
+import warnings
+
 import pytest
 import torch
 
@@ -52,18 +55,68 @@ def test_memory_changes_later_segments(llama):
     assert (model(x).logits - llama(x).logits)[:, S:].abs().max() > 1e-3
 
 
+# HF's eager attention takes its softmax in float32 whatever the input dtype
+# (``softmax(..., dtype=torch.float32)``), so in float64 eager is exact only to float32
+# rounding. Whether a cached row (kv length t) and the full forward's row (kv length
+# S + M, the rest masked) round alike depends on the CPU's vector width: torch sums a
+# row in 8-lane pieces with AVX2, 16 with AVX-512, so on an AVX2 machine they differ by
+# ~2e-8 (ATEN_CPU_CAPABILITY=default makes them equal again). SDPA stays in float64.
+DECODE_ATOL = {"eager": 8 * torch.finfo(torch.float32).eps, "sdpa": 1e-10}
+
+
+def _decode_pieces(model, x, prompt_len):
+    """Prefill ``prompt_len`` tokens, then step one token at a time -> (B, T, V), state."""
+    logits, state = model.prefill(x[:, :prompt_len])
+    pieces = [logits]
+    for t in range(prompt_len, x.shape[1]):
+        step_logits, state = model.step(x[:, t], state)
+        pieces.append(step_logits[:, None])
+    return torch.cat(pieces, 1), state
+
+
 @pytest.mark.parametrize("prompt_len", [3, S, 2 * S + 1])
 def test_cached_decode_equals_full_forward_across_segments(llama, prompt_len):
     model = _armt(llama)
     x = torch.randint(0, 64, (2, T))
     full = model(x).logits
-    logits, state = model.prefill(x[:, :prompt_len])
-    pieces = [logits]
-    for t in range(prompt_len, T):
-        step_logits, state = model.step(x[:, t], state)
-        pieces.append(step_logits[:, None])
-    assert torch.allclose(torch.cat(pieces, 1), full, atol=1e-10)
+    decoded, state = _decode_pieces(model, x, prompt_len)
+    atol = DECODE_ATOL[llama.config._attn_implementation]
+    assert torch.allclose(decoded, full, atol=atol)
     assert state.caches[0].k.shape == (2, 2, S + M, 8)        # n_kv_heads = 2 (GQA)
+
+
+def _eager_in_input_dtype(module, query, key, value, attention_mask, scaling, dropout=0.0,
+                          **kwargs):
+    """HF's eager attention with its softmax in the input's dtype (float64 stays float64)."""
+    groups = query.shape[1] // key.shape[1]
+    key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
+    scores = query @ key.transpose(2, 3) * scaling                     # (B, H, t, kv)
+    if attention_mask is not None:
+        scores = scores + attention_mask
+    weights = scores.softmax(-1)
+    return (weights @ value).transpose(1, 2).contiguous(), weights
+
+
+@pytest.mark.parametrize("prompt_len", [3, S])
+def test_eager_decode_is_exact_once_its_softmax_keeps_float64(prompt_len):
+    """The adapter adds no error of its own: the eager path's gap is HF's float32 softmax."""
+    interface = getattr(transformers, "AttentionInterface", None)
+    if interface is None:
+        pytest.skip("this transformers has no AttentionInterface to register a kernel with")
+    interface.register("eager_float64_softmax", _eager_in_input_dtype)
+    model = _armt(_llama("eager_float64_softmax"))
+    x = torch.randint(0, 64, (2, T))
+    decoded, _ = _decode_pieces(model, x, prompt_len)
+    assert torch.allclose(decoded, model(x).logits, atol=1e-10)
+
+
+def test_the_current_cache_keyword_is_used(llama):
+    """transformers 5.2x renamed the decoder layer's past_key_values to cache."""
+    block = HFBackbone(llama).blocks[0]
+    assert block.cache_keyword in inspect.signature(block.layer.forward).parameters
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)         # "past_key_values is deprecated"
+        _decode_pieces(_armt(llama), torch.randint(0, 64, (1, S + 2)), 3)
 
 
 def test_other_families_are_a_clear_error():

@@ -81,6 +81,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import inspect
 from dataclasses import dataclass, field
 
 import torch
@@ -824,6 +825,23 @@ class _HFCacheView:
         return self.cache.append(key_states, value_states)
 
 
+# The decoder layer's name for its KV cache argument: ``cache`` from transformers 5.2x on
+# (``past_key_values`` there is deprecated, to be removed in 5.40), ``past_key_values``
+# from 4.56, ``past_key_value`` before that.
+_HF_CACHE_KEYWORDS = ("cache", "past_key_values", "past_key_value")
+
+
+def _hf_cache_keyword(layer: nn.Module) -> str:
+    """The keyword this HF decoder layer takes its cache by (read off its signature)."""
+    parameters = inspect.signature(layer.forward).parameters
+    for name in _HF_CACHE_KEYWORDS:
+        if name in parameters:
+            return name
+    raise ValueError(f"hf_model's decoder layer {type(layer).__name__} takes none of "
+                     f"{_HF_CACHE_KEYWORDS} as its cache argument: this transformers version "
+                     "is not supported (see the README for the tested ones)")
+
+
 class _HFBlock(nn.Module):
     """An HF decoder layer callable as ``block(x, positions, cache)`` like a kit Block."""
 
@@ -831,6 +849,7 @@ class _HFBlock(nn.Module):
         super().__init__()
         self.layer = layer
         self.rotary = rotary
+        self.cache_keyword = _hf_cache_keyword(layer)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, cache=None) -> torch.Tensor:
         position_ids = positions[None]                                          # (1, T)
@@ -842,9 +861,9 @@ class _HFBlock(nn.Module):
             allowed = causal_mask(q_len, kv_len, device=x.device)
             mask = torch.zeros(q_len, kv_len, device=x.device, dtype=x.dtype)
             mask = mask.masked_fill(~allowed, torch.finfo(x.dtype).min)[None, None]
-        past = _HFCacheView(cache) if cache is not None else None
+        past = {self.cache_keyword: _HFCacheView(cache) if cache is not None else None}
         out = self.layer(x, attention_mask=mask, position_ids=position_ids,
-                         past_key_values=past, position_embeddings=cos_sin)
+                         position_embeddings=cos_sin, **past)
         return out[0] if isinstance(out, tuple) else out
 
 
