@@ -4,16 +4,34 @@
 #
 # Options for JupyterLab go through LAB_ARGS, e.g.  make lab LAB_ARGS="--no-browser --ip=0.0.0.0"
 #
-# TORCH_SPEC picks the PyTorch build. The default pins the version the kit is
-# tested with; pip then takes your platform's wheel (on this project's CI machine
-# that is a CPU wheel on local disk). For a CPU-only build on Linux pass PyTorch's
-# CPU wheel index, e.g.  make lab TORCH_PIP_ARGS="--index-url <PyTorch CPU index URL>"
+# Versions: `make setup` installs the exact versions `make test` passed with, from
+# requirements.lock (made by uv, `make lock`). TORCH_VERSION is the PyTorch the kit is
+# tested with: it is installed first, from TORCH_SPEC, so that pip takes your platform's
+# wheel (on this project's CI machine a CPU wheel on local disk); the lock then pins the
+# rest. For a CPU-only build on Linux pass PyTorch's CPU wheel index, e.g.
+#   make lab TORCH_PIP_ARGS="--index-url <PyTorch CPU index URL>"
 PYTHON ?= python3
 VENV ?= .venv
-TORCH_SPEC ?= torch==2.13.0
+TORCH_VERSION := 2.13.0
+TORCH_SPEC ?= torch==$(TORCH_VERSION)
 TORCH_PIP_ARGS ?=
+LOCK := requirements.lock
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.blockmem_installed
+# The lock as pip constraints, less PyTorch's own build (torch, triton, the CUDA
+# libraries): TORCH_SPEC chooses those, and another build's CUDA pins would clash.
+CONSTRAINTS := $(VENV)/constraints.txt
+TORCH_BUILD_PACKAGES := ^(torch|triton|nvidia-[a-z0-9-]+|cuda-[a-z0-9-]+)==
+# uv makes the lock (`make lock`); LOCK_ARGS=--upgrade takes the newest allowed versions
+# (`make lock LOCK_ARGS="--upgrade-package transformers"` moves one package only).
+UV_SPEC ?= uv==0.13.9
+LOCK_ARGS ?= --upgrade
+# The declared minimums (pyproject.toml's lower bounds; a test keeps them equal), run by
+# `make test-oldest`. pip takes PyPI's build of that torch (a CUDA one on Linux: ~3 GB).
+MIN_TORCH := 2.4.1
+MIN_TRANSFORMERS := 4.48.0
+OLDEST_VENV ?= .venv-oldest
+LATEST_VENV ?= .venv-latest
 PORT ?= 8888
 LAB_ARGS ?=
 # Jupyter refuses to run as root unless told; containers often run as root.
@@ -31,7 +49,8 @@ TEST_ENV := BLOCKMEM_FAST=1 BLOCKMEM_HEADLESS=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFF
 PRESET ?= fast
 SITE ?= site
 
-.PHONY: setup hygiene lab test test-browser lint exercises bench site clean-notebooks help
+.PHONY: setup hygiene lab test test-browser test-latest test-oldest lock lint exercises bench \
+	site clean-notebooks help
 
 help:
 	@echo "make lab    - set up (if needed) and open JupyterLab on notebooks/ (stop: Ctrl-C twice);"
@@ -39,17 +58,23 @@ help:
 	@echo "make test   - set up (if needed) and run every test (library + notebooks, fast mode)"
 	@echo "make test-browser - only the notebooks in JupyterLab under headless Chromium (make test runs"
 	@echo "              it too whenever Chromium is installed)"
+	@echo "make test-latest - the same suite in $(LATEST_VENV) with the newest versions pyproject.toml"
+	@echo "              allows (not the lock), to see whether the lock can move (make lock)"
+	@echo "make test-oldest - the library tests in $(OLDEST_VENV) with torch $(MIN_TORCH) and"
+	@echo "              transformers $(MIN_TRANSFORMERS), the declared minimums"
+	@echo "make lock   - remake requirements.lock with uv (the newest versions allowed)"
 	@echo "make bench  - run the dense benchmark and print the table"
 	@echo "make site   - static HTML pages of every notebook with outputs into site/ (fast mode);"
 	@echo "              make site PRESET=class for the class-mode site a teacher publishes"
 	@echo "make exercises - regenerate notebooks/exercises/ from notebooks/solutions/"
 	@echo "make clean-notebooks - clear outputs of every notebook before committing"
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(LOCK)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install --quiet -e ".[notebooks,test]"
+	@grep -vE '$(TORCH_BUILD_PACKAGES)' $(LOCK) > $(CONSTRAINTS)
+	$(BIN)/python -m pip install --quiet -c $(CONSTRAINTS) -e ".[notebooks,test]"
 	@touch $(STAMP)
 
 setup: $(STAMP) hygiene
@@ -72,17 +97,54 @@ lab: setup
 	$(BIN)/python -m blockmem_lite envcheck
 	$(BIN)/jupyter lab --notebook-dir=notebooks --port=$(PORT) $(LAB_ROOT_FLAG) $(LAB_ARGS)
 
+# The suite, with the python of $(1): lint, exercises, pytest + every notebook.
+define run_suite
+	$(1)/python -m ruff check blockmem_lite tests notebooks
+	$(1)/python -m blockmem_lite exercises check
+	$(TEST_ENV) $(1)/python -m pytest tests \
+		--nbval-lax --nbval-current-env --nbval-cell-timeout=600 \
+		notebooks/*.ipynb notebooks/solutions/*.ipynb
+endef
+
 lint: setup
 	$(BIN)/python -m ruff check blockmem_lite tests notebooks
 
 exercises: setup
 	$(BIN)/python -m blockmem_lite exercises build
 
-test: setup lint
-	$(BIN)/python -m blockmem_lite exercises check
-	$(TEST_ENV) $(BIN)/python -m pytest tests \
-		--nbval-lax --nbval-current-env --nbval-cell-timeout=600 \
-		notebooks/*.ipynb notebooks/solutions/*.ipynb
+test: setup
+	$(call run_suite,$(BIN))
+
+# A fresh venv with the newest versions pyproject.toml allows (torch stays TORCH_SPEC:
+# `make test-latest TORCH_SPEC=torch` for the newest of that too), then the whole suite.
+# envcheck first names every package that moved from the lock.
+test-latest:
+	$(PYTHON) -m venv --clear $(LATEST_VENV)
+	$(LATEST_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(LATEST_VENV)/bin/python -m pip install --quiet $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"
+	$(LATEST_VENV)/bin/python -m pip install --quiet --upgrade --upgrade-strategy eager \
+		-e ".[notebooks,test]"
+	-$(LATEST_VENV)/bin/python -m blockmem_lite envcheck
+	$(call run_suite,$(LATEST_VENV)/bin)
+
+# A fresh venv with torch and transformers at the declared minimums (the rest resolved
+# for them), then the library tests: the notebooks and the browser are the lock's job.
+test-oldest:
+	$(PYTHON) -m venv --clear $(OLDEST_VENV)
+	$(OLDEST_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(OLDEST_VENV)/bin/python -m pip install --quiet "torch==$(MIN_TORCH)"
+	$(OLDEST_VENV)/bin/python -m pip install --quiet -e ".[notebooks,test]" \
+		"torch==$(MIN_TORCH)" "transformers==$(MIN_TRANSFORMERS)"
+	-$(OLDEST_VENV)/bin/python -m blockmem_lite envcheck
+	$(TEST_ENV) $(OLDEST_VENV)/bin/python -m pytest tests --ignore=tests/test_browser.py
+
+lock: $(STAMP)
+	$(BIN)/python -m pip install --quiet "$(UV_SPEC)"
+	@echo "torch==$(TORCH_VERSION)" > $(VENV)/torch-pin.txt
+	$(BIN)/uv pip compile pyproject.toml --universal --fork-strategy fewest \
+		--extra notebooks --extra test -c $(VENV)/torch-pin.txt $(LOCK_ARGS) \
+		--custom-compile-command "make lock" --quiet -o $(LOCK)
+	@echo "$(LOCK) remade; run make test (and commit the lock with what changed it)"
 
 test-browser: setup
 	$(BIN)/python -m pytest tests/test_browser.py -m browser -ra

@@ -40,6 +40,14 @@ DECODE_PART = "decode_tokens"        # the per-token part of ``step`` a model ma
 RECOMPILE_LIMIT = 64                 # graphs dynamo may keep per function (its default: 8)
 
 
+def _raise_recompile_limit(limit: int) -> None:
+    """Let dynamo keep at least ``limit`` graphs per function (``recompile_limit`` from
+    torch 2.6 on, ``cache_size_limit`` before)."""
+    config = torch._dynamo.config
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    setattr(config, name, max(getattr(config, name), limit))
+
+
 def _options(options: dict) -> dict:
     return {"dynamic": None, **options}
 
@@ -50,8 +58,7 @@ def compile_decoding(model: torch.nn.Module, **options) -> torch.nn.Module:
     ``options`` go to ``torch.compile`` (default ``dynamic=None``). Undo with
     ``uncompile_decoding(model)``.
     """
-    config = torch._dynamo.config
-    config.recompile_limit = max(config.recompile_limit, RECOMPILE_LIMIT)
+    _raise_recompile_limit(RECOMPILE_LIMIT)
     name = DECODE_PART if hasattr(model, DECODE_PART) else "step"
     setattr(model, name, torch.compile(getattr(model, name), **_options(options)))
     model._compiled_decoding = name

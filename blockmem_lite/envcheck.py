@@ -4,9 +4,15 @@ Prints one aligned line per item, ``OK`` or ``FAIL`` with a detail, and
 exits 1 when a required item fails. Required: Python >= 3.10, torch, numpy
 and the kit itself (a tiny model runs a forward pass); the notebook extras
 (plotly, ipywidgets, anywidget, jupyterlab, datasets) too unless ``--core``.
-Optional items (psutil, nbval, a plotly ``FigureWidget``, the mode
+Optional items (psutil, nbval, a plotly ``FigureWidget``, the lock, the mode
 variables) are reported but never change the exit code: without a
 FigureWidget the live dashboards fall back to text.
+
+The ``lock`` item compares every installed package with ``requirements.lock``, the
+versions ``make test`` passed with, and names each difference ("transformers 5.24.0,
+tested with 5.23.0"). PyTorch's own build (triton, the CUDA libraries) is left out:
+the platform's torch wheel chooses it; torch is compared without its local label
+(2.13.0+cpu is 2.13.0).
 """
 
 from __future__ import annotations
@@ -14,13 +20,19 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import re
 import sys
 from collections.abc import Callable
+from importlib import metadata
+from pathlib import Path
 
 MIN_PYTHON = (3, 10)
 CORE = ("python", "torch", "numpy", "kit")
 NOTEBOOK_EXTRAS = ("plotly", "ipywidgets", "anywidget", "jupyterlab", "datasets")
-OPTIONAL = ("psutil", "nbval", "FigureWidget", "BLOCKMEM_FAST", "BLOCKMEM_HEADLESS")
+OPTIONAL = ("psutil", "nbval", "FigureWidget", "lock", "BLOCKMEM_FAST", "BLOCKMEM_HEADLESS")
+LOCK_NAME = "requirements.lock"
+# PyTorch's build: chosen by the platform's torch wheel (TORCH_SPEC), not by the lock
+TORCH_BUILD = re.compile(r"^(triton|nvidia-.*|cuda-.*)$")
 
 Item = tuple[str, bool, str]
 
@@ -43,6 +55,88 @@ def _package(name: str, why: str) -> Item:
     except Exception as err:  # any import failure is reported, not raised
         return name, False, f"cannot import: {type(err).__name__}: {err} ({why})"
     return name, True, _version(module)
+
+
+def default_lock() -> Path:
+    """requirements.lock of the checkout the kit is imported from (absent in a wheel)."""
+    return Path(__file__).resolve().parent.parent / LOCK_NAME
+
+
+def normalize(name: str) -> str:
+    """A package name as PEP 503 compares it: ``Typing_Extensions`` -> ``typing-extensions``."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _marker_applies(marker: str) -> bool | None:
+    """Whether a lock line's environment marker holds here (None: packaging is missing)."""
+    try:
+        from packaging.markers import Marker
+    except ImportError:
+        return None
+    return Marker(marker).evaluate()
+
+
+def read_lock(path: Path) -> dict[str, str]:
+    """{normalized name: version} of the lock's lines that apply to this interpreter.
+
+    Lines are ``name==version`` with an optional ``; marker`` (uv's universal lock);
+    comments and ``# via`` lines are skipped. Without ``packaging`` to evaluate them,
+    lines with a marker are skipped.
+    """
+    locked = {}
+    for line in path.read_text().splitlines():
+        requirement, _, marker = line.partition(";")
+        match = re.fullmatch(r"([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)", requirement.strip())
+        if match is None or (marker.strip() and not _marker_applies(marker.strip())):
+            continue
+        locked[normalize(match[1])] = match[2]
+    return locked
+
+
+def installed_versions() -> dict[str, str]:
+    """{normalized name: version} of every distribution this interpreter sees."""
+    return {normalize(d.metadata["Name"]): d.version for d in metadata.distributions()
+            if d.metadata["Name"]}
+
+
+def lock_differences(locked: dict[str, str], installed: dict[str, str]) -> tuple[list, list]:
+    """(["transformers 5.24.0, tested with 5.23.0", ...], [locked names not installed]).
+
+    Local version labels are ignored (``2.13.0+cpu`` is ``2.13.0``); PyTorch's build
+    packages (TORCH_BUILD) are not compared.
+    """
+    differ, missing = [], []
+    for name, version in sorted(locked.items()):
+        if TORCH_BUILD.match(name):
+            continue
+        have = installed.get(name)
+        if have is None:
+            missing.append(name)
+        elif have.split("+")[0] != version.split("+")[0]:
+            differ.append(f"{name} {have}, tested with {version}")
+    return differ, missing
+
+
+def _lock(path: Path | None = None) -> Item:
+    """Installed versions against the lock (optional: a difference is reported, not fatal)."""
+    path = default_lock() if path is None else path
+    if not path.is_file():
+        return "lock", True, (f"no {path} (the kit is not a checkout, e.g. installed from a "
+                              "wheel): versions not compared with the tested ones")
+    locked = read_lock(path)
+    differ, missing = lock_differences(locked, installed_versions())
+    if not differ and not missing:
+        return "lock", True, (f"all {len(locked)} packages of {path.name} applying here are "
+                              "installed at the tested versions")
+    parts = []
+    if differ:
+        parts.append(f"{len(differ)} differ from {path.name}: " + "; ".join(differ))
+    if missing:
+        shown = ", ".join(missing[:6]) + (f" and {len(missing) - 6} more" if len(missing) > 6
+                                          else "")
+        parts.append(f"{len(missing)} locked packages not installed: {shown}")
+    return "lock", False, (". ".join(parts) + ". `make setup` installs the tested versions "
+                           "(remove .venv first to start clean)")
 
 
 def _python() -> Item:
@@ -102,8 +196,9 @@ def _setting(name: str, mode: str, when_on: str, when_off: str) -> Item:
     return name, True, f"{shown}: {mode} {'on' if on else 'off'}, {when_on if on else when_off}"
 
 
-def run_envcheck() -> list[Item]:
-    """Every item as (name, ok, detail), in the order printed."""
+def run_envcheck(lock: Path | None = None) -> list[Item]:
+    """Every item as (name, ok, detail), in the order printed; ``lock``: the lock file
+    to compare with (default: the checkout's requirements.lock)."""
     checks: list[Callable[[], Item]] = [
         _python,
         _torch,
@@ -117,6 +212,7 @@ def run_envcheck() -> list[Item]:
         lambda: _package("psutil", "CPU memory readings fall back to /proc"),
         lambda: _package("nbval", "make test runs the notebooks: pip install -e '.[test]'"),
         _figure_widget,
+        lambda: _lock(lock),
         lambda: _setting("BLOCKMEM_FAST", "fast mode", "so notebooks use tiny configs, as CI does",
                          "so notebooks use their full configs (BLOCKMEM_FAST=1: tiny ones, "
                          "as in CI)"),
@@ -146,8 +242,14 @@ def main(argv: list[str] | None = None) -> int:
                                      description="Check dependencies and widgets (OK/FAIL).")
     parser.add_argument("--core", action="store_true",
                         help="require only python, torch, numpy and the kit (no notebook extras)")
+    parser.add_argument("--lock", type=Path, default=None,
+                        help=f"the lock to compare installed versions with (default: the "
+                             f"checkout's {LOCK_NAME})")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    items = run_envcheck()
+    if args.lock is not None and not args.lock.is_file():
+        parser.error(f"--lock={str(args.lock)!r} is not allowed: no such file (expected a "
+                     f"lock file such as {default_lock()})")
+    items = run_envcheck(args.lock)
     required = required_items(args.core)
     print(format_items(items, required))
     failed = [name for name, ok, _ in items if not ok and name in required]

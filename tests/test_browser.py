@@ -15,7 +15,10 @@ ArrowRight twice on the first handle of the ``slider_figure`` cell. The tests as
   printed text); its label is shown whole;
 * no cell output is an error (error outputs, stderr tracebacks, widgets that failed to
   display) and every code cell ran;
-* the browser console logged no error and the page raised none.
+* the browser console logged no error and the page raised none;
+* the server answered no request with a 5xx status (failures quote its log's errors).
+
+Waits follow the work done (STALL_S): a slow, busy machine gives a slow pass.
 
 The only change to the copies: the dashboards train ``Case.steps`` steps (why: see
 NOTEBOOKS). Skipped without Chromium (``chromium``, ``chromium-browser``,
@@ -73,7 +76,14 @@ NOTEBOOKS = {
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome")
 CHROMIUM_ENV = "BLOCKMEM_CHROMIUM"
 VENV_BIN = Path(sys.executable).parent
-RUN_ALL_TIMEOUT_S = 240
+# The waits follow the work: Run All may take as long as it keeps making progress (a
+# prompt changed: a cell started or finished; or a figure or HTML widget redrew), and
+# fails only after STALL_S without any, or after RUN_ALL_CAP_S in all (a hung kernel still
+# ends). A slow machine gives a slow pass. STALL_S is far above the longest quiet stretch
+# of these notebooks in fast mode (a few seconds on a quiet machine, under a minute at
+# load 7 on 2 cores); it also bounds loading the page and starting the kernel.
+STALL_S = 300
+RUN_ALL_CAP_S = 1800
 # The notebook on show. Hidden panels (lm-mod-hidden) stay in the DOM; scope to this one.
 PANEL = ".jp-NotebookPanel:not(.lm-mod-hidden)"
 CELLS = f"{PANEL} .jp-Notebook .jp-Cell"
@@ -351,7 +361,7 @@ def prompts(page) -> list[str]:
         f"{CELLS} .jp-InputArea-prompt", "els => els.map(e => e.textContent.trim())")
 
 
-def open_notebook(page, url: str, timeout_ms: int = 90_000) -> None:
+def open_notebook(page, url: str, timeout_ms: int = STALL_S * 1000) -> None:
     """Load the lab page; wait for the cells and for the kernel indicator to say idle."""
     page.goto(url, wait_until="domcontentloaded", timeout=timeout_ms)
     page.wait_for_selector(CELLS, timeout=timeout_ms)
@@ -366,28 +376,42 @@ def run_all(page) -> None:
     page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).click()
 
 
+# What moves while a cell runs: recorded figure states and HTML widget texts.
+PROGRESS = """() => [(window.__bmPlots || []).reduce((n, p) => n + p.states.length, 0),
+                     (window.__bmHtml || []).length]"""
+
+
 def wait_until_idle(page, lab: Lab, nb_name: str, before: list[str] | None,
-                    timeout_s: float, settle_s: float = 1.5) -> None:
+                    stall_s: float = STALL_S, cap_s: float = RUN_ALL_CAP_S,
+                    settle_s: float = 1.5) -> None:
     """No '[*]' prompt, toolbar indicator idle and the server's kernel idle, for settle_s.
-    With ``before`` (the prompts before a run) first wait until the prompts changed."""
-    deadline = time.time() + timeout_s
-    while before is not None and time.time() < deadline and prompts(page) == before:
-        time.sleep(0.1)
-    since = None
-    while time.time() < deadline:
-        ok = (page.locator(f"{PANEL} .jp-Notebook-ExecutionIndicator[data-status='idle']")
-              .count() > 0 and not any("*" in p for p in prompts(page))
-              and lab.kernel_state(nb_name) == "idle")
-        if ok:
-            since = since or time.time()
-            if time.time() - since >= settle_s:
-                return
-        else:
-            since = None
+    With ``before`` (the prompts before a run) first wait until the prompts changed.
+
+    Gives up after ``stall_s`` without progress (prompts, figures or widget texts
+    changing) or ``cap_s`` in all, naming the cells still running or queued.
+    """
+    start = last_progress = time.time()
+    seen, since = None, None
+    while True:
+        now, shown = time.time(), prompts(page)
+        progress = (shown, page.evaluate(PROGRESS))
+        if progress != seen:
+            seen, last_progress = progress, now
+        started = before is None or shown != before
+        ok = (started and not any("*" in p for p in shown)
+              and page.locator(f"{PANEL} .jp-Notebook-ExecutionIndicator[data-status='idle']")
+              .count() > 0 and lab.kernel_state(nb_name) == "idle")
+        since = (since or now) if ok else None
+        if ok and now - since >= settle_s:
+            return
+        if now - last_progress > stall_s or now - start > cap_s:
+            running = [i for i, p in enumerate(shown) if "*" in p]
+            why = (f"no progress for {now - last_progress:.0f} s" if now - start <= cap_s
+                   else f"still running after {cap_s:.0f} s")
+            raise TimeoutError(f"{nb_name}: the kernel was not idle: {why} (after "
+                               f"{now - start:.0f} s; cells still running or queued: "
+                               f"{running[:5]})")
         time.sleep(0.25)
-    running = [i for i, p in enumerate(prompts(page)) if "*" in p]
-    raise TimeoutError(f"{nb_name}: the kernel was not idle after {timeout_s:.0f} s "
-                       f"(cells still running or queued: {running[:5]})")
 
 
 # ----------------------------------------------------------------------------- one notebook
@@ -408,10 +432,28 @@ class NotebookRun:
     dom_errors: list = field(default_factory=list)    # DOM_ERRORS
     slider: dict = field(default_factory=dict)        # before / after / error
     console: list = field(default_factory=list)       # console errors and page errors
+    server_errors: list = field(default_factory=list)  # responses with a 5xx status
     screenshots: list = field(default_factory=list)
+    log: Path | None = None                           # the jupyter server's log
 
     def shots(self) -> str:
         return "screenshots: " + ", ".join(str(p) for p in self.screenshots)
+
+
+def _without_token(url: str) -> str:
+    return re.sub(r"token=[0-9a-f]+", "token=...", url)
+
+
+def server_log_errors(log: Path | None, limit: int = 60) -> str:
+    """The jupyter server's error lines ('[E ...') and what follows each (its traceback)."""
+    lines = log.read_text(errors="replace").splitlines() if log and log.is_file() else []
+    picked, keep = [], False
+    for line in lines:
+        if line.startswith("["):
+            keep = line.startswith(("[E ", "[C ")) and "received signal" not in line
+        if keep:
+            picked.append(_without_token(line))
+    return "\n".join(picked[-limit:]) or "(none)"
 
 
 def _shoot(page, run: NotebookRun, path: Path, cell: int | None = None) -> None:
@@ -440,7 +482,7 @@ def move_slider(page, lab: Lab, run: NotebookRun, shot_dir: Path) -> None:
         handle.focus()
         page.keyboard.press("ArrowRight")
         page.keyboard.press("ArrowRight")
-        deadline = time.time() + 30
+        deadline = time.time() + STALL_S
         after = before
         while time.time() < deadline:
             after = cell.evaluate(SLIDER_VIEW)
@@ -450,7 +492,7 @@ def move_slider(page, lab: Lab, run: NotebookRun, shot_dir: Path) -> None:
                 break
             time.sleep(0.2)
         run.slider["after"] = after
-        wait_until_idle(page, lab, run.name, None, timeout_s=30)
+        wait_until_idle(page, lab, run.name, None)
         run.slider["final"] = cell.evaluate(SLIDER_VIEW)
         _shoot(page, run, shot_dir / f"{run.name}.slider-after.png", cell=run.slider_cell)
     except Exception as exc:
@@ -461,11 +503,14 @@ def move_slider(page, lab: Lab, run: NotebookRun, shot_dir: Path) -> None:
 def run_notebook(browser, lab: Lab, name: str, shot_dir: Path) -> NotebookRun:
     nb_path = lab.root / name
     run = NotebookRun(name, cell_index(nb_path, r"LiveDashboard\(|live_dashboard\("),
-                      cell_index(nb_path, r"slider_figure\("), NOTEBOOKS[name].slider)
+                      cell_index(nb_path, r"slider_figure\("), NOTEBOOKS[name].slider,
+                      log=lab.log)
     page = browser.new_page(viewport={"width": 1280, "height": 1000})
     page.on("console", lambda m: run.console.append(f"console.{m.type}: {m.text}")
             if m.type == "error" else None)
     page.on("pageerror", lambda e: run.console.append(f"pageerror: {e}"))
+    page.on("response", lambda r: run.server_errors.append(
+        f"{r.status} {r.request.method} {_without_token(r.url)}") if r.status >= 500 else None)
     page.add_init_script(RECORDER)
     try:
         # ?reset: an empty workspace, not the layout an earlier page left behind
@@ -474,7 +519,7 @@ def run_notebook(browser, lab: Lab, name: str, shot_dir: Path) -> NotebookRun:
         t0 = time.time()
         run_all(page)
         try:
-            wait_until_idle(page, lab, name, before, timeout_s=RUN_ALL_TIMEOUT_S)
+            wait_until_idle(page, lab, name, before)
         finally:
             run.seconds = time.time() - t0
             run.plots = page.evaluate("() => window.__bmPlots")
@@ -662,4 +707,15 @@ def test_no_console_errors(ran):
     errors = [line for line in ran.console
               if not any(re.search(pattern, line) for pattern, _why in CONSOLE_ALLOW)]
     assert not errors, (f"{ran.name}: the browser console logged errors ({ran.shots()}):\n"
-                        + "\n".join(errors))
+                        + "\n".join(errors) + "\nresponses with a 5xx status: "
+                        + ("; ".join(ran.server_errors) or "none")
+                        + f"\nserver log errors ({ran.log}):\n{server_log_errors(ran.log)}")
+
+
+def test_the_server_answered_every_request(ran):
+    """No request of the page got a 5xx answer (a real server error, e.g. one that only
+    load exposes); the failure shows the server log's errors and tracebacks."""
+    assert not ran.server_errors, (
+        f"{ran.name}: the jupyter server answered with an error: "
+        + "; ".join(ran.server_errors) + f"\nserver log errors ({ran.log}):\n"
+        + server_log_errors(ran.log))
