@@ -17,6 +17,9 @@ text, so task tokens and text never collide. Task content uses the ids below the
 
 ``facts`` is different: a table of entity -> attribute facts to pretrain on and
 a recall probe whose answers are never in the context (knowledge in weights).
+
+``FreshRows`` trains on a task without a fixed set of rows to memorise: row i is
+drawn from its own seed when it is asked for, in a seed range no evaluation uses.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from functools import lru_cache
 from typing import Callable
 
 import torch
-from torch.utils.data import TensorDataset
+from torch.utils.data import Dataset, TensorDataset
 
 from blockmem_lite.tokenizer import IGNORE_INDEX
 from blockmem_lite.validation import check_int
@@ -284,6 +287,53 @@ def copy_task(n: int, seq_len: int, copy_len: int, *, gap: int = 0, vocab_size: 
     meta = {"task": "copy", "copy_len": copy_len, "gap": gap, "distance": distance,
             "vocab_size": vocab_size, "seed": seed}
     return _task_batch(seq, positions, torch.full((n, copy_len), distance), meta)
+
+
+# --- fresh rows for training ---------------------------------------------------------------
+# A CPU torch.Generator keeps only the low 32 bits of its seed (2**32 + 5 draws what 5
+# draws), so every seed here lies in [0, 2**32): training rows take the upper half, from
+# 2**31 on, in 2**24-row streams; the kit's evaluation seeds stay below 2**31, so no
+# held-out row is ever a training row.
+TRAIN_SEED_OFFSET = 1 << 31
+_ROWS_PER_STREAM = 1 << 24
+_STREAMS = (1 << 31) // _ROWS_PER_STREAM                              # 128
+
+
+class FreshRows(Dataset):
+    """``n`` task rows, each made from its own seed when it is asked for.
+
+    ``make(count, seed=...)`` is any task builder returning a TaskBatch, e.g.
+    ``functools.partial(mqar, seq_len=64, n_pairs=4)``. Row i is
+    ``make(1, seed=TRAIN_SEED_OFFSET + stream * 2**24 + i)``: the same i always gives
+    the same row (a Trainer's checkpoint resumes it), nothing is stored, and with ``n``
+    of steps x batch every training step sees rows no step saw before. Items are
+    (x (T,), y (T,)) like ``TaskBatch.dataset()``.
+    """
+
+    def __init__(self, make: Callable[..., TaskBatch], n: int, stream: int = 0):
+        check_int("n", n, 1)
+        check_int("stream", stream, 0)
+        if stream >= _STREAMS:
+            raise ValueError(f"stream={stream} is not allowed: expected 0 <= stream < {_STREAMS}")
+        if n > _ROWS_PER_STREAM:
+            raise ValueError(f"n={n} is not allowed: expected 1 <= n <= {_ROWS_PER_STREAM}")
+        self.make, self.n, self.stream = make, n, stream
+
+    def __len__(self) -> int:
+        return self.n
+
+    def seed_of(self, index: int) -> int:
+        return TRAIN_SEED_OFFSET + self.stream * _ROWS_PER_STREAM + index
+
+    def row(self, index: int) -> TaskBatch:
+        """Row ``index`` as a one-row TaskBatch (its meta included)."""
+        if not 0 <= index < self.n:
+            raise IndexError(f"index={index} is not allowed: expected 0 <= index < {self.n}")
+        return self.make(1, seed=self.seed_of(index))
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        batch = self.row(int(index))
+        return batch.inputs[0], batch.targets[0]                                  # (T,), (T,)
 
 
 # --- scoring --------------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import json
 import math
 import random
@@ -261,7 +262,10 @@ def _check_example(item, name: str) -> None:
 
 
 def _epoch_seed(seed: int, epoch: int) -> int:
-    return ((seed & 0xFFFFFFFF) << 32) | (epoch & 0xFFFFFFFF)
+    """A 32-bit seed for (seed, epoch): a CPU torch.Generator keeps only the low 32 bits of
+    its seed, so packing seed and epoch side by side in 64 bits lost the seed."""
+    digest = hashlib.blake2b(f"{seed}:{epoch}".encode(), digest_size=4).digest()
+    return int.from_bytes(digest, "little")
 
 
 class _BatchStream:

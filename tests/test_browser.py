@@ -590,11 +590,19 @@ MIN_LIVE_REDRAWS = 3
 
 
 def _dashboard_states(run: NotebookRun) -> list[dict]:
-    """The recorded states of the figure drawn inside a widget in the dashboard cell."""
-    plots = [p["states"] for p in run.plots
+    """The recorded states of the figure drawn inside a widget in the dashboard cell, in
+    time order. JupyterLab may draw the widget's view anew (a re-attached cell: a new
+    plot element, recorded apart, while the old one may be emptied); the states of every
+    view are merged, and the view that ends with the most points (the one on show) ends
+    the list, so its final state is the dashboard as it stays."""
+    views = [p["states"] for p in run.plots
              if p["states"] and p["states"][0]["cell"] == run.dashboard_cell
              and p["states"][0]["inWidget"]]
-    return plots[0] if plots else []
+    if not views:
+        return []
+    last = max(views, key=lambda states: (sum(_rows(states[-1]).values()), states[-1]["t"]))
+    earlier = [s for states in views if states is not last for s in states]
+    return sorted(earlier, key=lambda s: s["t"]) + last
 
 
 def _rows(state: dict) -> dict[str, int]:

@@ -1,6 +1,8 @@
 """Synthetic tasks: layout, answers derived from the inputs, the distance asked for,
 determinism, scoring with an oracle and a chance-level model, and clear errors."""
 
+import functools
+
 import pytest
 import torch
 
@@ -8,6 +10,8 @@ from blockmem_lite import build_model, preset
 from blockmem_lite.corpora import load_corpus
 from blockmem_lite.models.base import IGNORE_INDEX
 from blockmem_lite.tasks import (
+    TRAIN_SEED_OFFSET,
+    FreshRows,
     TaskBatch,
     accuracy_vs_distance,
     content_vocab,
@@ -225,3 +229,37 @@ def test_bad_arguments_name_the_parameter():
         copy_task(0, 32, 4)
     with pytest.raises(ValueError, match="batch_size=0"):
         task_accuracy(Guesser(256), copy_task(2, 32, 4), batch_size=0)
+
+
+# --- fresh rows ------------------------------------------------------------------------------
+def _fresh_mqar(n=4096, stream=0):
+    return FreshRows(functools.partial(mqar, seq_len=32, n_pairs=4), n, stream=stream)
+
+
+def test_fresh_rows_come_from_their_own_seeds():
+    rows = _fresh_mqar()
+    x, y = rows[7]
+    again = mqar(1, 32, 4, seed=TRAIN_SEED_OFFSET + 7)
+    assert torch.equal(x, again.inputs[0]) and torch.equal(y, again.targets[0])
+    assert torch.equal(rows[7][0], x)                                  # the same i, the same row
+    assert not torch.equal(rows[8][0], x)
+    assert not torch.equal(_fresh_mqar(stream=1)[7][0], x)             # another stream, others
+
+
+def test_fresh_rows_are_distinct_and_never_held_out_rows():
+    rows = _fresh_mqar()
+    seen = {tuple(rows[i][0].tolist()) for i in range(400)}
+    assert len(seen) == 400                                        # no small set to memorise
+    held_out = mqar(400, 32, 4, seed=20_000)                       # the kit's evaluation seeds
+    assert not seen & {tuple(r.tolist()) for r in held_out.inputs}
+
+
+def test_fresh_rows_train_like_a_task_batch():
+    rows = _fresh_mqar()
+    x, y = rows[0]
+    assert x.shape == y.shape == (32,) and x.dtype == y.dtype == torch.long
+    assert int((y != IGNORE_INDEX).sum()) == 4                     # the four answers only
+    with pytest.raises(IndexError, match="index=4096"):
+        rows[4096]
+    with pytest.raises(ValueError, match="n=0"):
+        FreshRows(rows.make, 0)

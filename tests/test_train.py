@@ -481,3 +481,21 @@ def test_cli_trains_writes_outputs_and_resumes(tmp_path, capsys):
     assert json.loads((out / "history.json").read_text())["step"] == [1, 2, 3, 4, 5]
     assert main(["--preset", "tiny", "--out", str(out), "--resume", "--set", "d_model=64"]) == 2
     assert "different settings is not allowed" in capsys.readouterr().err
+
+
+def test_the_batch_order_follows_the_seed():
+    """Each seed shuffles its own way, every epoch anew; the same seed, the same order.
+    (A CPU Generator keeps 32 bits of its seed: a 64-bit (seed, epoch) lost the seed.)"""
+    from blockmem_lite.train import _BatchStream
+
+    data = TensorDataset(torch.arange(64)[:, None].repeat(1, 4),            # row i: all i
+                         torch.zeros(64, 4, dtype=torch.long))
+
+    def first_batch(seed, epoch=0):
+        stream = _BatchStream(data, 8, seed)
+        stream.seek(epoch, 0)
+        return stream.next_batch()[0][:, 0].tolist()
+
+    assert first_batch(0) == first_batch(0)
+    assert first_batch(0) != first_batch(1) != first_batch(2)
+    assert first_batch(0, epoch=0) != first_batch(0, epoch=1)
