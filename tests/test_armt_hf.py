@@ -5,6 +5,7 @@ import warnings
 
 import pytest
 import torch
+from decoding import prefill_then_step
 
 from blockmem_lite.models.armt import ARMT, HFBackbone
 
@@ -64,22 +65,12 @@ def test_memory_changes_later_segments(llama):
 DECODE_ATOL = {"eager": 8 * torch.finfo(torch.float32).eps, "sdpa": 1e-10}
 
 
-def _decode_pieces(model, x, prompt_len):
-    """Prefill ``prompt_len`` tokens, then step one token at a time -> (B, T, V), state."""
-    logits, state = model.prefill(x[:, :prompt_len])
-    pieces = [logits]
-    for t in range(prompt_len, x.shape[1]):
-        step_logits, state = model.step(x[:, t], state)
-        pieces.append(step_logits[:, None])
-    return torch.cat(pieces, 1), state
-
-
 @pytest.mark.parametrize("prompt_len", [3, S, 2 * S + 1])
 def test_cached_decode_equals_full_forward_across_segments(llama, prompt_len):
     model = _armt(llama)
     x = torch.randint(0, 64, (2, T))
     full = model(x).logits
-    decoded, state = _decode_pieces(model, x, prompt_len)
+    decoded, state = prefill_then_step(model, x, prompt_len)
     atol = DECODE_ATOL[llama.config._attn_implementation]
     assert torch.allclose(decoded, full, atol=atol)
     assert state.caches[0].k.shape == (2, 2, S + M, 8)        # n_kv_heads = 2 (GQA)
@@ -106,7 +97,7 @@ def test_eager_decode_is_exact_once_its_softmax_keeps_float64(prompt_len):
     interface.register("eager_float64_softmax", _eager_in_input_dtype)
     model = _armt(_llama("eager_float64_softmax"))
     x = torch.randint(0, 64, (2, T))
-    decoded, _ = _decode_pieces(model, x, prompt_len)
+    decoded, _ = prefill_then_step(model, x, prompt_len)
     assert torch.allclose(decoded, model(x).logits, atol=1e-10)
 
 
@@ -116,7 +107,7 @@ def test_the_current_cache_keyword_is_used(llama):
     assert block.cache_keyword in inspect.signature(block.layer.forward).parameters
     with warnings.catch_warnings():
         warnings.simplefilter("error", FutureWarning)         # "past_key_values is deprecated"
-        _decode_pieces(_armt(llama), torch.randint(0, 64, (1, S + 2)), 3)
+        prefill_then_step(_armt(llama), torch.randint(0, 64, (1, S + 2)), 3)
 
 
 def test_other_families_are_a_clear_error():

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from decoding import prefill_then_step
 
 from blockmem_lite import build_model, preset
 from blockmem_lite.models.bcmt import (
@@ -108,23 +109,14 @@ def test_b5_cached_generation_equals_full_forward(arch, prompt_len):
     assert max(layer.cache.length for layer in state.layers) <= L
 
 
-def _decode_all(model, x, prompt_len):
-    logits, state = model.prefill(x[:, :prompt_len])
-    pieces = [logits]
-    for t in range(prompt_len, x.shape[1]):
-        step_logits, state = model.step(x[:, t], state)
-        pieces.append(step_logits[:, None])
-    return torch.cat(pieces, 1), state
-
-
 @pytest.mark.parametrize("prompt_len", [1, L + 3])
 def test_b5_holds_for_no_grad_decoding_and_a_second_session_repeats_it(prompt_len):
     model = _model()
     x = torch.randint(0, 256, (2, 30))
     with torch.no_grad():
         full = model(x).logits
-        decoded, state = _decode_all(model, x, prompt_len)
-        again, _ = _decode_all(model, x, prompt_len)
+        decoded, state = prefill_then_step(model, x, prompt_len)
+        again, _ = prefill_then_step(model, x, prompt_len)
     assert torch.allclose(decoded, full, atol=1e-10) and torch.equal(decoded, again)
     assert state.layers[0].block_u.shape == (2, L, model.cfg.d_model)   # the open block's U
 
@@ -133,11 +125,11 @@ def test_b5_decoding_follows_a_weight_change():
     model = _model()
     x = torch.randint(0, 256, (1, 20))
     with torch.no_grad():
-        _decode_all(model, x, 1)
+        prefill_then_step(model, x, 1)
         for layer in model.blocks:
             layer.gate.weight.mul_(-1.5)                           # in place: new version
             layer.score.weight.add_(0.3)
-        decoded, _ = _decode_all(model, x, 1)
+        decoded, _ = prefill_then_step(model, x, 1)
         assert torch.allclose(decoded, model(x).logits, atol=1e-10)
 
 
@@ -147,7 +139,7 @@ def test_b5_large_summary_scores_still_equal_the_full_forward():
         for layer in model.blocks:               # |a_t| up to ~1e3: a naive exp overflows
             layer.score.weight.normal_(std=60.0)
     x = torch.randint(0, 256, (2, 30))
-    decoded, _ = _decode_all(model, x, 3)
+    decoded, _ = prefill_then_step(model, x, 3)
     assert torch.allclose(decoded, model(x).logits, atol=1e-10)
 
 
