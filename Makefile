@@ -115,9 +115,10 @@ exercises: setup
 test: setup
 	$(call run_suite,$(BIN))
 
-# A fresh venv with the newest versions pyproject.toml allows (torch stays TORCH_SPEC:
-# `make test-latest TORCH_SPEC=torch` for the newest of that too), then the whole suite.
-# envcheck first names every package that moved from the lock.
+# A fresh venv with the newest versions pyproject.toml allows, torch included (the eager
+# upgrade moves it past TORCH_SPEC to the newest pip may take: on Linux from PyPI a CUDA
+# build of several GB), then the whole suite. envcheck first names every package that
+# moved from the lock.
 test-latest:
 	$(PYTHON) -m venv --clear $(LATEST_VENV)
 	$(LATEST_VENV)/bin/python -m pip install --quiet --upgrade pip
