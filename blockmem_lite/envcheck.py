@@ -146,8 +146,16 @@ def _python() -> Item:
     return "python", ok, f"{version}{need} at {sys.executable}"
 
 
+def torch_install_hint(lock: Path | None = None) -> str:
+    """How to install torch: the lock's version when the checkout has one."""
+    lock = default_lock() if lock is None else lock
+    version = read_lock(lock).get("torch") if lock.is_file() else None
+    spec = f"torch=={version.split('+')[0]}" if version else "torch"
+    return f"install {spec} first (the CPU wheel, see the README)"
+
+
 def _torch() -> Item:
-    name, ok, detail = _package("torch", "install torch==2.13.0 first, see the README")
+    name, ok, detail = _package("torch", torch_install_hint())
     if not ok:
         return name, ok, detail
     torch = importlib.import_module("torch")

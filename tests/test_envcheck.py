@@ -138,3 +138,10 @@ def test_a_missing_lock_argument_is_a_clear_error(tmp_path, capsys):
     with pytest.raises(SystemExit):
         envcheck.main(["--lock", str(tmp_path / "nope.lock")])
     assert "--lock=" in capsys.readouterr().err
+
+
+def test_the_torch_hint_names_the_locked_version(tmp_path):
+    lock = tmp_path / "requirements.lock"
+    lock.write_text("numpy==2.3.0\ntorch==9.8.7+cpu\n    # via blockmem-lite\n")
+    assert "install torch==9.8.7 first" in envcheck.torch_install_hint(lock)
+    assert "install torch first" in envcheck.torch_install_hint(tmp_path / "absent.lock")
