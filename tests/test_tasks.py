@@ -25,7 +25,8 @@ from blockmem_lite.tasks import (
 SPECIAL = special_ids(256)
 
 
-def _check_layout(batch: TaskBatch, n: int, seq_len: int, answers_per_row: int):
+def _check_layout(batch: TaskBatch, n: int, seq_len: int, answers_per_row: int,
+                  answers_follow: bool = True):
     assert batch.inputs.shape == batch.targets.shape == batch.mask.shape == (n, seq_len)
     assert batch.inputs.dtype == batch.targets.dtype == torch.long
     assert batch.mask.dtype == torch.bool
@@ -35,7 +36,9 @@ def _check_layout(batch: TaskBatch, n: int, seq_len: int, answers_per_row: int):
     positions = batch.meta["answer_positions"]
     assert torch.equal(batch.mask.nonzero()[:, 1].view(n, -1), positions)
     assert batch.meta["distances"].shape == (n, answers_per_row)
-    # the target at an answer position is the next input token (next-token prediction)
+    if not answers_follow:                         # MQAR keeps its answers out of the inputs
+        return
+    # the target at an answer position is the next input token (teacher forcing)
     inside = positions < seq_len - 1
     following = batch.inputs.gather(1, (positions + 1).clamp(max=seq_len - 1))
     assert torch.equal(following[inside], batch.answers()[inside])
@@ -53,7 +56,7 @@ def _measured_distance(inputs_row: torch.Tensor, answer_position: int, answer: i
 # --- MQAR ----------------------------------------------------------------------------------
 def test_mqar_answers_come_from_the_pairs_in_the_context():
     batch = mqar(8, 64, 6, n_queries=4, seed=1)
-    _check_layout(batch, 8, 64, 4)
+    _check_layout(batch, 8, 64, 4, answers_follow=False)
     n_keys = content_vocab(256) // 2
     for row in range(8):
         x = batch.inputs[row]
@@ -64,6 +67,32 @@ def test_mqar_answers_come_from_the_pairs_in_the_context():
             assert pos >= 12                                       # queries after the pairs
             assert batch.targets[row, pos].item() == pairs[x[pos].item()]
     assert not torch.equal(batch.meta["distances"][0], batch.meta["distances"][1])
+
+
+def _answer_sources(batch: TaskBatch, row: int) -> list[list[int]]:
+    """For each answer of ``row``: every input position up to its answer position that
+    holds the answer token."""
+    x = batch.inputs[row]
+    return [(x[:pos + 1] == answer).nonzero().flatten().tolist()
+            for pos, answer in zip(batch.meta["answer_positions"][row].tolist(),
+                                   batch.answers()[row].tolist(), strict=True)]
+
+
+@pytest.mark.parametrize("make", [lambda: mqar(16, 64, 8, seed=5),
+                                  lambda: mqar(16, 64, 8, distance=30, seed=6),
+                                  lambda: mqar(16, 96, 20, vocab_size=64, seed=7)])
+def test_mqar_answers_never_leak_into_the_inputs(make):
+    """Each answer sits in the inputs once, at its pair: never after a query, so no later
+    query can be answered by elimination (the one value not asked yet)."""
+    batch = make()
+    for row in range(len(batch)):
+        pairs_end = 2 * batch.meta["n_pairs"]
+        for sources in _answer_sources(batch, row):         # values may repeat across pairs
+            assert sources and max(sources) < pairs_end
+        x = batch.inputs[row]
+        after_queries = batch.meta["answer_positions"][row] + 1
+        after_queries = after_queries[after_queries < batch.seq_len]
+        assert torch.all(x[after_queries] == special_ids(batch.meta["vocab_size"])["fill"])
 
 
 def test_mqar_fixed_distance_is_exact():
