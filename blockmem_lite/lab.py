@@ -4,7 +4,8 @@
 with the same token budget and seed, and measures, per entry:
 
 * ``lm``: validation loss after training (a multi-chunk CAT at each chunk size);
-* ``recall``: a fresh model trained on a mix of passkey and MQAR rows, then accuracy
+* ``recall``: a fresh model trained on a mix of passkey and MQAR rows (fresh rows every
+  step, ``tasks.FreshRows``), then accuracy
   against distance, beyond each mechanism's local span too ("when does memory pay?");
 
 and once for all of them, in one process so the ratios are same-run ratios:
@@ -36,6 +37,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import json
 import math
 import sys
@@ -44,7 +46,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from torch.utils.data import ConcatDataset
 
 from blockmem_lite import bench, distributed, metrics, registry, roofline, tasks
 from blockmem_lite.checkpoints import atomic_write, atomic_write_bytes, prepare_folder
@@ -63,14 +64,14 @@ DETERMINISTIC = ("lm", "recall")        # tasks whose results are equal when rer
 
 # how much work each preset's lab does (the model sizes come from the preset itself)
 LAB_SIZES = {
-    "tiny": dict(steps=20, recall_steps=20, recall_rows=64, eval_rows=32, bench_lens=(32,),
+    "tiny": dict(steps=20, recall_steps=20, eval_rows=32, bench_lens=(32,),
                  state_lens=(32, 64), warmup=1, repeats=1, decode_burst=2),
-    "fast": dict(steps=60, recall_steps=60, recall_rows=256, eval_rows=48, bench_lens=(64, 128),
+    "fast": dict(steps=60, recall_steps=60, eval_rows=48, bench_lens=(64, 128),
                  state_lens=(64, 256, 1024), warmup=1, repeats=2, decode_burst=4),
-    "class": dict(steps=300, recall_steps=300, recall_rows=2048, eval_rows=96,
+    "class": dict(steps=300, recall_steps=300, eval_rows=96,
                   bench_lens=(256, 1024), state_lens=(256, 1024, 4096, 16384), warmup=3,
                   repeats=5, decode_burst=16),
-    "gpu": dict(steps=3000, recall_steps=2000, recall_rows=4096, eval_rows=256,
+    "gpu": dict(steps=3000, recall_steps=2000, eval_rows=256,
                 bench_lens=(1024, 4096), state_lens=(1024, 4096, 16384, 65536), warmup=5,
                 repeats=10, decode_burst=32),
 }
@@ -305,9 +306,10 @@ class Lab:
     def _recall(self, label: str) -> dict:
         entry = self.by_label[label]
         seq_len, vocab = entry.cfg.seq_len, entry.cfg.vocab_size
-        train = recall_training_rows(self.sizes["recall_rows"], seq_len, vocab, seed=1)
+        steps = self.sizes["recall_steps"]
+        train = recall_training_rows(steps * entry.run.train.batch_size, seq_len, vocab)
         run = dataclasses.replace(entry.run, train=dataclasses.replace(
-            entry.run.train, steps=self.sizes["recall_steps"], eval_every=10**9))
+            entry.run.train, steps=steps, eval_every=10**9))
         model = self._model(entry)
         _finished(self._trainer(model, run, train).fit())
         curves, spans = {}, {}
@@ -410,15 +412,21 @@ def recall_distances(seq_len: int) -> list[int]:
     return [d for d in points if KEY_LEN + 1 <= d <= top]
 
 
-def recall_training_rows(n: int, seq_len: int, vocab: int, seed: int):
-    """A Dataset of ``n`` rows: three quarters passkey at every distance of
-    ``recall_distances``, a quarter MQAR."""
+def recall_row(count: int, *, seed: int, seq_len: int, vocab: int) -> tasks.TaskBatch:
+    """``count`` training rows of one kind, chosen by the seed: of every four seeds three
+    give a passkey (at the distances of ``recall_distances`` in turn) and one an MQAR row."""
+    if seed % 4 == 0:
+        return tasks.mqar(count, seq_len, MQAR_PAIRS, vocab_size=vocab, seed=seed)
     distances = recall_distances(seq_len)
-    per = max(1, 3 * n // (4 * len(distances)))
-    parts = [tasks.passkey(per, seq_len, d, key_len=KEY_LEN, filler=HAYSTACK, vocab_size=vocab,
-                           seed=seed + i).dataset() for i, d in enumerate(distances)]
-    parts.append(tasks.mqar(n // 4, seq_len, MQAR_PAIRS, vocab_size=vocab, seed=seed).dataset())
-    return ConcatDataset(parts)
+    distance = distances[(seed // 4) % len(distances)]
+    return tasks.passkey(count, seq_len, distance, key_len=KEY_LEN, filler=HAYSTACK,
+                         vocab_size=vocab, seed=seed)
+
+
+def recall_training_rows(n: int, seq_len: int, vocab: int) -> tasks.FreshRows:
+    """``n`` fresh training rows (``tasks.FreshRows`` of ``recall_row``): with n = steps x
+    batch every step trains on rows no step saw, so a model cannot memorise a fixed set."""
+    return tasks.FreshRows(functools.partial(recall_row, seq_len=seq_len, vocab=vocab), n)
 
 
 def recall_curves(model, seq_len: int, vocab: int, rows: int) -> dict:

@@ -5,8 +5,9 @@ continues to the same result as an uninterrupted one."""
 import json
 
 import pytest
+import torch
 
-from blockmem_lite import lab, registry
+from blockmem_lite import lab, registry, tasks
 from blockmem_lite.cli import reproduce_main
 from blockmem_lite.corpora import load_corpus
 
@@ -129,3 +130,20 @@ def test_cli_errors(tmp_path, capsys):
     assert reproduce_main(["--preset", "tiny", "--paths", str(tmp_path / "none.txt"), "--out",
                            str(tmp_path)]) == 2
     assert "text files not found" in capsys.readouterr().err
+
+
+def test_recall_rows_are_fresh_mixed_and_never_held_out():
+    """Training rows: a quarter MQAR, the rest passkey at each lab distance, every row made
+    from its own seed, no MQAR row a held-out one (the recall curves' seeds 20_000 + d)."""
+    rows = lab.recall_training_rows(64, 64, 256)
+    kinds = [rows.row(i).meta["task"] for i in range(64)]
+    assert kinds.count("mqar") == 16 and kinds.count("passkey") == 48
+    distances = {rows.row(i).meta["distance"] for i in range(64) if kinds[i] == "passkey"}
+    assert distances == set(lab.recall_distances(64))
+    # MQAR rows: each distinct, none a held-out row (a quiet one-digit passkey has only
+    # 10 rows per distance, so there the rule, not the row, is what can be learned)
+    inputs = torch.stack([rows[i][0] for i in range(64) if kinds[i] == "mqar"])
+    assert len({tuple(x.tolist()) for x in inputs}) == 16
+    held_out = torch.cat([tasks.mqar(48, 64, lab.MQAR_PAIRS, distance=d, seed=20_000 + d).inputs
+                          for d in (8, 20, 40)])
+    assert not (inputs[:, None] == held_out[None]).all(-1).any()
