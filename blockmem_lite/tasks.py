@@ -2,7 +2,8 @@
 
 Each task builds full token sequences ``seq`` (N, T + 1) and returns a
 ``TaskBatch``: inputs = seq[:, :-1], targets = seq[:, 1:] kept only at the
-answer positions (IGNORE_INDEX = -100 elsewhere). It is plain next-token
+answer positions (IGNORE_INDEX = -100 elsewhere); MQAR alone sets its targets
+apart, so its answers never appear in the inputs. It is plain next-token
 prediction, so ``lm_loss`` trains a model on a task unchanged.
 
 Distance, the same for every task: how many tokens after its source an answer
