@@ -4,9 +4,10 @@
 with the same token budget and seed, and measures, per entry:
 
 * ``lm``: validation loss after training (a multi-chunk CAT at each chunk size);
-* ``recall``: a fresh model trained on a mix of passkey and MQAR rows (fresh rows every
-  step, ``tasks.FreshRows``), then accuracy
-  against distance, beyond each mechanism's local span too ("when does memory pay?");
+* ``recall``: the recall experiment (``recall``): the entry at the recipe's small sizes
+  and one local span, trained on fresh MQAR and passkey rows at every recipe seed, with
+  its memory-less twin where it declares one; accuracy against distance, beyond the span,
+  and the twin's blindness ("when does memory pay?");
 
 and once for all of them, in one process so the ratios are same-run ratios:
 
@@ -30,14 +31,13 @@ stored.
 The lab names no mechanism: what a mechanism needs beyond "train it, measure it" it
 declares in its ``LabSpec`` (CAT's multi-chunk config and chunk sizes, ARMT starting
 from the trained dense model, MoC's iso-FLOP dense baseline, each one's local span).
-The local-window baseline of the memory-pays experiment is ``registry.LOCAL_BASELINE``.
+Each mechanism's memory-less twin is its ``LabSpec.twin``.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
-import functools
 import json
 import math
 import sys
@@ -47,11 +47,10 @@ from pathlib import Path
 
 import torch
 
-from blockmem_lite import bench, distributed, metrics, registry, roofline, tasks
+from blockmem_lite import bench, distributed, metrics, recall, registry, roofline
 from blockmem_lite.checkpoints import atomic_write, atomic_write_bytes, prepare_folder
 from blockmem_lite.config import PRESET_NAMES, ModelConfig, RunConfig, preset
 from blockmem_lite.corpora import load_corpus, make_loaders
-from blockmem_lite.labdata import recall_beyond
 from blockmem_lite.models.base import build_model
 from blockmem_lite.runtime import pick_device, seed_everything
 from blockmem_lite.train import Trainer
@@ -62,17 +61,16 @@ RESULTS_NAME = "results.json"
 RESULTS_FORMAT = "blockmem_lite.lab/1"
 DETERMINISTIC = ("lm", "recall")        # tasks whose results are equal when rerun (no timing)
 
-# how much work each preset's lab does (the model sizes come from the preset itself)
+# how much work each preset's lab does (the model sizes come from the preset itself; the
+# recall experiment's sizes are recall.RECALL_SIZES)
 LAB_SIZES = {
-    "tiny": dict(steps=20, recall_steps=20, eval_rows=32, bench_lens=(32,),
+    "tiny": dict(steps=20, bench_lens=(32,),
                  state_lens=(32, 64), warmup=1, repeats=1, decode_burst=2),
-    "fast": dict(steps=60, recall_steps=60, eval_rows=48, bench_lens=(64, 128),
+    "fast": dict(steps=60, bench_lens=(64, 128),
                  state_lens=(64, 256, 1024), warmup=1, repeats=2, decode_burst=4),
-    "class": dict(steps=300, recall_steps=300, eval_rows=96,
-                  bench_lens=(256, 1024), state_lens=(256, 1024, 4096, 16384), warmup=3,
+    "class": dict(steps=300, bench_lens=(256, 1024), state_lens=(256, 1024, 4096, 16384), warmup=3,
                   repeats=5, decode_burst=16),
-    "gpu": dict(steps=3000, recall_steps=2000, eval_rows=256,
-                bench_lens=(1024, 4096), state_lens=(1024, 4096, 16384, 65536), warmup=5,
+    "gpu": dict(steps=3000, bench_lens=(1024, 4096), state_lens=(1024, 4096, 16384, 65536), warmup=5,
                 repeats=10, decode_burst=32),
 }
 
@@ -92,14 +90,16 @@ class Entry:
     def spec(self) -> registry.LabSpec:
         return registry.get(self.arch).lab if not self.baseline_of else registry.LabSpec()
 
-    def local_span(self, overrides: dict) -> int | None:
+    def local_span(self, overrides: dict, cfg: ModelConfig | None = None) -> int | None:
+        """The local span of ``cfg`` (default the entry's) in one variant's setting."""
         spec = self.spec
-        return spec.local_span(dataclasses.replace(self.cfg, **overrides)) \
+        return spec.local_span(dataclasses.replace(cfg or self.cfg, **overrides)) \
             if spec.local_span else None
 
-    def variants(self) -> list[tuple[str, dict]]:
+    def variants(self, cfg: ModelConfig | None = None) -> list[tuple[str, dict]]:
+        """[(label, overrides)] of ``cfg`` (default the entry's): e.g. CAT's chunk sizes."""
         spec = self.spec
-        return spec.variants(self.cfg) if spec.variants else [("", {})]
+        return spec.variants(cfg or self.cfg) if spec.variants else [("", {})]
 
 
 def plan_entries(preset_name: str, archs=None, steps: int | None = None) -> list[Entry]:
@@ -122,9 +122,11 @@ def plan_entries(preset_name: str, archs=None, steps: int | None = None) -> list
 
 
 def plan_tasks(entries: list[Entry]) -> list[tuple[str, str]]:
-    """[(task, entry label)]: language modelling for all, then recall for all, then one bench."""
-    return ([("lm", e.label) for e in entries] + [("recall", e.label) for e in entries]
-            + [("bench", "*")])
+    """[(task, entry label)]: language modelling for all, then recall for every entry but the
+    baselines of one (at the recall recipe's sizes an iso-FLOP dense is the dense model),
+    then one bench."""
+    return ([("lm", e.label) for e in entries]
+            + [("recall", e.label) for e in entries if not e.baseline_of] + [("bench", "*")])
 
 
 # --- progress ------------------------------------------------------------------------------------
@@ -224,6 +226,9 @@ class Lab:
 
     def _store(self, key: str, value) -> None:
         self.results["done"][key] = value
+        self._store_results()
+
+    def _store_results(self) -> None:
         if self.world.is_main:
             atomic_write_bytes(self.out / RESULTS_NAME,
                                json.dumps(self.results, indent=1, default=float).encode())
@@ -240,9 +245,8 @@ class Lab:
             self.progress.finish()
         self.results["claims"] = claims_table(self.results)
         self.results["memory_pays"] = memory_pays(self.results)
+        self._store_results()
         if self.world.is_main:
-            atomic_write_bytes(self.out / RESULTS_NAME,
-                               json.dumps(self.results, indent=1, default=float).encode())
             write_report(self.results, self.out)
         return self.results
 
@@ -304,25 +308,45 @@ class Lab:
                                                    strict=True)]}
 
     def _recall(self, label: str) -> dict:
+        """The entry at the recall recipe's sizes and span, trained at every recipe seed, and
+        its memory-less twin where it has one (``recall`` module); one stored part per
+        trained model, so a resumed run retrains nothing."""
+        entry, recipe = self.by_label[label], recall.RECALL_SIZES[self.preset]
+        start = time.perf_counter()
+        cfg = recipe.model_config(entry.cfg)
+        roles = {"model": cfg, **({"twin": entry.spec.twin(cfg)} if entry.spec.twin else {})}
+        record = {"arch": entry.arch, "recipe": json.loads(json.dumps(dataclasses.asdict(recipe))),
+                  "chance": {"passkey": 1 / 10, "mqar": recall.chance(recipe)},
+                  "local_span": {v: entry.local_span(o, cfg) for v, o in entry.variants(cfg)}}
+        for role, role_cfg in roles.items():
+            runs = [self._recall_part(label, role, role_cfg, recipe, seed)
+                    for seed in recipe.seeds]
+            record[role] = recall.combine(runs)
+        record.update(record.pop("model"))
+        record["seconds"] = time.perf_counter() - start
+        return record
+
+    def _recall_part(self, label: str, role: str, cfg: ModelConfig,
+                     recipe: recall.RecallRecipe, seed: int) -> dict:
+        """One recall model trained and measured at every variant (stored in "parts")."""
+        key = f"{label}/{role}/{seed}"
+        parts = self.results.setdefault("parts", {})
+        if key in parts:
+            return parts[key]
         entry = self.by_label[label]
-        seq_len, vocab = entry.cfg.seq_len, entry.cfg.vocab_size
-        steps = self.sizes["recall_steps"]
-        train = recall_training_rows(steps * entry.run.train.batch_size, seq_len, vocab)
-        run = dataclasses.replace(entry.run, train=dataclasses.replace(
-            entry.run.train, steps=steps, eval_every=10**9))
-        model = self._model(entry)
-        _finished(self._trainer(model, run, train).fit())
-        curves, spans = {}, {}
-        for variant, overrides in entry.variants():
+        train = recipe.train_config(entry.run.train, seed)
+        run = dataclasses.replace(entry.run, model=cfg, train=train)
+        seed_everything(seed)
+        model = build_model(cfg)                  # its own sizes: never a trained LM's start
+        _finished(self._trainer(model, run, recall.training_rows(recipe)).fit())
+        measured = {}
+        for variant, overrides in entry.variants(cfg):
             if overrides:
                 entry.spec.switch(model, overrides)
-            curves[variant] = self.world.on_main(          # rank 0 measures, the others wait
-                lambda: recall_curves(model, seq_len, vocab, self.sizes["eval_rows"]))
-            spans[variant] = entry.local_span(overrides)
-        return {"arch": entry.arch, "curves": curves, "local_span": spans,
-                "chance": {"passkey": 1 / 10 if HAYSTACK == "quiet" else
-                           1 / tasks.content_vocab(vocab),
-                           "mqar": 2 / tasks.content_vocab(vocab)}}
+            measured[variant] = self.world.on_main(lambda: recall.measure(model, recipe))
+        parts[key] = measured
+        self._store_results()
+        return measured
 
     def _bench(self, label: str) -> dict:
         """All entries, every variant, timed interleaved with dense at each length (the
@@ -399,52 +423,6 @@ def _copies(models: dict) -> dict:
     return {label: copy.deepcopy(model) for label, model in models.items()}
 
 
-# --- recall rows -------------------------------------------------------------------------------
-KEY_LEN = 1                 # one token to find: the rows measure reach, not copying skill
-MQAR_PAIRS = 4
-HAYSTACK = "quiet"          # a repeated fill token (tasks.passkey)
-
-
-def recall_distances(seq_len: int) -> list[int]:
-    """Passkey distances from a few tokens to most of the context."""
-    top = seq_len - KEY_LEN
-    points = sorted({max(KEY_LEN + 1, round(top * f)) for f in (0.05, 0.15, 0.3, 0.5, 0.7, 0.95)})
-    return [d for d in points if KEY_LEN + 1 <= d <= top]
-
-
-def recall_row(count: int, *, seed: int, seq_len: int, vocab: int) -> tasks.TaskBatch:
-    """``count`` training rows of one kind, chosen by the seed: of every four seeds three
-    give a passkey (at the distances of ``recall_distances`` in turn) and one an MQAR row."""
-    if seed % 4 == 0:
-        return tasks.mqar(count, seq_len, MQAR_PAIRS, vocab_size=vocab, seed=seed)
-    distances = recall_distances(seq_len)
-    distance = distances[(seed // 4) % len(distances)]
-    return tasks.passkey(count, seq_len, distance, key_len=KEY_LEN, filler=HAYSTACK,
-                         vocab_size=vocab, seed=seed)
-
-
-def recall_training_rows(n: int, seq_len: int, vocab: int) -> tasks.FreshRows:
-    """``n`` fresh training rows (``tasks.FreshRows`` of ``recall_row``): with n = steps x
-    batch every step trains on rows no step saw, so a model cannot memorise a fixed set."""
-    return tasks.FreshRows(functools.partial(recall_row, seq_len=seq_len, vocab=vocab), n)
-
-
-def recall_curves(model, seq_len: int, vocab: int, rows: int) -> dict:
-    """Accuracy against distance on held-out passkey and MQAR rows (other seeds)."""
-    distances = recall_distances(seq_len)
-    passkey = tasks.accuracy_vs_distance(
-        model, lambda d: tasks.passkey(rows, seq_len, d, key_len=KEY_LEN, filler=HAYSTACK,
-                                       vocab_size=vocab, seed=10_000 + d), distances)
-    low, high = 2 * MQAR_PAIRS, seq_len + 1 - 2 * MQAR_PAIRS          # what mqar allows
-    mqar_distances = sorted({min(max(d, low), high) for d in distances})
-    mqar = tasks.accuracy_vs_distance(
-        model, lambda d: tasks.mqar(rows, seq_len, MQAR_PAIRS, distance=d, vocab_size=vocab,
-                                    seed=20_000 + d), mqar_distances)
-    keep = ("distance", "accuracy", "n_answers")
-    return {"passkey": [{k: r[k] for k in keep} for r in passkey],
-            "mqar": [{k: r[k] for k in keep} for r in mqar]}
-
-
 # --- claims and the memory-pays experiment ---------------------------------------------------
 def claims_table(results: dict, archs=None) -> list[dict]:
     """For every registered claim (of ``archs``, default all): the paper's value, the kit's,
@@ -502,35 +480,37 @@ def _claim_row(arch: str, claim: registry.Claim, results: dict) -> dict:
             "ceiling": ceiling, "verdict": verdict, "reason": reason}
 
 
-def _answers_beyond(record: dict, variant: str, span: int) -> int:
-    return sum(r["n_answers"] for r in record["curves"][variant]["passkey"]
-               if r["distance"] > span)
+BLIND_ATOL = 1e-4          # answer logits of a blind twin move by float32 rounding only
 
 
 def memory_pays(results: dict) -> list[dict]:
-    """Per entry with a local span: recall beyond it, against the local-window baseline at the
-    same span and against dense; "pays" when it beats the local baseline by more than the
-    noise of the difference of two rates measured on the held-out rows (2 standard errors,
-    at the widest p = 1/2)."""
+    """Per entry with a memory-less twin, per variant: beyond-span recall of the mechanism
+    (mean over seeds, with the band of the lowest and highest seed), of its twin and of
+    dense on the same rows. "pays" when the mechanism beats its twin by more than the noise
+    of the difference of two rates on the held-out answers (2 standard errors at the widest
+    p = 1/2); ``twin_blind`` says whether the twin's answers ignored every token beyond its
+    span (``recall.blindness`` below ``BLIND_ATOL``)."""
     rows, done = [], results["done"]
-    local = done.get(f"recall/{registry.LOCAL_BASELINE}")
+    dense = done.get(f"recall/{registry.BASELINE}", {}).get("beyond", {}).get("", {})
     for key, record in done.items():
-        label = key.split("/", 1)[1] if key.startswith("recall/") else None
-        if label is None or label == registry.LOCAL_BASELINE:
+        if not key.startswith("recall/") or "twin" not in record:
             continue
         for variant, span in record["local_span"].items():
-            if span is None:
-                continue
-            mine = recall_beyond(results, label, variant=variant, span=span)
-            base = recall_beyond(results, registry.LOCAL_BASELINE, span=span) if local else None
-            n_mine = _answers_beyond(record, variant, span)
-            n_base = _answers_beyond(local, "", span) if local else 0
-            noise = 2 * math.sqrt(0.25 / n_mine + 0.25 / n_base) if n_mine and n_base else None
-            pays = None not in (mine, base, noise) and mine - base > noise
-            rows.append({"entry": f"{label} {variant}".strip(), "local_span": span,
-                         "recall_beyond": mine, "local_baseline": base,
-                         "dense": recall_beyond(results, registry.BASELINE, span=span),
-                         "noise": noise, "pays": pays})
+            mine, twin = record["beyond"][variant], record["twin"]["beyond"][variant]
+            blind = record["twin"]["blindness"][variant]
+            rows.append({"entry": f"{key.split('/', 1)[1]} {variant}".strip(),
+                         "local_span": span, "recall_beyond": mine["mean"],
+                         "band": [mine["lo"], mine["hi"]], "local_baseline": twin["mean"],
+                         "twin_band": [twin["lo"], twin["hi"]], "dense": dense.get("mean"),
+                         "dense_band": [dense["lo"], dense["hi"]] if dense else None,
+                         "chance": record["chance"]["mqar"], "seeds": mine["n"],
+                         "noise": recall.noise(mine["n_answers"], twin["n_answers"]),
+                         "twin_blindness": blind, "twin_blind": blind < BLIND_ATOL,
+                         "capacity": [[c["n_pairs"], c["accuracy"]]
+                                      for c in record["capacity"][variant]],
+                         "holds": recall.holds(record["capacity"][variant]),
+                         "pays": mine["mean"] - twin["mean"] > recall.noise(
+                             mine["n_answers"], twin["n_answers"])})
     return rows
 
 
@@ -538,6 +518,10 @@ def memory_pays(results: dict) -> list[dict]:
 def _md_table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
+
+
+def _with_band(mean, bounds) -> str:
+    return "-" if mean is None else f"{mean:.2f} ({bounds[0]:.2f}-{bounds[1]:.2f})"
 
 
 def report_markdown(results: dict) -> str:
@@ -564,12 +548,21 @@ def report_markdown(results: dict) -> str:
     if records:
         parts += ["## Speed and memory vs dense (same run)", "", "```",
                   bench.format_table(records), "```", ""]
-    parts += ["## When does memory pay? (passkey recall beyond the local span)", ""]
+    parts += ["## When does memory pay? (MQAR recall beyond the local span)", "",
+              "Every answer lies one span or more before its query. Twin: the same model and "
+              "span with the memory path off; blind: its answers did not move when every "
+              "token beyond its span was replaced. Bands: the lowest and highest seed.", ""]
     parts.append(_md_table(
-        ["model", "local span", "recall beyond", "local window", "dense", "noise", "pays"],
-        [[r["entry"], str(r["local_span"]), fmt(r["recall_beyond"], ".2f"),
-          fmt(r["local_baseline"], ".2f"), fmt(r["dense"], ".2f"), fmt(r["noise"], ".2f"),
-          "yes" if r["pays"] else "no"] for r in results.get("memory_pays", [])]))
+        ["model", "span", "beyond (band)", "twin (band)", "twin blind", "dense", "chance",
+         "noise", "pays", "by pairs", "holds"],
+        [[r["entry"], str(r["local_span"]), _with_band(r["recall_beyond"], r["band"]),
+          _with_band(r["local_baseline"], r["twin_band"]), "yes" if r["twin_blind"] else
+          f"no ({r['twin_blindness']:.2g})", _with_band(r["dense"], r["dense_band"]),
+          f"{r['chance']:.3f}", fmt(r["noise"], ".2f"), "yes" if r["pays"] else "no",
+          " ".join(f"{p}:{a:.2f}" for p, a in r["capacity"]), str(r["holds"])]
+         for r in results.get("memory_pays", [])]))
+    parts += ["", "\"by pairs\": beyond-span accuracy with 1, 2, ... pairs in the first span "
+              "(one trained model); \"holds\": the most pairs recalled at 0.9 or better.", ""]
     parts += ["", "## The papers' claims at kit scale", ""]
     parts.append(_md_table(
         ["mechanism", "claim", "where", "paper", "kit", "ceiling", "verdict", "why"],
@@ -581,7 +574,8 @@ def report_markdown(results: dict) -> str:
     return "\n".join(parts)
 
 
-PLOTS = ("pareto", "state_vs_length", "recall_vs_distance")     # viz.lab_figures writes them
+PLOTS = ("pareto", "state_vs_length", "recall_vs_distance",      # viz.lab_figures writes them
+         "recall_capacity")
 
 
 def write_report(results: dict, out: Path) -> Path:

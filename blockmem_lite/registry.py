@@ -38,7 +38,6 @@ from pathlib import Path
 from blockmem_lite.validation import fail
 
 BASELINE = "dense"                       # the architecture every ratio is measured against
-LOCAL_BASELINE = "honly"                 # a dense model limited to a short window (the lab)
 ENTRY_POINT_GROUP = "blockmem_lite.mechanisms"
 PRESET_NAMES = ("tiny", "fast", "class", "gpu")
 BUILTIN = "builtin"
@@ -150,7 +149,11 @@ class LabSpec:
     * ``iso_flop_baseline``: also train a dense model of (nearly) its FLOPs per token
       (``metrics.iso_flop_dense_config``), the fair baseline of a mechanism that adds work;
     * ``local_span(cfg) -> int | None``: how far back a token sees exactly (a block, a chunk,
-      a segment): recall beyond it is what the memory must carry.
+      a segment): recall beyond it is what the memory must carry;
+    * ``recall_span(cfg, span) -> cfg``: the config at local span ``span`` (the recall
+      experiment, ``recall.RecallRecipe``, sets every mechanism to one span);
+    * ``twin(cfg) -> cfg``: the memory-less twin, the same model and span with the memory
+      path off; the memory "pays" when the mechanism recalls beyond the span and it cannot.
     """
 
     config: Callable | None = None
@@ -159,6 +162,8 @@ class LabSpec:
     start: Callable | None = None
     iso_flop_baseline: bool = False
     local_span: Callable | None = None
+    recall_span: Callable | None = None
+    twin: Callable | None = None
 
 
 def single_variant(options: dict) -> list[tuple[str, dict]]:

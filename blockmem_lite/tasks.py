@@ -124,7 +124,8 @@ def _check_common(n: int, seq_len: int, seed: int) -> None:
 
 # --- multi-query associative recall --------------------------------------------------------
 def mqar(n: int, seq_len: int, n_pairs: int, *, n_queries: int | None = None,
-         distance: int | None = None, vocab_size: int = 256, seed: int = 0) -> TaskBatch:
+         distance: int | None = None, queries_from: int | None = None, vocab_size: int = 256,
+         seed: int = 0) -> TaskBatch:
     """Multi-query associative recall: key-value pairs, then keys again; predict their values.
 
     One row (T = seq_len)::
@@ -133,7 +134,9 @@ def mqar(n: int, seq_len: int, n_pairs: int, *, n_queries: int | None = None,
                                         ^ answer position: predict v_a after k_a
 
     Keys come from the lower half of the content ids, values from the upper
-    half; keys are distinct within a row. ``n_queries`` pairs (default all) are asked.
+    half; keys are distinct within a row. ``n_queries`` keys (default one per pair) are
+    asked; with more queries than pairs every pair is asked once and the rest are asked
+    again at random, which gives a row more answers to learn from at no extra length.
     An answer is never written into the inputs (the slot after a query holds fill): had
     it been, a later query could be answered by elimination ("the one value not asked
     yet"), which a model learns long before recall and which scores 0.52 with 4 pairs
@@ -144,6 +147,10 @@ def mqar(n: int, seq_len: int, n_pairs: int, *, n_queries: int | None = None,
     sits exactly d tokens after pair i's key, so queries follow the pairs'
     order. Use it to measure recall against distance, not to train: a model
     could learn "copy the token d back" instead of recall.
+
+    queries_from=q: no query before position q (fill up to there), e.g. two blocks after
+    the pairs, so that every answer lies beyond a block-local model's span.
+    ``query_slots`` says how many queries fit.
     """
     _check_common(n, seq_len, seed)
     check_int("n_pairs", n_pairs, 1)
@@ -153,13 +160,18 @@ def mqar(n: int, seq_len: int, n_pairs: int, *, n_queries: int | None = None,
                          f"must be distinct; expected n_pairs <= {n_keys}")
     n_queries = n_pairs if n_queries is None else n_queries
     check_int("n_queries", n_queries, 1)
-    if n_queries > n_pairs:
-        raise ValueError(f"n_queries={n_queries} is not allowed: expected 1 <= n_queries <= "
-                         f"n_pairs={n_pairs}")
-    n_slots = (seq_len + 1 - 2 * n_pairs) // 2          # 2-token query slots after the pairs
+    if distance is not None and n_queries > n_pairs:
+        raise ValueError(f"n_queries={n_queries} is not allowed with distance={distance}: each "
+                         f"pair is asked once, so expected 1 <= n_queries <= n_pairs={n_pairs}")
+    if queries_from is not None and distance is not None:
+        raise ValueError(f"queries_from={queries_from} is not allowed with distance={distance}: "
+                         "a fixed distance places the queries itself; pass one of them")
+    first = _first_query(seq_len, n_pairs, queries_from)
+    n_slots = query_slots(seq_len, n_pairs, queries_from)
     if distance is None and n_queries > n_slots:
         raise ValueError(f"seq_len={seq_len} is not allowed: {n_pairs} pairs and {n_queries} "
-                         f"queries need seq_len >= {2 * (n_pairs + n_queries) - 1}")
+                         f"queries from position {first} need seq_len >= "
+                         f"{first + 2 * n_queries - 1}")
     if distance is not None:
         low, high = 2 * n_pairs, seq_len + 1 - 2 * n_pairs
         if isinstance(distance, bool) or not isinstance(distance, int) \
@@ -176,19 +188,47 @@ def mqar(n: int, seq_len: int, n_pairs: int, *, n_queries: int | None = None,
     seq = torch.full((n, seq_len + 1), fill, dtype=torch.long)
     seq[:, 0:2 * n_pairs:2] = keys
     seq[:, 1:2 * n_pairs:2] = values
-    asked = _distinct(n, n_pairs, n_queries, generator)                              # (N, Q)
+    asked = _asked_pairs(n, n_pairs, n_queries, generator)                           # (N, Q)
     if distance is None:
         slots = _distinct(n, n_slots, n_queries, generator).sort(dim=1).values
-        positions = 2 * n_pairs + 2 * slots                                          # (N, Q)
+        positions = first + 2 * slots                                                # (N, Q)
     else:
         asked = asked.sort(dim=1).values
         positions = 2 * asked + distance
     rows = torch.arange(n)[:, None]
     seq[rows, positions] = keys.gather(1, asked)       # the slot after a query stays fill
     meta = {"task": "mqar", "n_pairs": n_pairs, "n_queries": n_queries, "distance": distance,
-            "vocab_size": vocab_size, "seed": seed}
+            "queries_from": queries_from, "vocab_size": vocab_size, "seed": seed}
     return _task_batch(seq, positions, positions - 2 * asked, meta,
                        answers=values.gather(1, asked))
+
+
+def _first_query(seq_len: int, n_pairs: int, queries_from: int | None) -> int:
+    """The first query position: right after the pairs, or ``queries_from`` (checked)."""
+    if queries_from is None:
+        return 2 * n_pairs
+    if isinstance(queries_from, bool) or not isinstance(queries_from, int) \
+            or not 2 * n_pairs <= queries_from < seq_len:
+        raise ValueError(f"queries_from={queries_from!r} is not allowed with seq_len={seq_len} "
+                         f"and n_pairs={n_pairs}: expected {2 * n_pairs} <= queries_from < "
+                         f"{seq_len}")
+    return queries_from
+
+
+def query_slots(seq_len: int, n_pairs: int, queries_from: int | None = None) -> int:
+    """How many 2-token query slots (key, fill) an MQAR row of ``seq_len`` holds after its
+    pairs (from ``queries_from`` on): the most ``n_queries`` it can ask."""
+    return (seq_len + 1 - _first_query(seq_len, n_pairs, queries_from)) // 2
+
+
+def _asked_pairs(n: int, n_pairs: int, n_queries: int, generator: torch.Generator) -> torch.Tensor:
+    """(n, n_queries) pair indices to ask: distinct while they last, then repeats at random."""
+    first = _distinct(n, n_pairs, min(n_queries, n_pairs), generator)
+    if n_queries <= n_pairs:
+        return first
+    again = torch.randint(0, n_pairs, (n, n_queries - n_pairs), generator=generator)
+    asked = torch.cat([first, again], dim=1)
+    return asked.gather(1, torch.rand(asked.shape, generator=generator).argsort(dim=1))
 
 
 # --- passkey / needle in a haystack ---------------------------------------------------------

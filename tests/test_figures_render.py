@@ -66,8 +66,13 @@ def lab_results():
                                     "analytic": [100, 400]}}},
             "recall/bcmt": {"arch": "bcmt", "local_span": {"": 8},
                             "chance": {"passkey": 0.1, "mqar": 0.05},
-                            "curves": {"": {"passkey": [{"distance": 4, "accuracy": 0.9},
-                                                        {"distance": 20, "accuracy": 0.2}]}}}}
+                            "curves": {"": {"mqar": [{"distance": 4, "accuracy": 0.9},
+                                                     {"distance": 20, "accuracy": 0.2}]}},
+                            "capacity": {"": [{"n_pairs": 1, "accuracy": 1.0}]},
+                            "twin": {"curves": {"": {"mqar": [{"distance": 4, "accuracy": 0.8},
+                                                              {"distance": 20,
+                                                               "accuracy": 0.05}]}},
+                                     "capacity": {"": [{"n_pairs": 1, "accuracy": 0.05}]}}}}
     return {"meta": {}, "done": done}
 
 
@@ -144,7 +149,9 @@ CASES = {
         "state_vs_length": (lambda: lab_figures.state_vs_length(lab_results()),
                             ["scatter"] * 2, None),
         "recall_vs_distance": (lambda: lab_figures.recall_vs_distance(lab_results()),
-                               ["scatter"], None),
+                               ["scatter"] * 2, None),
+        "recall_capacity": (lambda: lab_figures.recall_capacity(lab_results()),
+                            ["scatter"] * 2, None),
         "claims_overview": (lambda: lab_figures.claims_overview(
             [{"arch": "bcmt", "verdict": "reproduced"}]), ["bar"] * 3, None),
         "training_curves": (lambda: lab_figures.training_curves(lab_results()),

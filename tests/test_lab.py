@@ -5,9 +5,8 @@ continues to the same result as an uninterrupted one."""
 import json
 
 import pytest
-import torch
 
-from blockmem_lite import lab, registry, tasks
+from blockmem_lite import lab, registry
 from blockmem_lite.cli import reproduce_main
 from blockmem_lite.corpora import load_corpus
 
@@ -43,7 +42,13 @@ def test_the_json_has_its_keys(fast_run):
     assert set(record) >= {"val_loss", "tokens", "params", "steps", "loss_curve"}
     recall = results["done"]["recall/bcmt"]
     assert set(recall["curves"][""]) == {"passkey", "mqar"}
-    assert recall["local_span"][""] == 16                 # the fast preset's block
+    assert recall["local_span"][""] == 8                  # the fast recall recipe's span
+    assert set(recall["twin"]) == {"curves", "beyond", "capacity", "blindness"}
+    assert set(results["done"]["recall/cat"]["local_span"]) == {"C=4", "C=8"}
+    pays = {r["entry"]: r for r in results["memory_pays"]}
+    assert set(pays) == {"bcmt", "armt", "cat C=4", "cat C=8"}
+    assert all(r["twin_blind"] for r in pays.values()), pays
+    assert results["done"]["recall/dense"]["beyond"][""]["mean"] > 2 * recall["chance"]["mqar"]
     state = results["done"]["bench/*"]["state"]["dense"]
     assert state["measured"][1] == 4 * state["measured"][0]   # dense: the KV cache grows with t
     assert state["analytic"] == state["measured"]
@@ -132,18 +137,29 @@ def test_cli_errors(tmp_path, capsys):
     assert "text files not found" in capsys.readouterr().err
 
 
-def test_recall_rows_are_fresh_mixed_and_never_held_out():
-    """Training rows: a quarter MQAR, the rest passkey at each lab distance, every row made
-    from its own seed, no MQAR row a held-out one (the recall curves' seeds 20_000 + d)."""
-    rows = lab.recall_training_rows(64, 64, 256)
-    kinds = [rows.row(i).meta["task"] for i in range(64)]
-    assert kinds.count("mqar") == 16 and kinds.count("passkey") == 48
-    distances = {rows.row(i).meta["distance"] for i in range(64) if kinds[i] == "passkey"}
-    assert distances == set(lab.recall_distances(64))
-    # MQAR rows: each distinct, none a held-out row (a quiet one-digit passkey has only
-    # 10 rows per distance, so there the rule, not the row, is what can be learned)
-    inputs = torch.stack([rows[i][0] for i in range(64) if kinds[i] == "mqar"])
-    assert len({tuple(x.tolist()) for x in inputs}) == 16
-    held_out = torch.cat([tasks.mqar(48, 64, lab.MQAR_PAIRS, distance=d, seed=20_000 + d).inputs
-                          for d in (8, 20, 40)])
-    assert not (inputs[:, None] == held_out[None]).all(-1).any()
+def test_a_recall_task_stopped_between_its_models_keeps_the_trained_ones(tmp_path, monkeypatch):
+    """The recall task trains several models (seeds, the twin); each is stored as it
+    finishes, so a stop between them loses none and a resume trains only the rest."""
+    corpus = load_corpus("offline")
+    monkeypatch.setattr(lab.Lab, "_bench", lambda self, label: {"records": [], "state": {}})
+    real = lab.Lab._recall_part
+
+    def stop_at_the_twin(self, label, role, cfg, recipe, seed):
+        if (label, role) == ("bcmt", "twin"):
+            raise KeyboardInterrupt
+        return real(self, label, role, cfg, recipe, seed)
+
+    monkeypatch.setattr(lab.Lab, "_recall_part", stop_at_the_twin)
+    with pytest.raises(KeyboardInterrupt):
+        lab.Lab("tiny", tmp_path, archs=["bcmt"], corpus=corpus, progress=False).run()
+    stored = json.loads((tmp_path / lab.RESULTS_NAME).read_text())
+    assert "bcmt/model/0" in stored["parts"] and "recall/bcmt" not in stored["done"]
+    built = []
+    real_build = lab.build_model
+    monkeypatch.setattr(lab, "build_model", lambda cfg: built.append(getattr(cfg, "memory", 0))
+                        or real_build(cfg))
+    monkeypatch.setattr(lab.Lab, "_recall_part", real)
+    results = lab.Lab("tiny", tmp_path, archs=["bcmt"], corpus=corpus, progress=False).run()
+    assert built == [False]                                  # only the twin was trained
+    assert results["done"]["recall/bcmt"]["beyond"][""]["mean"] \
+        == stored["parts"]["bcmt/model/0"][""]["beyond"]["accuracy"]   # the stored model's

@@ -18,6 +18,7 @@ from blockmem_lite.tasks import (
     copy_task,
     mqar,
     passkey,
+    query_slots,
     special_ids,
     task_accuracy,
 )
@@ -69,6 +70,38 @@ def test_mqar_answers_come_from_the_pairs_in_the_context():
     assert not torch.equal(batch.meta["distances"][0], batch.meta["distances"][1])
 
 
+def test_mqar_more_queries_than_pairs_ask_every_pair_then_repeat():
+    batch = mqar(8, 64, 4, n_queries=20, seed=4)
+    _check_layout(batch, 8, 64, 20, answers_follow=False)
+    for row in range(8):
+        x = batch.inputs[row]
+        pairs = {x[2 * i].item(): x[2 * i + 1].item() for i in range(4)}
+        asked = [x[pos].item() for pos in batch.meta["answer_positions"][row].tolist()]
+        assert set(asked) == set(pairs)                            # every pair asked
+        assert len(asked) == 20                                    # and some again
+        assert [batch.targets[row, p].item() for p in batch.meta["answer_positions"][row]] \
+            == [pairs[k] for k in asked]
+
+
+def test_mqar_queries_from_keeps_every_query_beyond_it():
+    batch = mqar(16, 64, 4, n_queries=query_slots(64, 4, 32), queries_from=32, seed=9)
+    assert batch.meta["answer_positions"].shape == (16, 16) and query_slots(64, 4, 32) == 16
+    positions, distances = batch.meta["answer_positions"], batch.meta["distances"]
+    assert positions.min() == 32 and distances.min() >= 32 - 6     # the pairs sit in 0..7
+    fill = special_ids(256)["fill"]
+    assert torch.all(batch.inputs[:, 8:32] == fill)                # nothing between
+    for row in range(16):
+        for pos, answer, distance in zip(positions[row].tolist(), batch.answers()[row].tolist(),
+                                         distances[row].tolist(), strict=True):
+            assert _measured_distance(batch.inputs[row], pos, answer) == distance
+    with pytest.raises(ValueError, match=r"queries_from=6 .*expected 8 <= queries_from < 64"):
+        mqar(2, 64, 4, queries_from=6)
+    with pytest.raises(ValueError, match="queries_from=32 is not allowed with distance=40"):
+        mqar(2, 64, 4, queries_from=32, distance=40)
+    with pytest.raises(ValueError, match="17 queries from position 32 need seq_len >= 65"):
+        mqar(2, 64, 4, n_queries=17, queries_from=32)
+
+
 def _answer_sources(batch: TaskBatch, row: int) -> list[list[int]]:
     """For each answer of ``row``: every input position up to its answer position that
     holds the answer token."""
@@ -80,7 +113,9 @@ def _answer_sources(batch: TaskBatch, row: int) -> list[list[int]]:
 
 @pytest.mark.parametrize("make", [lambda: mqar(16, 64, 8, seed=5),
                                   lambda: mqar(16, 64, 8, distance=30, seed=6),
-                                  lambda: mqar(16, 96, 20, vocab_size=64, seed=7)])
+                                  lambda: mqar(16, 96, 20, vocab_size=64, seed=7),
+                                  lambda: mqar(16, 64, 4, n_queries=28, vocab_size=68, seed=8),
+                                  lambda: mqar(16, 64, 4, n_queries=16, queries_from=32, seed=9)])
 def test_mqar_answers_never_leak_into_the_inputs(make):
     """Each answer sits in the inputs once, at its pair: never after a query, so no later
     query can be answered by elimination (the one value not asked yet)."""
@@ -238,8 +273,10 @@ def test_bad_arguments_name_the_parameter():
         mqar(2, 64, 6, distance=5)
     with pytest.raises(ValueError, match=r"n_pairs=200 .*expected n_pairs <= 126"):
         mqar(2, 1024, 200)
-    with pytest.raises(ValueError, match="n_queries=7"):
-        mqar(2, 64, 6, n_queries=7)
+    with pytest.raises(ValueError, match="n_queries=7 .*distance=20"):
+        mqar(2, 64, 6, n_queries=7, distance=20)
+    with pytest.raises(ValueError, match="n_queries=0"):
+        mqar(2, 64, 6, n_queries=0)
     with pytest.raises(ValueError, match="seq_len=16 .*seq_len >= 23"):
         mqar(2, 16, 6)
     with pytest.raises(ValueError, match=r"distance=60 .*expected 6 <= distance <= 59"):

@@ -763,7 +763,12 @@ def _lab_results(bench=True, recall=True):
         done["bench/*"] = {"records": records, "state": state}
     if recall:
         rows = [{"distance": d, "accuracy": a, "n_answers": 100} for d, a in ((4, 0.9), (20, 0.1))]
+        by_pairs = [{"n_pairs": p, "accuracy": a} for p, a in ((1, 1.0), (2, 0.5))]
+        blind = [{"distance": d, "accuracy": 0.02, "n_answers": 100} for d in (4, 20)]
         done["recall/fast"] = {"arch": "fast", "curves": {"": {"passkey": rows, "mqar": rows}},
+                               "capacity": {"": by_pairs},
+                               "twin": {"curves": {"": {"passkey": blind, "mqar": blind}},
+                                        "capacity": {"": by_pairs[:1]}},
                                "local_span": {"": 8}, "chance": {"passkey": 0.01, "mqar": 0.02}}
     return {"meta": {}, "done": done}
 
@@ -796,11 +801,20 @@ def test_state_vs_length_draws_the_analytic_model_dotted():
 def test_lab_figures_skip_what_a_partial_result_lacks():
     partial = _lab_results(bench=False, recall=False)
     for fig in (lab_figures.pareto(partial), lab_figures.state_vs_length(partial),
-                lab_figures.recall_vs_distance(partial, task="mqar")):
+                lab_figures.recall_vs_distance(partial, task="mqar"),
+                lab_figures.recall_capacity(partial)):
         note = fig.layout.annotations[0].text
         assert len(fig.data) == 0 and ("not measured" in note or "no model" in note)
     fig = lab_figures.recall_vs_distance(_lab_results(), task="mqar")
-    assert [t.name for t in fig.data] == ["fast"]
+    assert [t.name for t in fig.data] == ["fast", "fast twin"]
+    assert list(fig.data[1].y) == [0.02, 0.02]
+
+
+def test_recall_capacity_draws_accuracy_by_pairs_with_the_twin_dashed():
+    fig = lab_figures.recall_capacity(_lab_results())
+    lines = {t.name: (list(t.x), list(t.y), t.line.dash) for t in fig.data}
+    assert lines["fast"][:2] == ([1, 2], [1.0, 0.5])
+    assert lines["fast twin"][2] == "dash" and lines["fast"][2] != "dash"
 
 
 def test_claims_overview_counts_verdicts_per_mechanism():

@@ -1214,7 +1214,9 @@ CLAIMS = (
 register(Mechanism(
     name="armt", model=ARMT, options=ARMTOptions, flops=flops_per_token,
     state_bytes=state_bytes, claims=CLAIMS,
-    lab=LabSpec(start=lab_start, local_span=lambda cfg: cfg.segment_size),
+    lab=LabSpec(start=lab_start, local_span=lambda cfg: cfg.segment_size,
+                recall_span=lambda cfg, span: dataclasses.replace(cfg, segment_size=span),
+                twin=lambda cfg: dataclasses.replace(cfg, memory_layers=())),
     summary="associative recurrent memory: segments, a per-layer delta-rule memory matrix "
             "carried across them, around a (pretrained) backbone",
     presets={"tiny": {"segment_size": 8}, "fast": {"segment_size": 16},

@@ -50,6 +50,7 @@ equals the fast forward.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
@@ -543,6 +544,11 @@ BLOCK_SIZE_OPTION = BenchOption("--block-size", "64,128",
                                 "block sizes L for bcmt / honly (comma-separated)")
 
 
+def _at_block_size(cfg, span: int):
+    """The recall experiment's config: blocks of ``span`` tokens."""
+    return dataclasses.replace(cfg, block_size=span)
+
+
 def bench_variants(options: dict) -> list[tuple[str, dict]]:
     """``--block-size 64,128`` -> [("L=64", {"block_size": 64}), ...]."""
     return [(f"L={n}", {"block_size": n})
@@ -587,7 +593,8 @@ PRESET_SIZES = {"tiny": {"block_size": 8}, "fast": {"block_size": 16},
 register(Mechanism(
     name="bcmt", model=BCMTLM, options=BCMTOptions, flops=flops_per_token,
     state_bytes=state_bytes, claims=CLAIMS,
-    lab=LabSpec(local_span=lambda cfg: cfg.block_size),
+    lab=LabSpec(local_span=lambda cfg: cfg.block_size, recall_span=_at_block_size,
+                twin=lambda cfg: dataclasses.replace(cfg, memory=False)),
     summary="blockwise causal memory: block-local attention + a decayed memory of block "
             "summaries, shifted one block and gated into every token",
     presets=PRESET_SIZES, bench_options=(BLOCK_SIZE_OPTION,), bench_variants=bench_variants,
@@ -595,7 +602,8 @@ register(Mechanism(
                 "layer*.memory", "layer*.gate"), boundary_fields=("block_size",)))
 register(Mechanism(
     name="honly", model=HOnlyLM, options=HOnlyOptions, flops=flops_per_token,
-    state_bytes=state_bytes, lab=LabSpec(local_span=lambda cfg: cfg.block_size),
+    state_bytes=state_bytes, lab=LabSpec(local_span=lambda cfg: cfg.block_size,
+                                         recall_span=_at_block_size),
     summary="the HOnly ablation of BCMT: block-local attention, no memory between blocks",
     presets=PRESET_SIZES, bench_options=(BLOCK_SIZE_OPTION,), bench_variants=bench_variants,
     trace_keys=("layer*.attn_weights",), boundary_fields=("block_size",)))

@@ -72,6 +72,7 @@ from blockmem_lite.nn import (
 from blockmem_lite.registry import BenchOption, Claim, LabSpec, Mechanism, Options, register
 from blockmem_lite.trace import is_tracing, record, scope
 from blockmem_lite.validation import (
+    check_bool,
     check_int,
     check_non_negative,
     check_positive,
@@ -494,6 +495,9 @@ class CATOptions(Options):
         "help": "decoder width = decoder_width x d_model (the paper: 2)"})
     compressor_layers: int = field(default=0, metadata={
         "help": "compressor depth; 0 = max(1, n_layer // 4)"})
+    memory: bool = field(default=True, metadata={
+        "help": "False = the memory-less twin: every chunk vector is zero, so a token sees "
+                "only its own chunk"})
 
     def validate(self, cfg) -> None:
         check_int("chunk_size", self.chunk_size, 1)
@@ -514,6 +518,7 @@ class CATOptions(Options):
                  f"the multi-chunk model serves chunk_sizes={sizes}; pick one of them")
         check_int("decoder_width", self.decoder_width, 1)
         check_int("compressor_layers", self.compressor_layers, 0)
+        check_bool("memory", self.memory)
 
 
 # --------------------------------------------------------------------------------------
@@ -645,6 +650,14 @@ class CATLM(LanguageModel):
         """g_0 for this chunk size: (D,)."""
         return self.opener[int(math.log2(chunk_size))] if self.multi_chunk else self.opener[0]
 
+    def _compress(self, tokens: torch.Tensor, c: int, first_chunk: int = 0) -> torch.Tensor:
+        """tokens (B, K*C) -> chunk vectors (B, K, D); all zero for the memory-less twin
+        (``memory=False``). A zero slot stays zero through every layer (no biases, and it
+        sees only zero slots), so it adds nothing to any token's attention. The product
+        keeps the compressor in the graph, so DDP finds no unused parameter."""
+        f = self.compressor(tokens, c, first_chunk=first_chunk)
+        return f if self.cfg.memory else f * 0.0
+
     def max_tokens(self, chunk_size: int) -> int:
         """Longest sequence the chunk-index table covers at this chunk size."""
         return self.compressor.max_chunks * chunk_size
@@ -663,7 +676,7 @@ class CATLM(LanguageModel):
         b, t = tokens.shape
         k = math.ceil(t / c)
         padded = F.pad(tokens, (0, k * c - t))                               # (B, K*C)
-        compressed = self.compressor(padded, c)                             # (B, K, D)
+        compressed = self._compress(padded, c)                              # (B, K, D)
         record("compressed", compressed)
         x = interleave(self.embed(padded).view(b, k, c, -1), compressed, self._opener(c),
                        self.separator)                                      # (B, S, D)
@@ -778,7 +791,7 @@ class CATLM(LanguageModel):
         r, sep = n // c, self.separator_slots
         width, device = c + sep, tokens.device                           # slots per chunk
         parts = [self.embed(tokens).view(b, r, c, -1)[:, :, :c - 1],
-                 self.compressor(tokens, c, first_chunk=first)[:, :, None]]
+                 self._compress(tokens, c, first_chunk=first)[:, :, None]]
         if sep:
             parts.append(self.separator.expand(b, r, 1, -1))
         x = torch.cat(parts, 2).flatten(1, 2)                               # (B, R*width, D)
@@ -818,7 +831,7 @@ class CATLM(LanguageModel):
             if state.n_chunks >= self.compressor.max_chunks:
                 raise ValueError(f"generation past {self.max_tokens(c)} tokens is not allowed "
                                  f"at chunk_size={c}: the chunk-index table ends there")
-            f = self.compressor(pending, c, first_chunk=state.n_chunks)     # (B, 1, D)
+            f = self._compress(pending, c, first_chunk=state.n_chunks)      # (B, 1, D)
             for cache in state.caches:
                 cache.truncate(1 + state.n_chunks)
             parts, positions = [f], [0]
@@ -1005,6 +1018,14 @@ def _chunk_variants(cfg) -> list[tuple[str, dict]]:
     return [(f"C={c}", {"chunk_size": c}) for c in (cfg.chunk_sizes or (cfg.chunk_size,))]
 
 
+def _recall_span(cfg, span: int):
+    """The recall experiment's config: the multi-chunk model over the lab's sizes up to
+    ``span`` (the paper's multi-chunk training), serving ``span`` by default."""
+    sizes = tuple(c for c in LAB_CHUNK_SIZES if c <= span) or (span,)
+    return dataclasses.replace(cfg, chunk_sizes=sizes if cfg.chunk_sizes else (),
+                               chunk_size=sizes[-1] if cfg.chunk_sizes else span)
+
+
 def _set_chunk_size(model, overrides: dict) -> None:
     model.chunk_size = overrides["chunk_size"]
 
@@ -1058,7 +1079,8 @@ register(Mechanism(
     name="cat", model=CATLM, options=CATOptions, flops=flops_per_token,
     state_bytes=state_bytes, claims=CLAIMS,
     lab=LabSpec(config=lab_config, variants=_chunk_variants, switch=_set_chunk_size,
-                local_span=lambda cfg: cfg.chunk_size),
+                local_span=lambda cfg: cfg.chunk_size, recall_span=_recall_span,
+                twin=lambda cfg: dataclasses.replace(cfg, memory=False)),
     summary="compress & attend: chunks compressed to one vector each; a decoder reads its own "
             "chunk plus every earlier chunk vector",
     bench_options=(CHUNK_SIZE_OPTION, DECODER_WIDTH_OPTION), bench_variants=bench_variants,

@@ -109,23 +109,28 @@ def state_vs_length(results: dict, labels: Sequence | None = None):
     return fig
 
 
-def recall_vs_distance(results: dict, labels: Sequence | None = None, task: str = "passkey"):
-    """Accuracy against distance on held-out ``task`` rows (passkey or mqar), one line per
-    model; vertical lines at the local spans, a dotted line at chance."""
+def recall_vs_distance(results: dict, labels: Sequence | None = None, task: str = "mqar"):
+    """Accuracy against distance on held-out ``task`` rows (mqar or passkey), one line per
+    model and one per memory-less twin ("bcmt twin"); vertical lines at the local spans, a
+    dotted line at chance."""
     series, spans, chance = {}, {}, None
     for key, record in results["done"].items():
         if not key.startswith("recall/"):
             continue
         label = key[len("recall/"):]
-        for variant, curve in record["curves"].items():
-            name = _name(label, variant)
-            if not _keep(name, labels) or not curve.get(task):
-                continue
-            series[name] = ([r["distance"] for r in curve[task]],
-                            [r["accuracy"] for r in curve[task]])
-            span = record["local_span"].get(variant)
-            if span is not None:
-                spans.setdefault(f"span {span}", span)
+        drawn = {label: record["curves"]}
+        if "twin" in record:
+            drawn[f"{label} twin"] = record["twin"]["curves"]
+        for model_name, curves in drawn.items():
+            for variant, curve in curves.items():
+                name = _name(model_name, variant)
+                if not _keep(name, labels) or not curve.get(task):
+                    continue
+                series[name] = ([r["distance"] for r in curve[task]],
+                                [r["accuracy"] for r in curve[task]])
+                span = record["local_span"].get(variant)
+                if span is not None:
+                    spans.setdefault(f"span {span}", span)
         chance = record["chance"].get(task, chance)
     title = f"{task} recall vs distance (beyond a span, only a memory can help)"
     if not series:
@@ -134,6 +139,34 @@ def recall_vs_distance(results: dict, labels: Sequence | None = None, task: str 
     return figures.line_chart(series, title=title, x_title="distance (tokens)",
                               y_title="accuracy", hlines=hlines, vlines=spans,
                               y_range=(0, 1.05))
+
+
+def recall_capacity(results: dict, labels: Sequence | None = None):
+    """Beyond-span MQAR accuracy against the number of pairs in the first span, one line per
+    model and variant (its twin dashed, dense for reference), a dotted line at chance:
+    where a line leaves 1, that memory is full."""
+    series, dashed, chance = {}, [], None
+    for key, record in results["done"].items():
+        if not key.startswith("recall/") or "capacity" not in record:
+            continue
+        label = key[len("recall/"):]
+        drawn = {label: record["capacity"]}
+        if "twin" in record:
+            drawn[f"{label} twin"] = record["twin"]["capacity"]
+            dashed += [_name(f"{label} twin", v) for v in record["twin"]["capacity"]]
+        for model_name, curves in drawn.items():
+            for variant, curve in curves.items():
+                name = _name(model_name, variant)
+                if _keep(name, labels):
+                    series[name] = ([p["n_pairs"] for p in curve], [p["accuracy"] for p in curve])
+        chance = record["chance"].get("mqar", chance)
+    title = "How many pairs each memory holds (MQAR beyond the span)"
+    if not series:
+        return _empty(title, "recall by number of pairs was not measured in this run")
+    return figures.line_chart(series, title=title, x_title="pairs in the first span",
+                              y_title="accuracy beyond the span", y_range=(0, 1.05),
+                              hlines={"chance": chance} if chance is not None else None,
+                              dashed=[n for n in dashed if n in series])
 
 
 def training_histories(results: dict, labels: Sequence | None = None) -> dict:

@@ -1,0 +1,309 @@
+"""The memory-pays experiment: recall that dense learns, asked beyond each mechanism's span.
+
+A ``RecallRecipe`` (one per preset, ``RECALL_SIZES``) fixes a small model and a task form
+that a dense model learns in a few hundred steps on a CPU: MQAR in Zoology's form, with
+every query slot after the pairs asked (``tasks.mqar(..., n_queries=query_slots)``), which
+gives a row about seven times the answers of one query per pair at no extra length; plus
+a one-token passkey in a quiet haystack. Fresh rows every step (``tasks.FreshRows``).
+
+The training rows (``training_row``): first, for ``local_first`` of the steps, rows whose
+every span holds an MQAR of its own, so a model learns recall inside its span before its
+memory has to carry anything (ARMT's paper grows the number of segments for the same
+reason); then, by row seed, a quarter each of MQAR with its queries anywhere after the
+pairs, those per-span rows, the *beyond-span* MQAR form (the pairs in the first span, no
+query before the span after next: ``RecallRecipe.queries_from``), and a passkey at every
+distance. MQAR rows hold 1 to ``n_pairs`` pairs in turn. Every model, mechanism or twin,
+trains on the same rows with the same budget.
+
+Measured on held-out seeds (below 2**31, which training never draws):
+
+* ``curves``: accuracy against distance (passkey and fixed-distance MQAR), where the
+  lab's figure marks the span;
+* ``beyond``: accuracy on the beyond-span MQAR rows, the figure "memory pays" judges;
+* ``blindness``: how far a model's answer logits move when every token before
+  ``queries_from`` (only earlier spans) is replaced. The memory-less twin must not move
+  (it cannot see there), the mechanism must (that is where its answers come from).
+
+A mechanism's twin (``registry.LabSpec.twin``) is the same model and span with the
+memory path off: BCMT without its block memory (HOnly), ARMT without its associative
+memory (the segmented backbone), CAT with zero chunk vectors (each token sees its own
+chunk only).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from dataclasses import dataclass
+
+import torch
+
+from blockmem_lite import registry, tasks
+from blockmem_lite.config import ModelConfig, TrainConfig
+
+EVAL_SEEDS = {"passkey": 10_000, "mqar": 20_000, "beyond": 30_000, "blind": 40_000}
+
+
+@dataclass(frozen=True)
+class RecallRecipe:
+    """The model and task sizes of the recall experiment (searched on a 2-core CPU; the
+    search table is in the README's "memory pays" section)."""
+
+    seq_len: int = 64
+    vocab_size: int = 68          # 64 content ids: 32 keys, 32 values (+ 4 special)
+    d_model: int = 64
+    n_layer: int = 2
+    n_head: int = 2
+    span: int = 16                # block / segment / chunk size of every local mechanism
+    n_pairs: int = 4
+    key_len: int = 1              # passkey: one token to find (reach, not copying skill)
+    steps: int = 900
+    batch_size: int = 32
+    lr: float = 1e-3
+    warmup_steps: int = 30
+    seeds: tuple = (0, 1, 2)
+    eval_rows: int = 128
+    local_first: float = 0.33     # share of the steps, at the start, on per-span rows only
+
+    def __post_init__(self):
+        if self.seq_len % self.span:
+            raise ValueError(f"span={self.span} is not allowed with seq_len={self.seq_len}: "
+                             "expected a span that divides seq_len")
+        if self.span < 2 * self.n_pairs:
+            raise ValueError(f"span={self.span} is not allowed with n_pairs={self.n_pairs}: the "
+                             f"pairs must fit in the first span; expected span >= "
+                             f"{2 * self.n_pairs}")
+        if self.seq_len < self.queries_from + 2 * self.n_pairs:
+            raise ValueError(f"seq_len={self.seq_len} is not allowed with span={self.span}: the "
+                             f"beyond-span form asks from position {self.queries_from}; expected "
+                             f"seq_len >= {self.queries_from + 2 * self.n_pairs}")
+
+    @property
+    def queries_from(self) -> int:
+        """First query position of the beyond-span form: the start of the span after next
+        (pairs in span 0, nothing asked in span 1), so every answer lies one whole span or
+        more before its query, in an earlier block, segment or chunk."""
+        pair_spans = math.ceil(2 * self.n_pairs / self.span)
+        return (pair_spans + 1) * self.span
+
+    def model_config(self, cfg: ModelConfig) -> ModelConfig:
+        """``cfg``'s architecture and options at the recipe's sizes, its span set to ``span``
+        (``LabSpec.recall_span``)."""
+        sized = dataclasses.replace(cfg, seq_len=self.seq_len, vocab_size=self.vocab_size,
+                                    d_model=self.d_model, n_layer=self.n_layer,
+                                    n_head=self.n_head)
+        spec = registry.get(cfg.arch).lab
+        return spec.recall_span(sized, self.span) if spec.recall_span else sized
+
+    def train_config(self, train: TrainConfig, seed: int) -> TrainConfig:
+        """``train`` (device, precision, ...) with the recipe's optimisation and ``seed``."""
+        return dataclasses.replace(train, steps=self.steps, batch_size=self.batch_size,
+                                   lr=self.lr, warmup_steps=self.warmup_steps, seed=seed,
+                                   eval_every=10**9, checkpoint_dir=None)
+
+
+RECALL_SIZES = {
+    "tiny": RecallRecipe(steps=20, seeds=(0,), eval_rows=16, batch_size=8, local_first=0.0),
+    "fast": RecallRecipe(seq_len=32, span=8, n_pairs=2, steps=100, batch_size=16, seeds=(0,),
+                         eval_rows=32, local_first=0.0),     # dense ~0.3 beyond (chance 0.03)
+    "class": RecallRecipe(),
+    "gpu": RecallRecipe(seq_len=256, vocab_size=260, d_model=128, n_head=4, span=64,
+                        n_pairs=16, steps=4000, batch_size=64, warmup_steps=200,
+                        eval_rows=256),
+}
+
+
+# --- rows ----------------------------------------------------------------------------------------
+def _mqar(recipe: RecallRecipe, count: int, seed: int, queries_from: int | None = None,
+          n_pairs: int | None = None):
+    """MQAR rows asking every query slot (``n_pairs`` default: the recipe's)."""
+    n_pairs = n_pairs or recipe.n_pairs
+    slots = tasks.query_slots(recipe.seq_len, n_pairs, queries_from)
+    return tasks.mqar(count, recipe.seq_len, n_pairs, n_queries=slots,
+                      queries_from=queries_from, vocab_size=recipe.vocab_size, seed=seed)
+
+
+def _passkey(recipe: RecallRecipe, count: int, distance: int, seed: int):
+    return tasks.passkey(count, recipe.seq_len, distance, key_len=recipe.key_len,
+                         filler="quiet", vocab_size=recipe.vocab_size, seed=seed)
+
+
+def _span_mqar(recipe: RecallRecipe, count: int, seed: int, n_pairs: int) -> tasks.TaskBatch:
+    """Rows whose every span holds an MQAR of its own (pairs and queries inside the span):
+    recall a block-local model can learn at full signal, the skill the beyond-span form
+    builds on."""
+    n_spans, span = recipe.seq_len // recipe.span, recipe.span
+    part = tasks.mqar(count * n_spans, span, n_pairs,
+                      n_queries=tasks.query_slots(span, n_pairs),
+                      vocab_size=recipe.vocab_size, seed=seed)
+    offsets = (torch.arange(n_spans) * span).repeat(count)[:, None]          # (N*S, 1)
+    joined = {name: getattr(part, name).reshape(count, n_spans * span)
+              for name in ("inputs", "targets", "mask")}
+    meta = {"task": "mqar_per_span", "n_pairs": n_pairs, "queries_from": None,
+            "answer_positions": (part.meta["answer_positions"] + offsets).reshape(count, -1),
+            "distances": part.meta["distances"].reshape(count, -1), "seed": seed}
+    return tasks.TaskBatch(**joined, meta=meta)
+
+
+def training_row(count: int, *, seed: int, recipe: RecallRecipe) -> tasks.TaskBatch:
+    """``count`` rows of the kind the seed picks: seeds 0 mod 4 MQAR asked anywhere after
+    its pairs, 1 an MQAR inside every span (``_span_mqar``), 2 the beyond-span MQAR, 3 a
+    passkey (its distance cycles through every allowed one). An MQAR row holds 1 to
+    ``n_pairs`` pairs (in turn), so every batch has rows easy enough to start learning
+    from: with ``n_pairs`` in every row a dense model often sat for hundreds of steps at the
+    plateau of guessing one of the row's values."""
+    kind, turn = seed % 4, seed // 4
+    pairs = 1 + turn % recipe.n_pairs
+    if seed - tasks.TRAIN_SEED_OFFSET < recipe.local_first * recipe.steps * recipe.batch_size:
+        kind = 1
+    if kind == 0:
+        return _mqar(recipe, count, seed, n_pairs=pairs)
+    if kind == 1:
+        return _span_mqar(recipe, count, seed, min(pairs, recipe.span // 4))
+    if kind == 2:
+        return _mqar(recipe, count, seed, recipe.queries_from, n_pairs=pairs)
+    low, high = recipe.key_len + 1, recipe.seq_len - recipe.key_len
+    return _passkey(recipe, count, low + turn % (high - low + 1), seed)
+
+
+def training_rows(recipe: RecallRecipe) -> tasks.FreshRows:
+    """steps x batch fresh rows: no step sees a row another step saw."""
+    return tasks.FreshRows(functools.partial(training_row, recipe=recipe),
+                           recipe.steps * recipe.batch_size)
+
+
+def distances(recipe: RecallRecipe) -> list[int]:
+    """Distances the curves are measured at: a few inside the span, most beyond it."""
+    top = recipe.seq_len - recipe.key_len
+    points = {round(top * f) for f in (0.05, 0.15, 0.25, 0.4, 0.55, 0.7, 0.85, 0.98)}
+    return sorted(d for d in points | {recipe.span} if recipe.key_len + 1 <= d <= top)
+
+
+def beyond_rows(recipe: RecallRecipe, rows: int | None = None,
+                n_pairs: int | None = None) -> tasks.TaskBatch:
+    """Held-out beyond-span MQAR rows (every answer one span or more away), with the
+    recipe's pairs or ``n_pairs``."""
+    return _mqar(recipe, rows or recipe.eval_rows, EVAL_SEEDS["beyond"] + (n_pairs or 0),
+                 recipe.queries_from, n_pairs=n_pairs)
+
+
+# --- measuring -----------------------------------------------------------------------------------
+def curves(model, recipe: RecallRecipe) -> dict:
+    """Accuracy against distance on held-out passkey and fixed-distance MQAR rows."""
+    rows, points = recipe.eval_rows, distances(recipe)
+    passkey = tasks.accuracy_vs_distance(
+        model, lambda d: _passkey(recipe, rows, d, EVAL_SEEDS["passkey"] + d), points)
+    low, high = 2 * recipe.n_pairs, recipe.seq_len + 1 - 2 * recipe.n_pairs
+    mqar = tasks.accuracy_vs_distance(
+        model, lambda d: tasks.mqar(rows, recipe.seq_len, recipe.n_pairs, distance=d,
+                                    vocab_size=recipe.vocab_size,
+                                    seed=EVAL_SEEDS["mqar"] + d),
+        sorted({min(max(d, low), high) for d in points}))
+    keep = ("distance", "accuracy", "n_answers")
+    return {"passkey": [{k: r[k] for k in keep} for r in passkey],
+            "mqar": [{k: r[k] for k in keep} for r in mqar]}
+
+
+def beyond(model, recipe: RecallRecipe, n_pairs: int | None = None) -> dict:
+    """Accuracy on the beyond-span MQAR rows, and how many answers it rests on."""
+    batch = beyond_rows(recipe, n_pairs=n_pairs)
+    return {"accuracy": tasks.task_accuracy(model, batch), "n_answers": int(batch.mask.sum())}
+
+
+def capacity(model, recipe: RecallRecipe) -> list[dict]:
+    """Beyond-span accuracy with 1 ... ``n_pairs`` pairs in the first span: how many pairs
+    the memory holds. The model trained on every one of these counts (``training_row``),
+    so one training gives the whole curve."""
+    return [{"n_pairs": p, **beyond(model, recipe, n_pairs=p)}
+            for p in range(1, recipe.n_pairs + 1)]
+
+
+def holds(curve: list[dict], threshold: float = 0.9) -> int:
+    """The most pairs up to which every point of a capacity curve reaches ``threshold``."""
+    held = 0
+    for point in curve:
+        if point["accuracy"] < threshold:
+            break
+        held = point["n_pairs"]
+    return held
+
+
+def _answer_logits(model, batch: tasks.TaskBatch) -> torch.Tensor:
+    """(A, V) logits at the answer positions of ``batch``."""
+    device = tasks._model_device(model)
+    return model(batch.inputs.to(device)).logits[batch.mask.to(device)].float()
+
+
+def blindness(model, recipe: RecallRecipe, rows: int = 16) -> float:
+    """Largest change of any answer logit on beyond-span rows when every token before
+    ``queries_from`` (the pairs and the quiet span after them) is replaced by random
+    content: 0 (to rounding) for a model that cannot see beyond its span."""
+    batch = _mqar(recipe, rows, EVAL_SEEDS["blind"], recipe.queries_from)
+    generator = torch.Generator().manual_seed(EVAL_SEEDS["blind"])
+    changed = batch.inputs.clone()
+    changed[:, :recipe.queries_from] = torch.randint(
+        0, tasks.content_vocab(recipe.vocab_size), (rows, recipe.queries_from),
+        generator=generator)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            base = _answer_logits(model, batch)
+            moved = _answer_logits(model, dataclasses.replace(batch, inputs=changed))
+    finally:
+        model.train(was_training)
+    return float((moved - base).abs().max())
+
+
+def measure(model, recipe: RecallRecipe) -> dict:
+    """Everything the lab stores of one trained recall model."""
+    return {"curves": curves(model, recipe), "beyond": beyond(model, recipe),
+            "capacity": capacity(model, recipe), "blindness": blindness(model, recipe)}
+
+
+# --- across seeds ----------------------------------------------------------------------------
+def band(values: list[float]) -> dict:
+    """Mean and the lowest and highest of the values (one per seed)."""
+    return {"mean": sum(values) / len(values), "lo": min(values), "hi": max(values),
+            "n": len(values)}
+
+
+def noise(n_answers: int, other: int) -> float | None:
+    """Two standard errors of the difference of two accuracies measured on ``n_answers``
+    and ``other`` answers, at the widest p = 1/2."""
+    if not n_answers or not other:
+        return None
+    return 2 * math.sqrt(0.25 / n_answers + 0.25 / other)
+
+
+def chance(recipe: RecallRecipe) -> float:
+    """MQAR's chance accuracy: one value among the upper half of the content ids."""
+    return 2 / tasks.content_vocab(recipe.vocab_size)
+
+
+def combine(runs: list[dict]) -> dict:
+    """One record from the ``measure`` results of several seeds ({variant: measure} each):
+    curves, capacity curves and beyond-span accuracy as mean with the lowest and highest
+    seed (``band``), answers summed, and the largest ``blindness`` of any seed."""
+    out = {"curves": {}, "beyond": {}, "capacity": {}, "blindness": {}}
+    for variant in runs[0]:
+        per_seed = [run[variant] for run in runs]
+        out["capacity"][variant] = [
+            _point(points) for points in zip(*(m["capacity"] for m in per_seed), strict=True)]
+        out["curves"][variant] = {
+            task: [_point([m["curves"][task][i] for m in per_seed])
+                   for i in range(len(per_seed[0]["curves"][task]))]
+            for task in per_seed[0]["curves"]}
+        out["beyond"][variant] = {**band([m["beyond"]["accuracy"] for m in per_seed]),
+                                  "n_answers": sum(m["beyond"]["n_answers"] for m in per_seed)}
+        out["blindness"][variant] = max(m["blindness"] for m in per_seed)
+    return out
+
+
+def _point(rows: list[dict]) -> dict:
+    """One point of a curve over seeds: mean accuracy, its band, answers summed."""
+    spread = band([r["accuracy"] for r in rows])
+    where = {k: rows[0][k] for k in ("distance", "n_pairs") if k in rows[0]}
+    return {**where, "accuracy": spread["mean"], "lo": spread["lo"], "hi": spread["hi"],
+            "n_answers": sum(r["n_answers"] for r in rows)}

@@ -1,0 +1,204 @@
+"""The recall experiment (``recall``): its rows, the beyond-span form, each twin's blindness,
+and the bands and verdicts built from several seeds."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from blockmem_lite import lab, recall, registry, tasks
+from blockmem_lite.config import preset
+from blockmem_lite.models.base import build_model
+from blockmem_lite.runtime import seed_everything
+
+CLASS = recall.RECALL_SIZES["class"]
+TINY = recall.RECALL_SIZES["tiny"]
+LOCAL = [m.name for m in registry.mechanisms() if m.lab.twin]
+
+
+def _recall_model(arch: str, recipe=TINY, twin: bool = False):
+    """A fresh model of ``arch`` at the recipe's sizes and span (its twin with ``twin``)."""
+    spec = registry.get(arch).lab
+    run = preset("tiny", arch=arch)
+    cfg = recipe.model_config(spec.config(run.model) if spec.config else run.model)
+    seed_everything(0)
+    model = build_model(spec.twin(cfg) if twin else cfg)
+    for module in model.modules():   # BCMT's W_p and ARMT's W_V start at 0 (= the backbone):
+        for name in ("memory_proj", "w_v"):                                  # wake the memory
+            if isinstance(getattr(module, name, None), torch.nn.Linear):
+                torch.nn.init.normal_(getattr(module, name).weight, std=0.2)
+    return model
+
+
+# --- rows ----------------------------------------------------------------------------------------
+def test_every_beyond_span_answer_lies_a_whole_span_or_more_away():
+    for recipe in recall.RECALL_SIZES.values():
+        batch = recall.beyond_rows(recipe, rows=8)
+        span, start = recipe.span, recipe.queries_from
+        assert start % span == 0 and start >= 2 * span
+        positions, distances = batch.meta["answer_positions"], batch.meta["distances"]
+        sources = positions - distances
+        assert positions.min() >= start and sources.max() < span           # pairs in span 0
+        assert torch.all(positions // span - sources // span >= 2)         # a span between
+        assert torch.all(distances > span)
+        for pairs in range(1, recipe.n_pairs + 1):                         # capacity rows
+            rows = recall.beyond_rows(recipe, rows=2, n_pairs=pairs)
+            assert rows.meta["n_pairs"] == pairs and rows.meta["queries_from"] == start
+
+
+def test_training_starts_on_per_span_rows_then_mixes():
+    rows = recall.training_rows(CLASS)
+    assert len(rows) == CLASS.steps * CLASS.batch_size
+    first = round(CLASS.local_first * len(rows))
+    assert {rows.row(i).meta["task"] for i in range(0, first, 97)} == {"mqar_per_span"}
+    later = {rows.row(i).meta["task"] for i in range(first + 1, first + 64)}
+    assert later == {"mqar", "mqar_per_span", "passkey"}
+
+
+def test_training_rows_mix_the_kinds_and_pair_counts_by_seed_and_are_fresh():
+    mixed = dataclasses.replace(CLASS, local_first=0.0)
+    rows = recall.training_rows(mixed)
+    metas = [rows.row(i).meta for i in range(64)]
+    kinds = [m["task"] if m["task"] != "mqar" else
+             "beyond" if m["queries_from"] else "anywhere" for m in metas]
+    assert [kinds.count(k) for k in ("anywhere", "mqar_per_span", "beyond", "passkey")] \
+        == [16, 16, 16, 16]
+    assert {m["n_pairs"] for m in metas if m["task"] == "mqar"} == set(range(1, 5))
+    assert all(m["queries_from"] == CLASS.queries_from for m, k in zip(metas, kinds, strict=True)
+               if k == "beyond")
+    again = recall.training_rows(mixed)                                     # from the seeds
+    assert torch.equal(again[5][0], rows[5][0]) and not torch.equal(rows[4][0], rows[8][0])
+    inputs = torch.stack([rows[i][0] for i in range(64) if kinds[i] != "passkey"])
+    assert len({tuple(x.tolist()) for x in inputs}) == len(inputs)          # no repeats
+    held_out = recall.beyond_rows(CLASS).inputs
+    assert not (inputs[:, None] == held_out[None]).all(-1).any()           # never held out
+
+
+def test_per_span_rows_keep_every_pair_and_its_queries_inside_one_span():
+    rows = recall.training_rows(CLASS)
+    for i in (1, 5, 9, 13):
+        batch = rows.row(i)
+        assert batch.meta["task"] == "mqar_per_span"
+        positions, distances = batch.meta["answer_positions"][0], batch.meta["distances"][0]
+        assert torch.equal(positions // CLASS.span, (positions - distances) // CLASS.span)
+        x = batch.inputs[0]
+        for pos, answer in zip(positions.tolist(), batch.answers()[0].tolist(), strict=True):
+            start = pos // CLASS.span * CLASS.span
+            pairs = {x[start + 2 * j].item(): x[start + 2 * j + 1].item()
+                     for j in range(batch.meta["n_pairs"])}
+            assert pairs[x[pos].item()] == answer
+
+
+def test_recipe_errors_name_the_field():
+    with pytest.raises(ValueError, match="span=4 is not allowed with n_pairs=4"):
+        recall.RecallRecipe(span=4)
+    with pytest.raises(ValueError, match="seq_len=32 is not allowed with span=16.*>= 40"):
+        recall.RecallRecipe(seq_len=32)
+    with pytest.raises(ValueError, match="span=24 is not allowed with seq_len=64"):
+        recall.RecallRecipe(span=24)
+
+
+def test_every_mechanism_is_set_to_the_recipe_span():
+    for arch in LOCAL + ["honly"]:
+        spec = registry.get(arch).lab
+        run = preset("class", arch=arch)
+        cfg = CLASS.model_config(spec.config(run.model) if spec.config else run.model)
+        assert (cfg.d_model, cfg.seq_len, cfg.vocab_size) == (64, 64, 68)
+        assert spec.local_span(cfg) == CLASS.span, arch
+
+
+# --- twins -----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("arch", LOCAL)
+def test_the_twin_is_blind_beyond_its_span_and_the_mechanism_is_not(arch):
+    """check_causal in space: replacing every token of the earlier spans leaves the twin's
+    answer logits where they were, and moves the mechanism's."""
+    assert recall.blindness(_recall_model(arch, twin=True), TINY) < lab.BLIND_ATOL
+    assert recall.blindness(_recall_model(arch), TINY) > 100 * lab.BLIND_ATOL
+
+
+def test_the_twin_probe_has_teeth_against_a_model_that_sees_everything():
+    assert recall.blindness(_recall_model("dense"), TINY) > 100 * lab.BLIND_ATOL
+
+
+def test_the_cat_twin_still_reads_its_own_chunk():
+    model = _recall_model("cat", twin=True)
+    batch = recall.beyond_rows(TINY, rows=4)
+    changed = batch.inputs.clone()
+    last = TINY.seq_len - 2                          # a token of the last chunk, not its end
+    changed[:, last - 1] = (changed[:, last - 1] + 1) % tasks.content_vocab(TINY.vocab_size)
+    model.eval()
+    with torch.no_grad():
+        moved = (model(changed).logits - model(batch.inputs).logits)[:, last].abs().max()
+    assert moved > 1e-3
+
+
+# --- bands and verdicts ----------------------------------------------------------------------------
+def _measured(accuracy: float, blind: float = 0.0, n: int = 100) -> dict:
+    curve = [{"distance": 20, "accuracy": accuracy, "n_answers": n}]
+    capacity = [{"n_pairs": 1, "accuracy": 1.0, "n_answers": n},
+                {"n_pairs": 2, "accuracy": accuracy, "n_answers": n}]
+    return {"": {"curves": {"mqar": curve, "passkey": curve}, "capacity": capacity,
+                 "beyond": {"accuracy": accuracy, "n_answers": n}, "blindness": blind}}
+
+
+def test_combine_gives_the_mean_and_the_band_of_the_seeds():
+    record = recall.combine([_measured(0.9), _measured(0.6), _measured(0.75, blind=2e-5)])
+    beyond = record["beyond"][""]
+    assert beyond["mean"] == pytest.approx(0.75) and (beyond["lo"], beyond["hi"]) == (0.6, 0.9)
+    assert beyond["n_answers"] == 300 and beyond["n"] == 3
+    point = record["curves"][""]["mqar"][0]
+    assert point["accuracy"] == pytest.approx(0.75) and point["n_answers"] == 300
+    assert record["blindness"][""] == 2e-5
+    assert [p["n_pairs"] for p in record["capacity"][""]] == [1, 2]
+    assert record["capacity"][""][1]["lo"] == 0.6
+    assert recall.holds(record["capacity"][""]) == 1
+    assert recall.holds([{"n_pairs": 1, "accuracy": 0.5}]) == 0
+
+
+def _results(mechanism: float, twin: float, blind: float = 0.0) -> dict:
+    record = {"arch": "bcmt", "local_span": {"": 16}, "chance": {"mqar": 1 / 32},
+              **recall.combine([_measured(mechanism)])}
+    record["twin"] = recall.combine([_measured(twin, blind)])
+    dense = {"arch": "dense", "local_span": {"": None}, **recall.combine([_measured(0.99)])}
+    return {"done": {"recall/bcmt": record, "recall/dense": dense}}
+
+
+def test_memory_pays_only_beyond_the_noise_and_says_whether_the_twin_was_blind():
+    row, = lab.memory_pays(_results(0.95, 0.04))
+    assert row["pays"] and row["twin_blind"] and row["dense"] == 0.99
+    assert row["noise"] == pytest.approx(2 * (0.25 / 100 + 0.25 / 100) ** 0.5)
+    row, = lab.memory_pays(_results(0.10, 0.04))                    # inside the noise
+    assert not row["pays"]
+    row, = lab.memory_pays(_results(0.95, 0.04, blind=0.3))         # a twin that sees
+    assert not row["twin_blind"]
+    report = lab.report_markdown({"meta": {"preset": "x", "machine": "m", "device": "cpu",
+                                           "torch": "t", "corpus": "c", "corpus_source": "s",
+                                           "sizes": {"steps": 1}, "seed": 0},
+                                  "done": {}, "memory_pays": [row]})
+    assert "| bcmt | 16 | 0.95 (0.95-0.95) | 0.04 (0.04-0.04) | no (0.3) |" in report
+    assert "| 1:1.00 2:0.95 | 2 |" in report
+
+
+def _bcmt_row(folder) -> dict:
+    """BCMT's memory-pays row from a lab run of its recall task alone (twin included)."""
+    run = lab.Lab("tiny", folder, archs=["bcmt"], progress=False)
+    row, = lab.memory_pays({"done": {"recall/bcmt": run._recall("bcmt")}})
+    return row
+
+
+def test_a_mechanism_with_its_memory_disconnected_does_not_pay(tmp_path, monkeypatch):
+    """A planted bug: BCMT's memory path cut (its block memory forced to zero) trains to its
+    twin's beyond-span accuracy, and the table says "no". The recipe (one pair, 250 steps)
+    is one BCMT learns beyond its span; the test proves that first, so it has teeth."""
+    recipe = dataclasses.replace(CLASS, n_pairs=1, steps=250, seeds=(0,), eval_rows=64,
+                                 local_first=0.0)
+    monkeypatch.setitem(recall.RECALL_SIZES, "tiny", recipe)
+    healthy = _bcmt_row(tmp_path / "healthy")
+    assert healthy["pays"] and healthy["recall_beyond"] > 0.8 and healthy["twin_blind"], healthy
+
+    from blockmem_lite.models import bcmt
+    real = bcmt.BCMTLayer.block_memory
+    monkeypatch.setattr(bcmt.BCMTLayer, "block_memory",
+                        lambda self, *a, **k: real(self, *a, **k) * 0.0)
+    broken = _bcmt_row(tmp_path / "broken")
+    assert not broken["pays"] and broken["recall_beyond"] < 0.3, broken
