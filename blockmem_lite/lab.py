@@ -17,7 +17,7 @@ and once for all of them, in one process so the ratios are same-run ratios:
 
 Each finished (task, entry) is stored in ``OUT/results.json`` at once (atomically), so an
 interrupted run continues where it stopped and recomputes nothing. ``report.md`` (with
-the claims table) is written at the end; the command line adds ``plots/*.html``
+the claims table; ``lab_report``) is written at the end; the command line adds ``plots/*.html``
 (``viz.lab_figures.write_plots``). One progress line covers
 the whole plan, with an ETA.
 
@@ -43,14 +43,14 @@ import math
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
-from blockmem_lite import bench, distributed, metrics, recall, registry, roofline
+from blockmem_lite import bench, distributed, knowledge, metrics, recall, registry, roofline
 from blockmem_lite.checkpoints import atomic_write, atomic_write_bytes, prepare_folder
 from blockmem_lite.config import PRESET_NAMES, ModelConfig, RunConfig, preset
 from blockmem_lite.corpora import load_corpus, make_loaders
+from blockmem_lite.lab_report import write_report
 from blockmem_lite.models.base import build_model
 from blockmem_lite.runtime import pick_device, seed_everything
 from blockmem_lite.train import Trainer
@@ -59,7 +59,7 @@ from blockmem_lite.validation import check_choice, fail
 
 RESULTS_NAME = "results.json"
 RESULTS_FORMAT = "blockmem_lite.lab/1"
-DETERMINISTIC = ("lm", "recall")        # tasks whose results are equal when rerun (no timing)
+DETERMINISTIC = ("lm", "recall", "facts")  # tasks whose results are equal when rerun
 
 # how much work each preset's lab does (the model sizes come from the preset itself; the
 # recall experiment's sizes are recall.RECALL_SIZES)
@@ -124,9 +124,12 @@ def plan_entries(preset_name: str, archs=None, steps: int | None = None) -> list
 def plan_tasks(entries: list[Entry]) -> list[tuple[str, str]]:
     """[(task, entry label)]: language modelling for all, then recall for every entry but the
     baselines of one (at the recall recipe's sizes an iso-FLOP dense is the dense model),
-    then one bench."""
+    the facts for a mechanism with an iso-FLOP baseline and for that baseline, then one
+    bench."""
     return ([("lm", e.label) for e in entries]
-            + [("recall", e.label) for e in entries if not e.baseline_of] + [("bench", "*")])
+            + [("recall", e.label) for e in entries if not e.baseline_of]
+            + [("facts", e.label) for e in entries if e.baseline_of or e.spec.iso_flop_baseline]
+            + [("bench", "*")])
 
 
 # --- progress ------------------------------------------------------------------------------------
@@ -134,7 +137,7 @@ class PlanProgress:
     """One text progress bar over the whole plan; training steps feed it between tasks.
     ``stream=None`` keeps it silent."""
 
-    WEIGHT = {"lm": 1.0, "recall": 1.0, "bench": 2.0}    # rough relative cost of a task
+    WEIGHT = {"lm": 1.0, "recall": 1.0, "facts": 1.0, "bench": 2.0}   # rough relative costs
 
     def __init__(self, plan, done: set, stream=sys.stderr, min_interval_s: float = 2.0):
         self.plan, self.stream, self.min_interval_s = plan, stream, min_interval_s
@@ -179,11 +182,15 @@ class Lab:
     """One reproduce run: its plan, the store in ``out`` and the models trained so far."""
 
     def __init__(self, preset_name: str, out, archs=None, corpus=None, steps: int | None = None,
-                 progress: bool = True, live=None):
+                 progress: bool = True, live=None, recall_live=None):
         if live is not None and not callable(getattr(live, "run", None)):
             raise ValueError(f"live={live!r} is not allowed: expected None or a live view with "
                              "run(name) -> trainer callback (viz.live.LiveComparison)")
-        self.live = live
+        if recall_live is not None and not callable(recall_live):
+            raise ValueError(f"recall_live={recall_live!r} is not allowed: expected None or a "
+                             "function (name, recipe) -> trainer callback "
+                             "(viz.lab_figures.recall_monitor)")
+        self.live, self.recall_live = live, recall_live
         self.world = distributed.current()
         self.preset = preset_name
         self.sizes = dict(LAB_SIZES[preset_name], **({"steps": steps} if steps else {}))
@@ -245,6 +252,7 @@ class Lab:
             self.progress.finish()
         self.results["claims"] = claims_table(self.results)
         self.results["memory_pays"] = memory_pays(self.results)
+        self.results["knowledge"] = knowledge_pays(self.results)
         self._store_results()
         if self.world.is_main:
             write_report(self.results, self.out)
@@ -338,7 +346,9 @@ class Lab:
         run = dataclasses.replace(entry.run, model=cfg, train=train)
         seed_everything(seed)
         model = build_model(cfg)                  # its own sizes: never a trained LM's start
-        _finished(self._trainer(model, run, recall.training_rows(recipe)).fit())
+        live = [self.recall_live(f"{label} {role} seed {seed}".replace(" model", ""), recipe)
+                ] if self.recall_live is not None and self.world.is_main else []
+        _finished(self._trainer(model, run, recall.training_rows(recipe), callbacks=live).fit())
         measured = {}
         for variant, overrides in entry.variants(cfg):
             if overrides:
@@ -347,6 +357,32 @@ class Lab:
         parts[key] = measured
         self._store_results()
         return measured
+
+    def _facts(self, label: str) -> dict:
+        """The entry pretrained on each table of facts of the preset's ``FactsRecipe`` (a
+        baseline at the iso-FLOP config of its mechanism at the recipe's length)."""
+        entry, recipe = self.by_label[label], knowledge.FACTS_SIZES[self.preset]
+        start = time.perf_counter()
+        cfg = (knowledge.baseline_config(self.by_label[entry.baseline_of].cfg, recipe)
+               if entry.baseline_of else recipe.model_config(entry.cfg))
+        counts = [self._facts_part(label, cfg, recipe, count) for count in recipe.counts]
+        return {"arch": entry.arch, "baseline_of": entry.baseline_of, "n_layer": cfg.n_layer,
+                "counts": counts, "seconds": time.perf_counter() - start}
+
+    def _facts_part(self, label: str, cfg: ModelConfig, recipe: knowledge.FactsRecipe,
+                    count: int) -> dict:
+        """One model pretrained on a table of ``count`` entities, measured (a stored part)."""
+        key, parts = f"facts:{label}/{count}", self.results.setdefault("parts", {})
+        if key in parts:
+            return parts[key]
+        entry, facts = self.by_label[label], knowledge.table(count, recipe)
+        run = dataclasses.replace(entry.run, model=cfg, train=recipe.train_config(entry.run.train))
+        seed_everything(recipe.seed)
+        model = build_model(cfg)
+        _finished(self._trainer(model, run, knowledge.training_windows(facts, recipe)).fit())
+        parts[key] = self.world.on_main(lambda: knowledge.measure(model, facts, recipe))
+        self._store_results()
+        return parts[key]
 
     def _bench(self, label: str) -> dict:
         """All entries, every variant, timed interleaved with dense at each length (the
@@ -509,91 +545,40 @@ def memory_pays(results: dict) -> list[dict]:
                          "capacity": [[c["n_pairs"], c["accuracy"]]
                                       for c in record["capacity"][variant]],
                          "holds": recall.holds(record["capacity"][variant]),
+                         "length": [[c["factor"], c["accuracy"]]
+                                    for c in record["length"][variant]],
                          "pays": mine["mean"] - twin["mean"] > recall.noise(
                              mine["n_answers"], twin["n_answers"])})
     return rows
 
 
-# --- the report ----------------------------------------------------------------------------------
-def _md_table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
-
-
-def _with_band(mean, bounds) -> str:
-    return "-" if mean is None else f"{mean:.2f} ({bounds[0]:.2f}-{bounds[1]:.2f})"
-
-
-def report_markdown(results: dict) -> str:
-    """The markdown report: setup, language modelling, speed and memory, recall, the memory-pays
-    experiment and the claims table."""
-    meta = results["meta"]
-    parts = [f"# blockmem_lite reproduce: preset {meta['preset']}",
-             f"Machine: {meta['machine']} ({meta['device']}), torch {meta['torch']}. Corpus: "
-             f"{meta['corpus']} ({meta['corpus_source']}). Every model trained on the same "
-             f"data, {meta['sizes']['steps']} steps, seed {meta['seed']}.", "",
-             "## Language modelling (validation loss, nats per token)"]
-    rows = []
-    for key, record in results["done"].items():
-        if key.startswith("lm/"):
-            for variant, loss in record["val_loss"].items():
-                mark = " *" if record.get("starts_from_trained") else ""
-                rows.append([f"{key[3:]} {variant}".strip() + mark, f"{loss:.4f}",
-                             f"{record['params'] / 1e6:.2f}M", f"{record['tokens']:,}",
-                             human_duration(record["seconds"])])
-    parts += [_md_table(["model", "val loss", "params", "tokens", "time"], rows), "",
-              "\\* starts from a model trained earlier in this run (ARMT wraps the trained "
-              "dense model), then trains its own budget.", ""]
-    records = results["done"].get("bench/*", {}).get("records", [])
-    if records:
-        parts += ["## Speed and memory vs dense (same run)", "", "```",
-                  bench.format_table(records), "```", ""]
-    parts += ["## When does memory pay? (MQAR recall beyond the local span)", "",
-              "Every answer lies one span or more before its query. Twin: the same model and "
-              "span with the memory path off; blind: its answers did not move when every "
-              "token beyond its span was replaced. Bands: the lowest and highest seed.", ""]
-    parts.append(_md_table(
-        ["model", "span", "beyond (band)", "twin (band)", "twin blind", "dense", "chance",
-         "noise", "pays", "by pairs", "holds"],
-        [[r["entry"], str(r["local_span"]), _with_band(r["recall_beyond"], r["band"]),
-          _with_band(r["local_baseline"], r["twin_band"]), "yes" if r["twin_blind"] else
-          f"no ({r['twin_blindness']:.2g})", _with_band(r["dense"], r["dense_band"]),
-          f"{r['chance']:.3f}", fmt(r["noise"], ".2f"), "yes" if r["pays"] else "no",
-          " ".join(f"{p}:{a:.2f}" for p, a in r["capacity"]), str(r["holds"])]
-         for r in results.get("memory_pays", [])]))
-    parts += ["", "\"by pairs\": beyond-span accuracy with 1, 2, ... pairs in the first span "
-              "(one trained model); \"holds\": the most pairs recalled at 0.9 or better.", ""]
-    parts += ["", "## The papers' claims at kit scale", ""]
-    parts.append(_md_table(
-        ["mechanism", "claim", "where", "paper", "kit", "ceiling", "verdict", "why"],
-        [[r["arch"], r["quantity"], f"{r['paper']} ({r['where']})",
-          f"{fmt(r['paper_value'], '.4g')} {r['unit']}", fmt(r["kit_value"], ".3g"),
-          fmt(r["ceiling"], ".2f"), r["verdict"], r["reason"]]
-         for r in results.get("claims", [])]))
-    parts += ["", "Plots: " + ", ".join(f"[{name}](plots/{name}.html)" for name in PLOTS), ""]
-    return "\n".join(parts)
-
-
-PLOTS = ("pareto", "state_vs_length", "recall_vs_distance",      # viz.lab_figures writes them
-         "recall_capacity")
-
-
-def write_report(results: dict, out: Path) -> Path:
-    """OUT/report.md (the command line adds the plots, ``viz.lab_figures.write_plots``)."""
-    path = Path(out) / "report.md"
-    atomic_write_bytes(path, report_markdown(results).encode())
-    return path
+def knowledge_pays(results: dict) -> list[dict]:
+    """Per mechanism with facts measured beside its iso-FLOP baseline, per table size:
+    facts recalled by each, and whether the mechanism beats the baseline by the noise."""
+    done, rows = results["done"], []
+    for key, record in done.items():
+        if not key.startswith("facts/") or not record["baseline_of"]:
+            continue
+        mine = done.get(f"facts/{record['baseline_of']}")
+        if mine is not None:
+            rows += [{"entry": record["baseline_of"], "baseline": key.split("/", 1)[1], **row}
+                     for row in knowledge.compare(mine["counts"], record["counts"])]
+    return rows
 
 
 def reproduce(preset_name: str = "fast", out="runs/reproduce", archs=None, corpus=None,
-              paths=None, steps: int | None = None, progress: bool = True, live=None) -> dict:
+              paths=None, steps: int | None = None, progress: bool = True, live=None,
+              recall_live=None) -> dict:
     """Run (or continue) the lab; returns the results (also in ``out/results.json``).
 
     ``live``: a ``viz.live.LiveComparison`` (anything with ``run(name)`` returning a trainer
-    callback) that draws each language model's training as it happens."""
+    callback) that draws each language model's training as it happens; ``recall_live``:
+    ``(name, recipe) -> trainer callback`` for each recall model, e.g.
+    ``viz.lab_figures.recall_monitor`` (its beyond-span accuracy against the step)."""
     if corpus is None or isinstance(corpus, str):
         corpus = load_corpus(corpus or ("files" if paths else "offline"), paths=paths)
-    return Lab(preset_name, out, archs, corpus, steps, progress, live=live).run()
+    return Lab(preset_name, out, archs, corpus, steps, progress, live=live,
+               recall_live=recall_live).run()
 
 
 def summary(results: dict) -> str:
@@ -602,6 +587,7 @@ def summary(results: dict) -> str:
     counts = ", ".join(f"{verdicts.count(v)} {v}" for v in
                        ("reproduced", "not reproduced", "not comparable"))
     pays = [r["entry"] for r in results.get("memory_pays", []) if r["pays"]]
+    pays += sorted({f"{r['entry']} (facts)" for r in results.get("knowledge", []) if r["pays"]})
     return (f"claims: {counts}; memory pays beyond the local span for: "
             f"{', '.join(pays) or 'none at this scale'}")
 

@@ -20,6 +20,8 @@ Measured on held-out seeds (below 2**31, which training never draws):
 * ``curves``: accuracy against distance (passkey and fixed-distance MQAR), where the
   lab's figure marks the span;
 * ``beyond``: accuracy on the beyond-span MQAR rows, the figure "memory pays" judges;
+* ``capacity``: the same with 1 ... ``n_pairs`` pairs: how many pairs the memory holds;
+* ``length``: the same at 1, 2, 4 and 8 times the trained length (length generalisation);
 * ``blindness``: how far a model's answer logits move when every token before
   ``queries_from`` (only earlier spans) is replaced. The memory-less twin must not move
   (it cannot see there), the mechanism must (that is where its answers come from).
@@ -42,7 +44,8 @@ import torch
 from blockmem_lite import registry, tasks
 from blockmem_lite.config import ModelConfig, TrainConfig
 
-EVAL_SEEDS = {"passkey": 10_000, "mqar": 20_000, "beyond": 30_000, "blind": 40_000}
+EVAL_SEEDS = {"passkey": 10_000, "mqar": 20_000, "beyond": 30_000, "blind": 40_000,
+              "length": 50_000}
 
 
 @dataclass(frozen=True)
@@ -219,6 +222,39 @@ def capacity(model, recipe: RecallRecipe) -> list[dict]:
             for p in range(1, recipe.n_pairs + 1)]
 
 
+LENGTH_FACTORS = (1, 2, 4, 8)
+
+
+def longer_rows(recipe: RecallRecipe, factor: int, rows: int | None = None) -> tasks.TaskBatch:
+    """Beyond-span MQAR rows ``factor`` times the trained length: the pairs in the first
+    span, every query in the last ``seq_len - queries_from`` tokens, so the distances grow
+    with the length while the row's shape stays the trained one."""
+    length = factor * recipe.seq_len
+    start = length - (recipe.seq_len - recipe.queries_from)
+    return tasks.mqar(rows or recipe.eval_rows, length, recipe.n_pairs,
+                      n_queries=tasks.query_slots(length, recipe.n_pairs, start),
+                      queries_from=start, vocab_size=recipe.vocab_size,
+                      seed=EVAL_SEEDS["length"] + factor)
+
+
+def length_curve(model, recipe: RecallRecipe, factors=LENGTH_FACTORS) -> list[dict]:
+    """Beyond-span accuracy at ``factors`` x the trained length (ARMT's claim: recall holds
+    far past the training length). Accuracy None where the model refuses the length (CAT's
+    chunk-index table ends at its trained length)."""
+    out = []
+    for factor in factors:
+        batch = longer_rows(recipe, factor)
+        try:
+            accuracy = tasks.task_accuracy(model, batch)
+        except ValueError as refused:
+            if "sequence length" not in str(refused):
+                raise
+            accuracy = None
+        out.append({"factor": factor, "seq_len": batch.seq_len, "accuracy": accuracy,
+                    "n_answers": int(batch.mask.sum())})
+    return out
+
+
 def holds(curve: list[dict], threshold: float = 0.9) -> int:
     """The most pairs up to which every point of a capacity curve reaches ``threshold``."""
     held = 0
@@ -259,7 +295,8 @@ def blindness(model, recipe: RecallRecipe, rows: int = 16) -> float:
 def measure(model, recipe: RecallRecipe) -> dict:
     """Everything the lab stores of one trained recall model."""
     return {"curves": curves(model, recipe), "beyond": beyond(model, recipe),
-            "capacity": capacity(model, recipe), "blindness": blindness(model, recipe)}
+            "capacity": capacity(model, recipe), "length": length_curve(model, recipe),
+            "blindness": blindness(model, recipe)}
 
 
 # --- across seeds ----------------------------------------------------------------------------
@@ -286,11 +323,12 @@ def combine(runs: list[dict]) -> dict:
     """One record from the ``measure`` results of several seeds ({variant: measure} each):
     curves, capacity curves and beyond-span accuracy as mean with the lowest and highest
     seed (``band``), answers summed, and the largest ``blindness`` of any seed."""
-    out = {"curves": {}, "beyond": {}, "capacity": {}, "blindness": {}}
+    out = {"curves": {}, "beyond": {}, "capacity": {}, "length": {}, "blindness": {}}
     for variant in runs[0]:
         per_seed = [run[variant] for run in runs]
-        out["capacity"][variant] = [
-            _point(points) for points in zip(*(m["capacity"] for m in per_seed), strict=True)]
+        for curve in ("capacity", "length"):
+            out[curve][variant] = [_point(points) for points in
+                                   zip(*(m[curve] for m in per_seed), strict=True)]
         out["curves"][variant] = {
             task: [_point([m["curves"][task][i] for m in per_seed])
                    for i in range(len(per_seed[0]["curves"][task]))]
@@ -302,8 +340,12 @@ def combine(runs: list[dict]) -> dict:
 
 
 def _point(rows: list[dict]) -> dict:
-    """One point of a curve over seeds: mean accuracy, its band, answers summed."""
+    """One point of a curve over seeds: mean accuracy, its band, answers summed (accuracy
+    None where the model refused the rows)."""
+    where = {k: rows[0][k] for k in ("distance", "n_pairs", "factor", "seq_len") if k in rows[0]}
+    answers = sum(r["n_answers"] for r in rows)
+    if any(r["accuracy"] is None for r in rows):
+        return {**where, "accuracy": None, "lo": None, "hi": None, "n_answers": answers}
     spread = band([r["accuracy"] for r in rows])
-    where = {k: rows[0][k] for k in ("distance", "n_pairs") if k in rows[0]}
     return {**where, "accuracy": spread["mean"], "lo": spread["lo"], "hi": spread["hi"],
-            "n_answers": sum(r["n_answers"] for r in rows)}
+            "n_answers": answers}

@@ -29,7 +29,8 @@ def shown(view):
 # Public functions that are not figure builders (helpers, writers).
 NOT_BUILDERS = {
     figures: {"color", "memory_method_label", "run_family", "update_training_panels"},
-    lab_figures: {"pareto_front", "pareto_points", "training_histories", "write_plots"},
+    lab_figures: {"pareto_front", "pareto_points", "training_histories", "write_plots",
+                  "recall_monitor"},
 }
 
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from blockmem_lite import lab, registry
+from blockmem_lite import lab, lab_report, registry
 from blockmem_lite.cli import reproduce_main
 from blockmem_lite.corpora import load_corpus
 
@@ -34,7 +34,8 @@ def test_every_registered_architecture_is_trained_measured_and_benched(fast_run)
 
 def test_the_json_has_its_keys(fast_run):
     _, results = fast_run
-    assert set(results) >= {"meta", "done", "claims", "memory_pays"}
+    assert set(results) >= {"meta", "done", "claims", "memory_pays", "knowledge"}
+    assert [r["entry"] for r in results["knowledge"]] == ["moc"]          # one table size
     assert set(results["meta"]) >= {"format", "preset", "entries", "sizes", "corpus", "seed",
                                      "device", "machine", "torch"}
     assert results["meta"]["preset"] == "fast"
@@ -43,7 +44,7 @@ def test_the_json_has_its_keys(fast_run):
     recall = results["done"]["recall/bcmt"]
     assert set(recall["curves"][""]) == {"passkey", "mqar"}
     assert recall["local_span"][""] == 8                  # the fast recall recipe's span
-    assert set(recall["twin"]) == {"curves", "beyond", "capacity", "blindness"}
+    assert set(recall["twin"]) == {"curves", "beyond", "capacity", "length", "blindness"}
     assert set(results["done"]["recall/cat"]["local_span"]) == {"C=4", "C=8"}
     pays = {r["entry"]: r for r in results["memory_pays"]}
     assert set(pays) == {"bcmt", "armt", "cat C=4", "cat C=8"}
@@ -73,7 +74,7 @@ def test_the_report_and_the_plots_are_written(fast_run):
     for heading in ("Language modelling", "Speed and memory vs dense", "When does memory pay",
                     "The papers' claims at kit scale"):
         assert heading in report
-    assert all((out / "plots" / f"{name}.html").is_file() for name in lab.PLOTS)
+    assert all((out / "plots" / f"{name}.html").is_file() for name in lab_report.PLOTS)
     assert report.count("| bcmt |") >= 1
 
 

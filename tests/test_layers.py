@@ -20,14 +20,14 @@ LAYERS = (
     ("model zoo", ("models",)),
     ("data", ("corpora", "tasks")),
     ("measuring and training", ("checkpoints", "metrics", "roofline", "train", "bench", "checks",
-                                "recall", "lab")),
+                                "recall", "knowledge", "lab_report", "lab")),
     ("viz", ("viz", "viz.*")),
     ("tools and command line", ("cli", "exercises", "grading", "envcheck", "site", "gpucheck",
                                 "__main__", "")),
 )
 CORE = ("config", "runtime", "distributed", "tokenizer", "flops", "nn", "masks", "trace", "models.base",
         "corpora", "tasks", "metrics", "train", "bench", "checks", "cli", "viz", "viz.*",
-        "lab", "labdata", "recall", "checkpoints", "site", "roofline", "compiling")
+        "lab", "labdata", "recall", "knowledge", "lab_report", "checkpoints", "site", "roofline", "compiling")
 
 
 def module_names() -> dict[str, Path]:

@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 import torch
 
-from blockmem_lite import lab, recall, registry, tasks
+from blockmem_lite import lab, lab_report, recall, registry, tasks
 from blockmem_lite.config import preset
 from blockmem_lite.models.base import build_model
 from blockmem_lite.runtime import seed_everything
@@ -132,13 +132,36 @@ def test_the_cat_twin_still_reads_its_own_chunk():
     assert moved > 1e-3
 
 
+def test_the_live_monitor_draws_beyond_span_accuracy_against_the_step(tmp_path, capsys):
+    from blockmem_lite.viz import lab_figures
+
+    shown = []
+    run = lab.Lab("tiny", tmp_path, archs=["dense"], progress=False,
+                  recall_live=lambda name, recipe: shown.append(name) or
+                  lab_figures.recall_monitor(name, recipe, every=5, mode="text"))
+    run._recall("dense")
+    assert shown == ["dense seed 0"]
+    lines = [line for line in capsys.readouterr().out.splitlines() if "beyond-span" in line]
+    assert lines and lines[-1].startswith("[recall: dense seed 0] step 20/20: beyond-span")
+    monitor = lab_figures.recall_monitor("x", TINY, every=5, mode="text")
+    monitor.record(0, 0.25)
+    monitor.record(5, 0.5)
+    figure = monitor._figure_fn(monitor.snapshots)
+    assert list(figure.data[0].x) == [0, 5] and list(figure.data[0].y) == [0.25, 0.5]
+    with pytest.raises(ValueError, match="recall_live=3 is not allowed"):
+        lab.Lab("tiny", tmp_path, progress=False, recall_live=3)
+
+
 # --- bands and verdicts ----------------------------------------------------------------------------
 def _measured(accuracy: float, blind: float = 0.0, n: int = 100) -> dict:
     curve = [{"distance": 20, "accuracy": accuracy, "n_answers": n}]
     capacity = [{"n_pairs": 1, "accuracy": 1.0, "n_answers": n},
                 {"n_pairs": 2, "accuracy": accuracy, "n_answers": n}]
+    length = [{"factor": 1, "seq_len": 64, "accuracy": accuracy, "n_answers": n},
+              {"factor": 4, "seq_len": 256, "accuracy": None, "n_answers": n}]
     return {"": {"curves": {"mqar": curve, "passkey": curve}, "capacity": capacity,
-                 "beyond": {"accuracy": accuracy, "n_answers": n}, "blindness": blind}}
+                 "length": length, "beyond": {"accuracy": accuracy, "n_answers": n},
+                 "blindness": blind}}
 
 
 def test_combine_gives_the_mean_and_the_band_of_the_seeds():
@@ -153,6 +176,26 @@ def test_combine_gives_the_mean_and_the_band_of_the_seeds():
     assert record["capacity"][""][1]["lo"] == 0.6
     assert recall.holds(record["capacity"][""]) == 1
     assert recall.holds([{"n_pairs": 1, "accuracy": 0.5}]) == 0
+    first, refused = record["length"][""]
+    assert first["accuracy"] == pytest.approx(0.75) and first["seq_len"] == 64
+    assert refused["accuracy"] is None and refused["factor"] == 4
+
+
+def test_longer_rows_keep_the_pairs_first_and_the_queries_last():
+    for factor in recall.LENGTH_FACTORS:
+        batch = recall.longer_rows(TINY, factor, rows=4)
+        length = factor * TINY.seq_len
+        positions = batch.meta["answer_positions"]
+        assert batch.seq_len == length
+        assert positions.min() >= length - (TINY.seq_len - TINY.queries_from)
+        assert (positions - batch.meta["distances"]).max() < 2 * TINY.n_pairs
+
+
+def test_the_length_curve_says_none_where_a_model_refuses_the_length():
+    cat = recall.length_curve(_recall_model("cat"), TINY, factors=(1, 2))
+    assert cat[0]["accuracy"] is not None and cat[1]["accuracy"] is None
+    armt = recall.length_curve(_recall_model("armt"), TINY, factors=(1, 2))
+    assert all(0 <= p["accuracy"] <= 1 for p in armt)
 
 
 def _results(mechanism: float, twin: float, blind: float = 0.0) -> dict:
@@ -171,12 +214,12 @@ def test_memory_pays_only_beyond_the_noise_and_says_whether_the_twin_was_blind()
     assert not row["pays"]
     row, = lab.memory_pays(_results(0.95, 0.04, blind=0.3))         # a twin that sees
     assert not row["twin_blind"]
-    report = lab.report_markdown({"meta": {"preset": "x", "machine": "m", "device": "cpu",
+    report = lab_report.report_markdown({"meta": {"preset": "x", "machine": "m", "device": "cpu",
                                            "torch": "t", "corpus": "c", "corpus_source": "s",
                                            "sizes": {"steps": 1}, "seed": 0},
                                   "done": {}, "memory_pays": [row]})
     assert "| bcmt | 16 | 0.95 (0.95-0.95) | 0.04 (0.04-0.04) | no (0.3) |" in report
-    assert "| 1:1.00 2:0.95 | 2 |" in report
+    assert "| 1:1.00 2:0.95 | 2 | 1x:0.95 4x:- |" in report
 
 
 def _bcmt_row(folder) -> dict:

@@ -11,9 +11,11 @@ from pathlib import Path
 
 import plotly.graph_objects as go
 
-from blockmem_lite.lab import PLOTS
+from blockmem_lite import recall
+from blockmem_lite.lab_report import PLOTS
 from blockmem_lite.labdata import bench_record
 from blockmem_lite.viz import figures
+from blockmem_lite.viz.live import LiveMonitor
 
 
 def _lm_entries(results: dict) -> list[tuple[str, str, dict]]:
@@ -167,6 +169,30 @@ def recall_capacity(results: dict, labels: Sequence | None = None):
                               y_title="accuracy beyond the span", y_range=(0, 1.05),
                               hlines={"chance": chance} if chance is not None else None,
                               dashed=[n for n in dashed if n in series])
+
+
+def recall_monitor(name: str, recipe: recall.RecallRecipe, every: int | None = None,
+                   mode: str = "auto") -> LiveMonitor:
+    """A trainer callback that asks the recall model ``name`` the held-out beyond-span MQAR
+    every ``every`` steps (default: 10 points per run) and draws its accuracy against the
+    step as it trains (text mode: one line per point), chance dotted."""
+    every = every or max(1, recipe.steps // 10)
+    chance = recall.chance(recipe)
+
+    def probe(trainer, rec) -> float:
+        return recall.beyond(trainer.model, recipe)["accuracy"]
+
+    def figure(snapshots):
+        steps, accuracy = zip(*snapshots, strict=True)
+        return figures.line_chart({name: (list(steps), list(accuracy))}, y_range=(0, 1.05),
+                                  x_title="training step", y_title="accuracy beyond the span",
+                                  hlines={"chance": chance}, title=f"recall while training: {name}")
+
+    def text(snapshots) -> str:
+        return f"beyond-span accuracy {snapshots[-1][1]:.3f} (chance {chance:.3f})"
+
+    return LiveMonitor(probe, figure, text, every=every, title=f"recall: {name}", series=True,
+                       mode=mode)
 
 
 def training_histories(results: dict, labels: Sequence | None = None) -> dict:

@@ -1,0 +1,96 @@
+"""The comparison lab's report: ``OUT/report.md`` from a lab result (``lab.reproduce``).
+
+Language modelling, speed and memory against dense, the memory-pays tables (recall beyond
+the span against each twin; facts in the weights against the iso-FLOP baseline) and the
+papers' claims, as markdown tables; ``PLOTS`` names the figures ``viz.lab_figures``
+writes beside it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from blockmem_lite import bench
+from blockmem_lite.checkpoints import atomic_write_bytes
+from blockmem_lite.units import fmt, human_duration
+
+PLOTS = ("pareto", "state_vs_length", "recall_vs_distance",      # viz.lab_figures writes them
+         "recall_capacity")
+
+
+def _md_table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
+
+
+def _with_band(mean, bounds) -> str:
+    return "-" if mean is None else f"{mean:.2f} ({bounds[0]:.2f}-{bounds[1]:.2f})"
+
+
+def report_markdown(results: dict) -> str:
+    """The markdown report: setup, language modelling, speed and memory, recall, the memory-pays
+    experiment and the claims table."""
+    meta = results["meta"]
+    parts = [f"# blockmem_lite reproduce: preset {meta['preset']}",
+             f"Machine: {meta['machine']} ({meta['device']}), torch {meta['torch']}. Corpus: "
+             f"{meta['corpus']} ({meta['corpus_source']}). Every model trained on the same "
+             f"data, {meta['sizes']['steps']} steps, seed {meta['seed']}.", "",
+             "## Language modelling (validation loss, nats per token)"]
+    rows = []
+    for key, record in results["done"].items():
+        if key.startswith("lm/"):
+            for variant, loss in record["val_loss"].items():
+                mark = " *" if record.get("starts_from_trained") else ""
+                rows.append([f"{key[3:]} {variant}".strip() + mark, f"{loss:.4f}",
+                             f"{record['params'] / 1e6:.2f}M", f"{record['tokens']:,}",
+                             human_duration(record["seconds"])])
+    parts += [_md_table(["model", "val loss", "params", "tokens", "time"], rows), "",
+              "\\* starts from a model trained earlier in this run (ARMT wraps the trained "
+              "dense model), then trains its own budget.", ""]
+    records = results["done"].get("bench/*", {}).get("records", [])
+    if records:
+        parts += ["## Speed and memory vs dense (same run)", "", "```",
+                  bench.format_table(records), "```", ""]
+    parts += ["## When does memory pay? (MQAR recall beyond the local span)", "",
+              "Every answer lies one span or more before its query. Twin: the same model and "
+              "span with the memory path off; blind: its answers did not move when every "
+              "token beyond its span was replaced. Bands: the lowest and highest seed.", ""]
+    parts.append(_md_table(
+        ["model", "span", "beyond (band)", "twin (band)", "twin blind", "dense", "chance",
+         "noise", "pays", "by pairs", "holds", "x T"],
+        [[r["entry"], str(r["local_span"]), _with_band(r["recall_beyond"], r["band"]),
+          _with_band(r["local_baseline"], r["twin_band"]), "yes" if r["twin_blind"] else
+          f"no ({r['twin_blindness']:.2g})", _with_band(r["dense"], r["dense_band"]),
+          f"{r['chance']:.3f}", fmt(r["noise"], ".2f"), "yes" if r["pays"] else "no",
+          " ".join(f"{p}:{a:.2f}" for p, a in r["capacity"]), str(r["holds"]),
+          " ".join(f"{f}x:{fmt(a, '.2f')}" for f, a in r["length"])]
+         for r in results.get("memory_pays", [])]))
+    parts += ["", "\"by pairs\": beyond-span accuracy with 1, 2, ... pairs in the first span "
+              "(one trained model); \"holds\": the most pairs recalled at 0.9 or better; "
+              "\"x T\": the same rows stretched to 1, 2, 4, 8 times the trained length "
+              "(\"-\": the model refuses the length).", ""]
+    parts += ["### Knowledge in the weights (facts never in the context)", "",
+              "Each model pretrained on a table of facts, then asked every fact with other "
+              "facts as its context; recalled = every value byte right.", ""]
+    parts.append(_md_table(
+        ["model", "baseline", "facts", "recalled", "baseline recalled", "format floor",
+         "noise", "pays"],
+        [[r["entry"], r["baseline"], str(r["n_facts"]), f"{r['recalled']:.2f}",
+          f"{r['dense']:.2f}", f"{r['floor']:.2f}", f"{r['noise']:.2f}",
+          "yes" if r["pays"] else "no"] for r in results.get("knowledge", [])]))
+    parts += ["", "## The papers' claims at kit scale", ""]
+    parts.append(_md_table(
+        ["mechanism", "claim", "where", "paper", "kit", "ceiling", "verdict", "why"],
+        [[r["arch"], r["quantity"], f"{r['paper']} ({r['where']})",
+          f"{fmt(r['paper_value'], '.4g')} {r['unit']}", fmt(r["kit_value"], ".3g"),
+          fmt(r["ceiling"], ".2f"), r["verdict"], r["reason"]]
+         for r in results.get("claims", [])]))
+    parts += ["", "Plots: " + ", ".join(f"[{name}](plots/{name}.html)" for name in PLOTS), ""]
+    return "\n".join(parts)
+
+
+def write_report(results: dict, out: Path) -> Path:
+    """OUT/report.md (the command line adds the plots, ``viz.lab_figures.write_plots``)."""
+    path = Path(out) / "report.md"
+    atomic_write_bytes(path, report_markdown(results).encode())
+    return path
