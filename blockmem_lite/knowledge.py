@@ -75,7 +75,7 @@ def facts_recalled(model, probe: tasks.TaskBatch, batch_size: int = 64) -> float
     """Share of the probe's rows whose every answer byte is the model's argmax."""
     was_training = model.training
     model.eval()
-    device = tasks._model_device(model)
+    device = tasks.model_device(model)
     hits = []
     try:
         for start in range(0, len(probe), batch_size):

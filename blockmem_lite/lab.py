@@ -346,8 +346,9 @@ class Lab:
         run = dataclasses.replace(entry.run, model=cfg, train=train)
         seed_everything(seed)
         model = build_model(cfg)                  # its own sizes: never a trained LM's start
-        live = [self.recall_live(f"{label} {role} seed {seed}".replace(" model", ""), recipe)
-                ] if self.recall_live is not None and self.world.is_main else []
+        name = f"{label} seed {seed}" if role == "model" else f"{label} {role} seed {seed}"
+        live = [self.recall_live(name, recipe)] \
+            if self.recall_live is not None and self.world.is_main else []
         _finished(self._trainer(model, run, recall.training_rows(recipe), callbacks=live).fit())
         measured = {}
         for variant, overrides in entry.variants(cfg):

@@ -267,7 +267,7 @@ def holds(curve: list[dict], threshold: float = 0.9) -> int:
 
 def _answer_logits(model, batch: tasks.TaskBatch) -> torch.Tensor:
     """(A, V) logits at the answer positions of ``batch``."""
-    device = tasks._model_device(model)
+    device = tasks.model_device(model)
     return model(batch.inputs.to(device)).logits[batch.mask.to(device)].float()
 
 

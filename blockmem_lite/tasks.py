@@ -387,7 +387,8 @@ class FreshRows(Dataset):
 
 
 # --- scoring --------------------------------------------------------------------------------
-def _model_device(model) -> torch.device:
+def model_device(model) -> torch.device:
+    """The device of a model's first parameter (CPU for a model without parameters)."""
     parameters = getattr(model, "parameters", None)
     first = next(iter(parameters()), None) if callable(parameters) else None
     return first.device if first is not None else torch.device("cpu")
@@ -405,7 +406,7 @@ def task_accuracy(model, batch: TaskBatch, batch_size: int = 64) -> float:
     was_training = bool(getattr(model, "training", False))
     if hasattr(model, "eval"):
         model.eval()
-    device = _model_device(model)
+    device = model_device(model)
     correct = 0
     try:
         for start in range(0, len(batch), batch_size):
