@@ -1,4 +1,5 @@
-"""Command line: ``python -m blockmem_lite {envcheck,train,bench,exercises,gpucheck} ...``.
+"""Command line: ``python -m blockmem_lite COMMAND ...``, COMMAND one of ``COMMANDS`` below
+(envcheck, train, bench, reproduce, exercises, site, gpucheck, sweep).
 
 Each subcommand is a ``main(argv)`` function in its own module (``cli.py`` for
 train and bench), imported only when used, so ``envcheck`` works even when
@@ -23,6 +24,8 @@ COMMANDS = {   # name: (module, function, help)
     "site": ("blockmem_lite.site", "main", "static HTML pages of the notebooks, with outputs"),
     "gpucheck": ("blockmem_lite.gpucheck", "main",
                  "check the GPU path in one short run (one table, OK/FAIL per check)"),
+    "sweep": ("blockmem_lite.recall_sweep", "main",
+              "recall against one memory's size, beside its analytic capacity"),
 }
 SUBCOMMANDS = {   # (command, subcommand): (module, function); grading sits above exercises
     ("exercises", "grade"): ("blockmem_lite.grading", "main"),

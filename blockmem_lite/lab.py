@@ -58,7 +58,7 @@ from blockmem_lite.units import fmt, human_duration
 from blockmem_lite.validation import check_choice, fail
 
 RESULTS_NAME = "results.json"
-RESULTS_FORMAT = "blockmem_lite.lab/1"
+RESULTS_FORMAT = "blockmem_lite.lab/2"   # /2: recall parts, twins, slot model, facts
 DETERMINISTIC = ("lm", "recall", "facts")  # tasks whose results are equal when rerun
 
 # how much work each preset's lab does (the model sizes come from the preset itself; the
@@ -182,7 +182,8 @@ class Lab:
     """One reproduce run: its plan, the store in ``out`` and the models trained so far."""
 
     def __init__(self, preset_name: str, out, archs=None, corpus=None, steps: int | None = None,
-                 progress: bool = True, live=None, recall_live=None):
+                 progress: bool = True, live=None, recall_live=None, tasks=None,
+                 recall_seeds=None):
         if live is not None and not callable(getattr(live, "run", None)):
             raise ValueError(f"live={live!r} is not allowed: expected None or a live view with "
                              "run(name) -> trainer callback (viz.live.LiveComparison)")
@@ -194,11 +195,14 @@ class Lab:
         self.world = distributed.current()
         self.preset = preset_name
         self.sizes = dict(LAB_SIZES[preset_name], **({"steps": steps} if steps else {}))
+        self.recipe = _recipe(preset_name, recall_seeds)
+        if recall_seeds is not None:
+            self.sizes["recall_seeds"] = list(self.recipe.seeds)
         self.entries = plan_entries(preset_name, archs, self.sizes["steps"])
         for entry in self.entries:                              # before any work
             distributed.check_batch_size(entry.run.train.batch_size, self.world.world_size)
         self.by_label = {e.label: e for e in self.entries}
-        self.plan = plan_tasks(self.entries)
+        self.plan = _only(plan_tasks(self.entries), tasks)
         self.out = self.world.on_main(lambda: prepare_folder(out, name="--out"))
         self.corpus = corpus if corpus is not None else load_corpus("offline")
         self.meta = self._meta()
@@ -319,7 +323,7 @@ class Lab:
         """The entry at the recall recipe's sizes and span, trained at every recipe seed, and
         its memory-less twin where it has one (``recall`` module); one stored part per
         trained model, so a resumed run retrains nothing."""
-        entry, recipe = self.by_label[label], recall.RECALL_SIZES[self.preset]
+        entry, recipe = self.by_label[label], self.recipe
         start = time.perf_counter()
         cfg = recipe.model_config(entry.cfg)
         roles = {"model": cfg, **({"twin": entry.spec.twin(cfg)} if entry.spec.twin else {})}
@@ -330,6 +334,9 @@ class Lab:
             runs = [self._recall_part(label, role, role_cfg, recipe, seed)
                     for seed in recipe.seeds]
             record[role] = recall.combine(runs)
+            record[role]["slot_model"] = {
+                variant: recall.slot_curve(dataclasses.replace(role_cfg, **overrides), recipe)
+                for variant, overrides in entry.variants(role_cfg)}
         record.update(record.pop("model"))
         record["seconds"] = time.perf_counter() - start
         return record
@@ -443,6 +450,32 @@ class Lab:
         return curves
 
 
+TASKS = ("lm", "recall", "facts", "bench")
+
+
+def _only(plan: list[tuple[str, str]], tasks) -> list[tuple[str, str]]:
+    """The plan's tasks of the kinds in ``tasks`` (None: all), e.g. ("recall",) for a
+    notebook that asks one experiment."""
+    if tasks is None:
+        return plan
+    if isinstance(tasks, str) or not tasks:
+        fail("tasks", tasks, f"expected a tuple of task kinds from {', '.join(TASKS)}")
+    for task in tasks:
+        check_choice("tasks", task, TASKS)
+    return [(task, label) for task, label in plan if task in tasks]
+
+
+def _recipe(preset_name: str, seeds) -> recall.RecallRecipe:
+    """The preset's recall recipe, at ``seeds`` when given (e.g. (0,) in a notebook)."""
+    recipe = recall.RECALL_SIZES[preset_name]
+    if seeds is None:
+        return recipe
+    if isinstance(seeds, (str, int)) or not seeds or \
+            not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds):
+        fail("recall_seeds", seeds, "expected a non-empty tuple of seeds >= 0, e.g. (0,)")
+    return dataclasses.replace(recipe, seeds=tuple(seeds))
+
+
 def _finished(history):
     """``history``, or KeyboardInterrupt when a stop ended its training (nothing half-trained
     is stored; the command line says how to continue)."""
@@ -549,8 +582,27 @@ def memory_pays(results: dict) -> list[dict]:
                          "length": [[c["factor"], c["accuracy"]]
                                     for c in record["length"][variant]],
                          "pays": mine["mean"] - twin["mean"] > recall.noise(
-                             mine["n_answers"], twin["n_answers"])})
+                             mine["n_answers"], twin["n_answers"]),
+                         **_shortfall(mine, record.get("slot_model", {}).get(variant))})
     return rows
+
+
+def _shortfall(mine: dict, slot_curve: list[dict] | None) -> dict:
+    """The slot model's accuracy at the recipe's pairs, and why the mechanism is short of
+    ``recall.TARGET`` where it is: "capacity" (the slot model is short too, and the
+    measured accuracy reaches it within the noise of its own answers), else "training" (the
+    memory could hold the pairs; the model did not learn to use it)."""
+    if not slot_curve:
+        return {"slot_model": None, "shortfall": None}
+    predicted = slot_curve[-1]["accuracy"]
+    if mine["mean"] >= recall.TARGET:
+        why = None
+    elif predicted < recall.TARGET and \
+            mine["mean"] >= predicted - recall.noise(mine["n_answers"]):
+        why = "capacity"
+    else:
+        why = "training"
+    return {"slot_model": predicted, "shortfall": why}
 
 
 def knowledge_pays(results: dict) -> list[dict]:
@@ -569,17 +621,19 @@ def knowledge_pays(results: dict) -> list[dict]:
 
 def reproduce(preset_name: str = "fast", out="runs/reproduce", archs=None, corpus=None,
               paths=None, steps: int | None = None, progress: bool = True, live=None,
-              recall_live=None) -> dict:
+              recall_live=None, tasks=None, recall_seeds=None) -> dict:
     """Run (or continue) the lab; returns the results (also in ``out/results.json``).
 
     ``live``: a ``viz.live.LiveComparison`` (anything with ``run(name)`` returning a trainer
     callback) that draws each language model's training as it happens; ``recall_live``:
     ``(name, recipe) -> trainer callback`` for each recall model, e.g.
-    ``viz.lab_figures.recall_monitor`` (its beyond-span accuracy against the step)."""
+    ``viz.lab_figures.recall_monitor`` (its beyond-span accuracy against the step);
+    ``tasks``: only these kinds of task (``TASKS``; default all); ``recall_seeds``: train
+    each recall model at these seeds instead of the recipe's (a notebook's one seed)."""
     if corpus is None or isinstance(corpus, str):
         corpus = load_corpus(corpus or ("files" if paths else "offline"), paths=paths)
     return Lab(preset_name, out, archs, corpus, steps, progress, live=live,
-               recall_live=recall_live).run()
+               recall_live=recall_live, tasks=tasks, recall_seeds=recall_seeds).run()
 
 
 def summary(results: dict) -> str:

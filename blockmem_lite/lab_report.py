@@ -57,16 +57,21 @@ def report_markdown(results: dict) -> str:
               "token beyond its span was replaced. Bands: the lowest and highest seed.", ""]
     parts.append(_md_table(
         ["model", "span", "beyond (band)", "twin (band)", "twin blind", "dense", "chance",
-         "noise", "pays", "by pairs", "holds", "x T"],
+         "noise", "pays", "by pairs", "holds", "slot model", "short by", "x T"],
         [[r["entry"], str(r["local_span"]), _with_band(r["recall_beyond"], r["band"]),
           _with_band(r["local_baseline"], r["twin_band"]), "yes" if r["twin_blind"] else
           f"no ({r['twin_blindness']:.2g})", _with_band(r["dense"], r["dense_band"]),
           f"{r['chance']:.3f}", fmt(r["noise"], ".2f"), "yes" if r["pays"] else "no",
           " ".join(f"{p}:{a:.2f}" for p, a in r["capacity"]), str(r["holds"]),
+          fmt(r.get("slot_model"), ".2f"), r.get("shortfall") or "-",
           " ".join(f"{f}x:{fmt(a, '.2f')}" for f, a in r["length"])]
          for r in results.get("memory_pays", [])]))
     parts += ["", "\"by pairs\": beyond-span accuracy with 1, 2, ... pairs in the first span "
               "(one trained model); \"holds\": the most pairs recalled at 0.9 or better; "
+              "\"slot model\": the accuracy the memory's analytic capacity allows "
+              "(`recall.slot_accuracy`: slots a query can address, each a bag of values); "
+              "\"short by\": why it is under 0.9, \"capacity\" (the slot model is too) or "
+              "\"training\" (the memory could hold the pairs); "
               "\"x T\": the same rows stretched to 1, 2, 4, 8 times the trained length "
               "(\"-\": the model refuses the length).", ""]
     parts += ["### Knowledge in the weights (facts never in the context)", "",

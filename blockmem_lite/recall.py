@@ -22,6 +22,8 @@ Measured on held-out seeds (below 2**31, which training never draws):
 * ``beyond``: accuracy on the beyond-span MQAR rows, the figure "memory pays" judges;
 * ``capacity``: the same with 1 ... ``n_pairs`` pairs: how many pairs the memory holds;
 * ``length``: the same at 1, 2, 4 and 8 times the trained length (length generalisation);
+* ``slot_curve``: the same curve from the memory's analytic capacity (``slot_accuracy``:
+  addressable slots, each a bag of values), drawn beside the measured one;
 * ``blindness``: how far a model's answer logits move when every token before
   ``queries_from`` (only earlier spans) is replaced. The memory-less twin must not move
   (it cannot see there), the mechanism must (that is where its answers come from).
@@ -43,6 +45,8 @@ import torch
 
 from blockmem_lite import registry, tasks
 from blockmem_lite.config import ModelConfig, TrainConfig
+
+TARGET = 0.9             # beyond-span accuracy at which a memory "holds" the pairs
 
 EVAL_SEEDS = {"passkey": 10_000, "mqar": 20_000, "beyond": 30_000, "blind": 40_000,
               "length": 50_000}
@@ -255,7 +259,34 @@ def length_curve(model, recipe: RecallRecipe, factors=LENGTH_FACTORS) -> list[di
     return out
 
 
-def holds(curve: list[dict], threshold: float = 0.9) -> int:
+def slot_accuracy(n_pairs: int, slots: int, chance_accuracy: float) -> float:
+    """The slot model of a memory's capacity: ``slots`` slots a query can address by its
+    key, the ``n_pairs`` pairs spread over them evenly, and each slot a *bag*: it tells which
+    values it holds, not which key each belongs to. A query finds its slot and guesses among
+    that slot's values, 1 / ceil(n_pairs / slots); with no slot it can only guess
+    (``chance_accuracy``). A memory that binds keys to values inside a slot beats this line;
+    one that is not full and not learned falls below it."""
+    if slots <= 0:
+        return chance_accuracy
+    return 1.0 / math.ceil(n_pairs / slots)
+
+
+def slot_curve(cfg: ModelConfig, recipe: RecallRecipe) -> list[dict] | None:
+    """The slot model's accuracy with 1 ... ``n_pairs`` pairs for ``cfg`` (None where its
+    mechanism declares no ``LabSpec.memory_slots``): the analytic line of the capacity
+    figure."""
+    slots_of = registry.get(cfg.arch).lab.memory_slots
+    if slots_of is None:
+        return None
+    out = []
+    for n in range(1, recipe.n_pairs + 1):
+        slots = slots_of(cfg, n)
+        out.append({"n_pairs": n, "slots": slots,
+                    "accuracy": slot_accuracy(n, slots, chance(recipe))})
+    return out
+
+
+def holds(curve: list[dict], threshold: float = TARGET) -> int:
     """The most pairs up to which every point of a capacity curve reaches ``threshold``."""
     held = 0
     for point in curve:
@@ -306,12 +337,13 @@ def band(values: list[float]) -> dict:
             "n": len(values)}
 
 
-def noise(n_answers: int, other: int) -> float | None:
+def noise(n_answers: int, other: int | None = None) -> float | None:
     """Two standard errors of the difference of two accuracies measured on ``n_answers``
-    and ``other`` answers, at the widest p = 1/2."""
-    if not n_answers or not other:
+    and ``other`` answers, at the widest p = 1/2; with no ``other``, of one accuracy
+    against an exact value (a prediction)."""
+    if not n_answers or other == 0:
         return None
-    return 2 * math.sqrt(0.25 / n_answers + 0.25 / other)
+    return 2 * math.sqrt(0.25 / n_answers + (0.25 / other if other else 0.0))
 
 
 def chance(recipe: RecallRecipe) -> float:
@@ -327,8 +359,7 @@ def combine(runs: list[dict]) -> dict:
     for variant in runs[0]:
         per_seed = [run[variant] for run in runs]
         for curve in ("capacity", "length"):
-            out[curve][variant] = [_point(points) for points in
-                                   zip(*(m[curve] for m in per_seed), strict=True)]
+            out[curve][variant] = combine_curve([m[curve] for m in per_seed])
         out["curves"][variant] = {
             task: [_point([m["curves"][task][i] for m in per_seed])
                    for i in range(len(per_seed[0]["curves"][task]))]
@@ -337,6 +368,11 @@ def combine(runs: list[dict]) -> dict:
                                   "n_answers": sum(m["beyond"]["n_answers"] for m in per_seed)}
         out["blindness"][variant] = max(m["blindness"] for m in per_seed)
     return out
+
+
+def combine_curve(curves: list[list[dict]]) -> list[dict]:
+    """One curve (capacity, length) from one per seed: each point's mean and band."""
+    return [_point(list(points)) for points in zip(*curves, strict=True)]
 
 
 def _point(rows: list[dict]) -> dict:

@@ -153,7 +153,10 @@ class LabSpec:
     * ``recall_span(cfg, span) -> cfg``: the config at local span ``span`` (the recall
       experiment, ``recall.RecallRecipe``, sets every mechanism to one span);
     * ``twin(cfg) -> cfg``: the memory-less twin, the same model and span with the memory
-      path off; the memory "pays" when the mechanism recalls beyond the span and it cannot.
+      path off; the memory "pays" when the mechanism recalls beyond the span and it cannot;
+    * ``memory_slots(cfg, n_pairs) -> int``: the memory's analytic capacity in the slot
+      model (``recall.slot_accuracy``): how many slots a query can address when ``n_pairs``
+      key-value pairs sit at the start of the row (0 for a twin: it has no memory).
     """
 
     config: Callable | None = None
@@ -164,6 +167,7 @@ class LabSpec:
     local_span: Callable | None = None
     recall_span: Callable | None = None
     twin: Callable | None = None
+    memory_slots: Callable | None = None
 
 
 def single_variant(options: dict) -> list[tuple[str, dict]]:

@@ -153,6 +153,12 @@ CASES = {
                                ["scatter"] * 2, None),
         "recall_capacity": (lambda: lab_figures.recall_capacity(lab_results()),
                             ["scatter"] * 2, None),
+        "memory_sweep": (lambda: lab_figures.memory_sweep(
+            {"arch": "armt", "knob": "n_mem_tokens", "chance": 0.03, "points": {
+                str(m): {"value": m,
+                         "capacity": [{"n_pairs": 1, "accuracy": 0.9, "n_answers": 10}],
+                         "slot_model": [{"n_pairs": 1, "slots": m, "accuracy": 1.0}]}
+                for m in (1, 8)}}), ["scatter"] * 2, lambda f: f.layout.xaxis.type == "log"),
         "claims_overview": (lambda: lab_figures.claims_overview(
             [{"arch": "bcmt", "verdict": "reproduced"}]), ["bar"] * 3, None),
         "training_curves": (lambda: lab_figures.training_curves(lab_results()),

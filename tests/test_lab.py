@@ -44,11 +44,16 @@ def test_the_json_has_its_keys(fast_run):
     recall = results["done"]["recall/bcmt"]
     assert set(recall["curves"][""]) == {"passkey", "mqar"}
     assert recall["local_span"][""] == 8                  # the fast recall recipe's span
-    assert set(recall["twin"]) == {"curves", "beyond", "capacity", "length", "blindness"}
+    assert set(recall["twin"]) == {"curves", "beyond", "capacity", "length", "blindness",
+                                   "slot_model"}
+    assert [p["slots"] for p in recall["slot_model"][""]] == [1, 1]        # one block memory
+    assert {p["accuracy"] for p in recall["twin"]["slot_model"][""]} == {recall["chance"]["mqar"]}
     assert set(results["done"]["recall/cat"]["local_span"]) == {"C=4", "C=8"}
     pays = {r["entry"]: r for r in results["memory_pays"]}
     assert set(pays) == {"bcmt", "armt", "cat C=4", "cat C=8"}
     assert all(r["twin_blind"] for r in pays.values()), pays
+    assert pays["bcmt"]["slot_model"] == pays["cat C=4"]["slot_model"] == 0.5   # 2 pairs, 1 bag
+    assert all(r["shortfall"] in {None, "capacity", "training"} for r in pays.values())
     assert results["done"]["recall/dense"]["beyond"][""]["mean"] > 2 * recall["chance"]["mqar"]
     state = results["done"]["bench/*"]["state"]["dense"]
     assert state["measured"][1] == 4 * state["measured"][0]   # dense: the KV cache grows with t
@@ -164,3 +169,28 @@ def test_a_recall_task_stopped_between_its_models_keeps_the_trained_ones(tmp_pat
     assert built == [False]                                  # only the twin was trained
     assert results["done"]["recall/bcmt"]["beyond"][""]["mean"] \
         == stored["parts"]["bcmt/model/0"][""]["beyond"]["accuracy"]   # the stored model's
+
+
+def test_a_notebook_can_ask_the_recall_task_alone_at_its_own_seeds(tmp_path):
+    corpus = load_corpus("offline")
+    run = lab.Lab("tiny", tmp_path, archs=["bcmt"], corpus=corpus, progress=False,
+                  tasks=("recall",), recall_seeds=(3,))
+    assert run.plan == [("recall", "dense"), ("recall", "bcmt")]
+    results = run.run()
+    assert set(results["done"]) == {"recall/dense", "recall/bcmt"}
+    assert set(results["parts"]) == {"dense/model/3", "bcmt/model/3", "bcmt/twin/3"}
+    assert [r["entry"] for r in results["memory_pays"]] == ["bcmt"]
+    assert results["meta"]["sizes"]["recall_seeds"] == [3]
+    with pytest.raises(ValueError, match="holds a run with other settings \\(sizes differ\\)"):
+        lab.Lab("tiny", tmp_path, archs=["bcmt"], corpus=corpus, recall_seeds=(0,))
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"tasks": ("recal",)}, "tasks='recal' is not allowed: expected one of lm, recall"),
+    ({"tasks": "recall"}, "tasks='recall' is not allowed: expected a tuple of task kinds"),
+    ({"recall_seeds": 0}, "recall_seeds=0 is not allowed: expected a non-empty tuple"),
+    ({"recall_seeds": (-1,)}, "recall_seeds=\\(-1,\\) is not allowed"),
+])
+def test_bad_tasks_or_seeds_are_refused_before_any_work(tmp_path, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        lab.Lab("tiny", tmp_path, archs=["bcmt"], progress=False, **kwargs)

@@ -23,11 +23,11 @@ LAYERS = (
                                 "recall", "knowledge", "lab_report", "lab")),
     ("viz", ("viz", "viz.*")),
     ("tools and command line", ("cli", "exercises", "grading", "envcheck", "site", "gpucheck",
-                                "__main__", "")),
+                                "recall_sweep", "__main__", "")),
 )
 CORE = ("config", "runtime", "distributed", "tokenizer", "flops", "nn", "masks", "trace", "models.base",
         "corpora", "tasks", "metrics", "train", "bench", "checks", "cli", "viz", "viz.*",
-        "lab", "labdata", "recall", "knowledge", "lab_report", "checkpoints", "site", "roofline", "compiling")
+        "lab", "labdata", "recall", "recall_sweep", "knowledge", "lab_report", "checkpoints", "site", "roofline", "compiling")
 
 
 def module_names() -> dict[str, Path]:

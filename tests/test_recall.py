@@ -219,7 +219,53 @@ def test_memory_pays_only_beyond_the_noise_and_says_whether_the_twin_was_blind()
                                            "sizes": {"steps": 1}, "seed": 0},
                                   "done": {}, "memory_pays": [row]})
     assert "| bcmt | 16 | 0.95 (0.95-0.95) | 0.04 (0.04-0.04) | no (0.3) |" in report
-    assert "| 1:1.00 2:0.95 | 2 | 1x:0.95 4x:- |" in report
+    assert "| 1:1.00 2:0.95 | 2 | - | - | 1x:0.95 4x:- |" in report
+
+
+def test_the_slot_model_gives_one_over_the_pairs_sharing_a_slot():
+    assert recall.slot_accuracy(1, 1, 0.03) == 1.0
+    assert recall.slot_accuracy(4, 1, 0.03) == 0.25         # one bag of four values
+    assert recall.slot_accuracy(4, 2, 0.03) == 0.5
+    assert recall.slot_accuracy(3, 2, 0.03) == 0.5          # the fuller slot sets the guess
+    assert recall.slot_accuracy(4, 8, 0.03) == 1.0
+    assert recall.slot_accuracy(4, 0, 0.03) == 0.03         # no memory: chance
+
+
+def _slots(arch: str, n_pairs: int, twin: bool = False, **overrides) -> int:
+    spec = registry.get(arch).lab
+    run = preset("tiny", arch=arch)
+    cfg = CLASS.model_config(spec.config(run.model) if spec.config else run.model)
+    cfg = dataclasses.replace(spec.twin(cfg) if twin else cfg, **overrides)
+    return spec.memory_slots(cfg, n_pairs)
+
+
+def test_each_memory_declares_its_slots_and_every_twin_has_none():
+    assert _slots("bcmt", 4) == 1 and _slots("honly", 4) == 0
+    assert _slots("cat", 4, chunk_size=4) == 2 and _slots("cat", 4, chunk_size=16) == 1
+    assert _slots("cat", 1, chunk_size=4) == 1
+    assert _slots("armt", 4, n_mem_tokens=8) == 8 and _slots("armt", 4, n_mem_tokens=2) == 2
+    assert _slots("armt", 4, n_mem_tokens=16, d_mem=1) == 6     # K = 2 nu d_mem keys apart
+    assert all(_slots(arch, 4, twin=True) == 0 for arch in LOCAL)
+
+
+def _with_slot_model(results: dict, predicted: float) -> dict:
+    record = results["done"]["recall/bcmt"]
+    record["slot_model"] = {"": [{"n_pairs": 1, "slots": 1, "accuracy": 1.0},
+                                 {"n_pairs": 2, "slots": 1, "accuracy": predicted}]}
+    return results
+
+
+def test_a_shortfall_is_capacity_only_where_the_slot_model_falls_short_too():
+    row, = lab.memory_pays(_with_slot_model(_results(0.50, 0.04), 0.5))
+    assert row["slot_model"] == 0.5 and row["shortfall"] == "capacity"
+    row, = lab.memory_pays(_with_slot_model(_results(0.50, 0.04), 1.0))
+    assert row["shortfall"] == "training"                   # room for the pairs, not learned
+    row, = lab.memory_pays(_with_slot_model(_results(0.20, 0.04), 0.5))
+    assert row["shortfall"] == "training"                   # under its own capacity
+    row, = lab.memory_pays(_with_slot_model(_results(0.95, 0.04), 0.5))
+    assert row["shortfall"] is None
+    row, = lab.memory_pays(_results(0.50, 0.04))
+    assert row["slot_model"] is None and row["shortfall"] is None
 
 
 def _bcmt_row(folder) -> dict:

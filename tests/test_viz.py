@@ -767,6 +767,7 @@ def _lab_results(bench=True, recall=True):
         blind = [{"distance": d, "accuracy": 0.02, "n_answers": 100} for d in (4, 20)]
         done["recall/fast"] = {"arch": "fast", "curves": {"": {"passkey": rows, "mqar": rows}},
                                "capacity": {"": by_pairs},
+                               "slot_model": {"": [dict(p, slots=1) for p in by_pairs]},
                                "twin": {"curves": {"": {"passkey": blind, "mqar": blind}},
                                         "capacity": {"": by_pairs[:1]}},
                                "local_span": {"": 8}, "chance": {"passkey": 0.01, "mqar": 0.02}}
@@ -810,11 +811,15 @@ def test_lab_figures_skip_what_a_partial_result_lacks():
     assert list(fig.data[1].y) == [0.02, 0.02]
 
 
-def test_recall_capacity_draws_accuracy_by_pairs_with_the_twin_dashed():
-    fig = lab_figures.recall_capacity(_lab_results())
-    lines = {t.name: (list(t.x), list(t.y), t.line.dash) for t in fig.data}
-    assert lines["fast"][:2] == ([1, 2], [1.0, 0.5])
-    assert lines["fast twin"][2] == "dash" and lines["fast"][2] != "dash"
+def test_recall_capacity_draws_accuracy_by_pairs_with_the_twin_and_the_slot_model():
+    results = _lab_results()
+    results["done"]["recall/fast"]["slot_model"][""][1]["accuracy"] = 0.25
+    fig = lab_figures.recall_capacity(results)
+    lines = {t.name: (list(t.x), list(t.y), t.line.dash, t.line.color) for t in fig.data}
+    assert lines["fast: measured"][:3] == ([1, 2], [1.0, 0.5], "solid")
+    assert lines["fast: twin"][2] == "dash" and lines["fast: twin"][1] == [1.0]
+    assert lines["fast: slot model"][1:3] == ([1.0, 0.25], "dot")
+    assert len({line[3] for line in lines.values()}) == 1         # one colour per model
 
 
 def test_claims_overview_counts_verdicts_per_mechanism():

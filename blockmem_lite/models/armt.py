@@ -1211,12 +1211,22 @@ CLAIMS = (
 )
 
 
+def memory_slots(cfg, n_pairs: int) -> int:
+    """The slot model of the associative memory: each of a segment's M memory tokens writes
+    one key-value association, a query reads by its DPFP key, and at most K = 2 nu d_mem
+    keys stay apart (independent rows of A); so min(M, K) slots (0 with no memory layer)."""
+    if cfg.memory_layers == ():
+        return 0
+    return min(cfg.n_mem_tokens, 2 * DPFP_NU * cfg.d_mem)
+
+
 register(Mechanism(
     name="armt", model=ARMT, options=ARMTOptions, flops=flops_per_token,
     state_bytes=state_bytes, claims=CLAIMS,
     lab=LabSpec(start=lab_start, local_span=lambda cfg: cfg.segment_size,
                 recall_span=lambda cfg, span: dataclasses.replace(cfg, segment_size=span),
-                twin=lambda cfg: dataclasses.replace(cfg, memory_layers=())),
+                twin=lambda cfg: dataclasses.replace(cfg, memory_layers=()),
+                memory_slots=memory_slots),
     summary="associative recurrent memory: segments, a per-layer delta-rule memory matrix "
             "carried across them, around a (pretrained) backbone",
     presets={"tiny": {"segment_size": 8}, "fast": {"segment_size": 16},

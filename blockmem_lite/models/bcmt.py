@@ -549,6 +549,13 @@ def _at_block_size(cfg, span: int):
     return dataclasses.replace(cfg, block_size=span)
 
 
+def memory_slots(cfg, n_pairs: int) -> int:
+    """The slot model of the block memory: one slot. The memory is a decayed mean of block
+    summaries, added to every token through a gate, never addressed by the query's key; so
+    all the pairs share it (0 slots without the memory)."""
+    return 1 if cfg.memory else 0
+
+
 def bench_variants(options: dict) -> list[tuple[str, dict]]:
     """``--block-size 64,128`` -> [("L=64", {"block_size": 64}), ...]."""
     return [(f"L={n}", {"block_size": n})
@@ -594,7 +601,8 @@ register(Mechanism(
     name="bcmt", model=BCMTLM, options=BCMTOptions, flops=flops_per_token,
     state_bytes=state_bytes, claims=CLAIMS,
     lab=LabSpec(local_span=lambda cfg: cfg.block_size, recall_span=_at_block_size,
-                twin=lambda cfg: dataclasses.replace(cfg, memory=False)),
+                twin=lambda cfg: dataclasses.replace(cfg, memory=False),
+                memory_slots=memory_slots),
     summary="blockwise causal memory: block-local attention + a decayed memory of block "
             "summaries, shifted one block and gated into every token",
     presets=PRESET_SIZES, bench_options=(BLOCK_SIZE_OPTION,), bench_variants=bench_variants,
@@ -603,7 +611,8 @@ register(Mechanism(
 register(Mechanism(
     name="honly", model=HOnlyLM, options=HOnlyOptions, flops=flops_per_token,
     state_bytes=state_bytes, lab=LabSpec(local_span=lambda cfg: cfg.block_size,
-                                         recall_span=_at_block_size),
+                                         recall_span=_at_block_size,
+                                         memory_slots=lambda cfg, n_pairs: 0),
     summary="the HOnly ablation of BCMT: block-local attention, no memory between blocks",
     presets=PRESET_SIZES, bench_options=(BLOCK_SIZE_OPTION,), bench_variants=bench_variants,
     trace_keys=("layer*.attn_weights",), boundary_fields=("block_size",)))

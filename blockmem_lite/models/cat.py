@@ -1026,6 +1026,13 @@ def _recall_span(cfg, span: int):
                                chunk_size=sizes[-1] if cfg.chunk_sizes else span)
 
 
+def memory_slots(cfg, n_pairs: int) -> int:
+    """The slot model of CAT's memory: one slot per chunk vector, addressed by the decoder's
+    attention; ``n_pairs`` pairs (2 tokens each) at the row's start fill
+    ceil(2 n_pairs / C) chunks (0 slots for the twin, whose chunk vectors are zero)."""
+    return -(-2 * n_pairs // cfg.chunk_size) if cfg.memory else 0
+
+
 def _set_chunk_size(model, overrides: dict) -> None:
     model.chunk_size = overrides["chunk_size"]
 
@@ -1080,7 +1087,8 @@ register(Mechanism(
     state_bytes=state_bytes, claims=CLAIMS,
     lab=LabSpec(config=lab_config, variants=_chunk_variants, switch=_set_chunk_size,
                 local_span=lambda cfg: cfg.chunk_size, recall_span=_recall_span,
-                twin=lambda cfg: dataclasses.replace(cfg, memory=False)),
+                twin=lambda cfg: dataclasses.replace(cfg, memory=False),
+                memory_slots=memory_slots),
     summary="compress & attend: chunks compressed to one vector each; a decoder reads its own "
             "chunk plus every earlier chunk vector",
     bench_options=(CHUNK_SIZE_OPTION, DECODER_WIDTH_OPTION), bench_variants=bench_variants,

@@ -144,31 +144,59 @@ def recall_vs_distance(results: dict, labels: Sequence | None = None, task: str 
 
 
 def recall_capacity(results: dict, labels: Sequence | None = None):
-    """Beyond-span MQAR accuracy against the number of pairs in the first span, one line per
-    model and variant (its twin dashed, dense for reference), a dotted line at chance:
-    where a line leaves 1, that memory is full."""
-    series, dashed, chance = {}, [], None
+    """Beyond-span MQAR accuracy against the number of pairs in the first span: per model
+    and variant one colour, its measured line solid, its twin dashed and its slot model
+    (``recall.slot_curve``, the memory's analytic capacity) dotted; dense for reference,
+    chance as a dotted rule. Where the measured line leaves 1 with the slot model, that
+    memory is full; where it falls below the slot model, it was not learned."""
+    series, chance = {}, None
     for key, record in results["done"].items():
         if not key.startswith("recall/") or "capacity" not in record:
             continue
         label = key[len("recall/"):]
-        drawn = {label: record["capacity"]}
-        if "twin" in record:
-            drawn[f"{label} twin"] = record["twin"]["capacity"]
-            dashed += [_name(f"{label} twin", v) for v in record["twin"]["capacity"]]
-        for model_name, curves in drawn.items():
-            for variant, curve in curves.items():
-                name = _name(model_name, variant)
-                if _keep(name, labels):
-                    series[name] = ([p["n_pairs"] for p in curve], [p["accuracy"] for p in curve])
+        for variant, curve in record["capacity"].items():
+            name = _name(label, variant)
+            if not _keep(name, labels):
+                continue
+            lines = {"measured": _pairs_curve(curve)}
+            if "twin" in record:
+                lines["twin"] = _pairs_curve(record["twin"]["capacity"][variant])
+            slots = (record.get("slot_model") or {}).get(variant)
+            if slots:
+                lines["slot model"] = _pairs_curve(slots)
+            series[name] = lines if len(lines) > 1 else lines["measured"]
         chance = record["chance"].get("mqar", chance)
     title = "How many pairs each memory holds (MQAR beyond the span)"
     if not series:
         return _empty(title, "recall by number of pairs was not measured in this run")
     return figures.line_chart(series, title=title, x_title="pairs in the first span",
                               y_title="accuracy beyond the span", y_range=(0, 1.05),
-                              hlines={"chance": chance} if chance is not None else None,
-                              dashed=[n for n in dashed if n in series])
+                              hlines={"chance": chance} if chance is not None else None)
+
+
+def _pairs_curve(curve: list[dict]) -> tuple[list, list]:
+    return [p["n_pairs"] for p in curve], [p["accuracy"] for p in curve]
+
+
+def memory_sweep(record: dict):
+    """A memory-size sweep (``recall_sweep.run_sweep``): beyond-span accuracy against the
+    knob's value, one colour per number of pairs, measured solid and the slot model of the
+    memory's capacity dashed, chance as a dotted rule (Zoology's accuracy-against-size plot)."""
+    knob, title = record["knob"], f"{record['arch']}: recall against {record['knob']}"
+    stored = sorted(record["points"].values(), key=lambda p: p["value"])
+    if not stored:
+        return _empty(title, "no point of this sweep has finished yet")
+    values = [p["value"] for p in stored]
+    series = {}
+    for i, first in enumerate(stored[0]["capacity"]):
+        series[f"{first['n_pairs']} pair{'s' if first['n_pairs'] > 1 else ''}"] = {
+            "measured": (values, [p["capacity"][i]["accuracy"] for p in stored]),
+            "slot model": (values, [p["slot_model"][i]["accuracy"] for p in stored])}
+    spread = max(values) / min(values) if min(values) > 0 else 1
+    return figures.line_chart(series, title=title, x_title=knob,
+                              y_title="accuracy beyond the span", y_range=(0, 1.05),
+                              log_x=spread >= 4 and knob != "alpha",
+                              hlines={"chance": record["chance"]})
 
 
 def recall_monitor(name: str, recipe: recall.RecallRecipe, every: int | None = None,

@@ -1,0 +1,193 @@
+"""Memory-size sweeps: one knob of one mechanism at several values, each model trained with
+the recall recipe (``recall.RecallRecipe``) and asked beyond its span with 1 ... n_pairs
+pairs, beside the slot model of its capacity (``recall.slot_curve``). Zoology draws MQAR
+accuracy against model dimension; here it is against the size of each memory, so "not
+learned" becomes "this memory holds about N pairs" or "it could hold them and did not".
+
+``python -m blockmem_lite sweep --arch armt --knob n_mem_tokens`` (values default to
+``SWEEPS``); OUT/<arch>-<knob>.json keeps every finished point, so a stopped sweep goes on
+where it stopped, and OUT/<arch>-<knob>.html draws it (``viz.lab_figures.memory_sweep``;
+plotly.js beside it, so it opens offline).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+
+from blockmem_lite import bench, recall, registry
+from blockmem_lite.checkpoints import atomic_write_bytes, prepare_folder
+from blockmem_lite.config import ModelConfig, preset
+from blockmem_lite.models.base import build_model
+from blockmem_lite.runtime import pick_device, seed_everything
+from blockmem_lite.train import Trainer
+from blockmem_lite.validation import check_choice, fail, parse_int_list
+
+SWEEP_FORMAT = "blockmem_lite.recall_sweep/1"
+
+# (arch, knob): the values swept at the class recipe. "span" is the recipe's span (BCMT's
+# block size, which every recall row is laid out by); the others are option fields.
+SWEEPS = {
+    ("armt", "n_mem_tokens"): (1, 2, 4, 8),     # M writes per segment: the slots
+    ("armt", "d_mem"): (1, 2, 16),              # K = 6 d_mem DPFP keys: room for 6 ... 96
+    ("bcmt", "alpha"): (0.2, 0.8, 0.95),        # how much of the first block survives
+    ("bcmt", "span"): (8, 16),                  # the block the pairs share
+    ("cat", "chunk_size"): (4, 8, 16),          # one fixed-C model each: pairs per chunk
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepPoint:
+    """One value of the knob: the config trained and the recipe its rows follow."""
+
+    value: float
+    cfg: ModelConfig
+    recipe: recall.RecallRecipe
+
+
+def points(arch: str, knob: str, values, recipe: recall.RecallRecipe) -> list[SweepPoint]:
+    """The configs of a sweep, checked before anything trains."""
+    check_choice("--arch", arch, sorted({a for a, _ in SWEEPS}))
+    knobs = sorted(k for a, k in SWEEPS if a == arch)
+    check_choice("--knob", knob, knobs)
+    spec = registry.get(arch).lab
+    base = preset("tiny", arch=arch).model
+    base = spec.config(base) if spec.config else base
+    out = []
+    for value in values:
+        at = dataclasses.replace(recipe, span=int(value)) if knob == "span" else recipe
+        cfg = at.model_config(base)
+        if knob == "chunk_size":                      # a fixed-C model, not the multi-chunk one
+            cfg = dataclasses.replace(cfg, chunk_sizes=(), chunk_size=int(value))
+        elif knob != "span":
+            cfg = dataclasses.replace(cfg, **{knob: type(getattr(cfg, knob))(value)})
+        out.append(SweepPoint(value, cfg, at))
+    return out
+
+
+def train_point(point: SweepPoint, seed: int, callbacks=()) -> dict:
+    """Train one recall model of ``point`` at ``seed`` and measure its capacity curve."""
+    recipe = point.recipe
+    run = preset("tiny", arch=point.cfg.arch)
+    train = recipe.train_config(run.train, seed)
+    seed_everything(seed)
+    model = build_model(point.cfg)
+    Trainer(model, train, recall.training_rows(recipe), callbacks=callbacks).fit()
+    return {"capacity": recall.capacity(model, recipe), "beyond": recall.beyond(model, recipe)}
+
+
+def run_sweep(arch: str, knob: str, values=None, preset_name: str = "class", seeds=None,
+              out="runs/sweeps", progress: bool = True) -> dict:
+    """Every point of the sweep not stored yet in OUT/<arch>-<knob>.json; returns the record
+    (one entry per value: the capacity curve over seeds, the slot model, the minutes)."""
+    check_choice("--preset", preset_name, tuple(recall.RECALL_SIZES))
+    recipe = recall.RECALL_SIZES[preset_name]
+    values = tuple(values or SWEEPS.get((arch, knob), ()))
+    sweep = points(arch, knob, values, recipe)
+    seeds = tuple(seeds or recipe.seeds[:1])
+    path = prepare_folder(out, name="--out") / f"{arch}-{knob}.json"
+    record = _load(path, {"format": SWEEP_FORMAT, "arch": arch, "knob": knob,
+                          "preset": preset_name, "seeds": list(seeds),
+                          "chance": recall.chance(recipe),
+                          "recipe": json.loads(json.dumps(dataclasses.asdict(recipe)))})
+    record["machine"] = bench.machine(pick_device("auto"))
+    for i, point in enumerate(sweep, start=1):
+        key = str(point.value)
+        if key in record["points"]:
+            continue
+        if progress:
+            print(f"[{i}/{len(sweep)}] {arch} {knob}={point.value}: training "
+                  f"{len(seeds)} seed(s)", file=sys.stderr, flush=True)
+        start = time.perf_counter()
+        curves = [train_point(point, seed)["capacity"] for seed in seeds]
+        record["points"][key] = {"value": point.value, "capacity": recall.combine_curve(curves),
+                                 "slot_model": recall.slot_curve(point.cfg, point.recipe),
+                                 "minutes": (time.perf_counter() - start) / 60}
+        atomic_write_bytes(path, json.dumps(record, indent=1).encode())
+    return record
+
+
+def _load(path: Path, meta: dict) -> dict:
+    """The stored sweep at ``path`` (same settings) or a new one."""
+    if not path.is_file():
+        return {**meta, "points": {}}
+    stored = json.loads(path.read_text())
+    changed = [k for k in meta if stored.get(k) != meta[k]]
+    if changed:
+        fail("--out", str(path.parent), f"holds a sweep with other settings "
+                                        f"({', '.join(changed)} differ); use another folder")
+    return stored
+
+
+# --- command line --------------------------------------------------------------------------------
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m blockmem_lite sweep",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Train one recall model per value of a memory's size knob and draw its "
+                    "beyond-span accuracy against the number of pairs beside the slot model "
+                    "of that memory's capacity. Stopped, it goes on where it stopped.",
+        epilog="sweeps (arch knob: default values):\n" + "\n".join(
+            f"  {a} {k}: {','.join(map(str, v))}" for (a, k), v in SWEEPS.items()))
+    p.add_argument("--arch", required=True, help="mechanism: " + ", ".join(
+        sorted({a for a, _ in SWEEPS})))
+    p.add_argument("--knob", required=True, help="its size knob (see below)")
+    p.add_argument("--values", default=None, help="comma-separated (default: below)")
+    p.add_argument("--preset", default="class", help="recall recipe: "
+                                                     + ", ".join(recall.RECALL_SIZES))
+    p.add_argument("--seeds", default=None, help="comma-separated (default: the recipe's first)")
+    p.add_argument("--out", default="runs/sweeps", help="output folder")
+    return p
+
+
+def _values(knob: str, text: str | None):
+    if text is None:
+        return None
+    try:
+        return [float(v) if knob == "alpha" else int(v) for v in text.split(",")]
+    except ValueError:
+        fail("--values", text, "expected comma-separated numbers, e.g. 1,2,4,8")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m blockmem_lite sweep ...``; returns the exit status."""
+    args = parser().parse_args(argv)
+    out = Path(args.out)
+    try:
+        seeds = parse_int_list("--seeds", args.seeds) if args.seeds else None
+        record = run_sweep(args.arch, args.knob, _values(args.knob, args.values), args.preset,
+                           seeds, out)
+    except (ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"stopped; the finished points are kept in {out}: run the same command again "
+              "to continue", file=sys.stderr)
+        return 130
+    path = out / f"{args.arch}-{args.knob}.json"
+    try:
+        from blockmem_lite.viz import lab_figures
+    except ImportError as err:
+        print(f"wrote {path} (no plot: {err})")
+        return 0
+    html = path.with_suffix(".html")
+    lab_figures.memory_sweep(record).write_html(html, include_plotlyjs="directory")
+    print(f"wrote {path} and {html}")
+    print(summary(record))
+    return 0
+
+
+def summary(record: dict) -> str:
+    """One line per value: accuracy by pairs, measured against the slot model."""
+    lines = [f"{record['arch']} {record['knob']} (beyond-span accuracy by pairs: measured / "
+             "slot model)"]
+    for point in record["points"].values():
+        cells = " ".join(f"{m['n_pairs']}:{m['accuracy']:.2f}/{s['accuracy']:.2f}"
+                         for m, s in zip(point["capacity"], point["slot_model"], strict=True))
+        lines.append(f"  {record['knob']}={point['value']}: {cells}  "
+                     f"({point['minutes']:.1f} min)")
+    return "\n".join(lines)
