@@ -122,12 +122,14 @@ def plan_entries(preset_name: str, archs=None, steps: int | None = None) -> list
 
 
 def plan_tasks(entries: list[Entry]) -> list[tuple[str, str]]:
-    """[(task, entry label)]: language modelling for all, then recall for every entry but the
-    baselines of one (at the recall recipe's sizes an iso-FLOP dense is the dense model),
-    the facts for a mechanism with an iso-FLOP baseline and for that baseline, then one
-    bench."""
+    """[(task, entry label)]: language modelling for all; recall for dense (that the task is
+    learnable) and for every mechanism with a memory-less twin (whether its memory pays
+    beyond its span; a mechanism without one, e.g. HOnly, which is BCMT's twin, or MoC,
+    whose memory is in its weights, has nothing to compare there); the facts for a
+    mechanism with an iso-FLOP baseline and for that baseline; then one bench."""
     return ([("lm", e.label) for e in entries]
-            + [("recall", e.label) for e in entries if not e.baseline_of]
+            + [("recall", e.label) for e in entries
+               if e.spec.twin or (e.arch == registry.BASELINE and not e.baseline_of)]
             + [("facts", e.label) for e in entries if e.baseline_of or e.spec.iso_flop_baseline]
             + [("bench", "*")])
 
@@ -217,6 +219,7 @@ class Lab:
         device = pick_device(self.entries[0].run.train.device)
         meta = {"format": RESULTS_FORMAT, "preset": self.preset,
                 "entries": [e.label for e in self.entries], "sizes": self.sizes,
+                "plan": [f"{task}/{label}" for task, label in self.plan],
                 "corpus": self.corpus.name, "corpus_source": self.corpus.source,
                 "seed": self.entries[0].run.train.seed, "device": device.type,
                 "machine": bench.machine(device), "torch": torch.__version__}
@@ -332,7 +335,7 @@ class Lab:
                   "local_span": {v: entry.local_span(o, cfg) for v, o in entry.variants(cfg)}}
         for role, role_cfg in roles.items():
             runs = [self._recall_part(label, role, role_cfg, recipe, seed)
-                    for seed in recipe.seeds]
+                    for seed in recipe.seeds_of(role)]
             record[role] = recall.combine(runs)
             record[role]["slot_model"] = {
                 variant: recall.slot_curve(dataclasses.replace(role_cfg, **overrides), recipe)
@@ -473,7 +476,7 @@ def _recipe(preset_name: str, seeds) -> recall.RecallRecipe:
     if isinstance(seeds, (str, int)) or not seeds or \
             not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds):
         fail("recall_seeds", seeds, "expected a non-empty tuple of seeds >= 0, e.g. (0,)")
-    return dataclasses.replace(recipe, seeds=tuple(seeds))
+    return dataclasses.replace(recipe, seeds=tuple(seeds), twin_seeds=None)
 
 
 def _finished(history):

@@ -15,7 +15,7 @@ from blockmem_lite.checkpoints import atomic_write_bytes
 from blockmem_lite.units import fmt, human_duration
 
 PLOTS = ("pareto", "state_vs_length", "recall_vs_distance",      # viz.lab_figures writes them
-         "recall_capacity")
+         "recall_capacity", "facts_capacity")
 
 
 def _md_table(header: list[str], rows: list[list[str]]) -> str:

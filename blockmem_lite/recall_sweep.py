@@ -22,6 +22,7 @@ from pathlib import Path
 from blockmem_lite import bench, recall, registry
 from blockmem_lite.checkpoints import atomic_write_bytes, prepare_folder
 from blockmem_lite.config import ModelConfig, preset
+from blockmem_lite.corpora import data_dir
 from blockmem_lite.models.base import build_model
 from blockmem_lite.runtime import pick_device, seed_everything
 from blockmem_lite.train import Trainer
@@ -109,6 +110,18 @@ def run_sweep(arch: str, knob: str, values=None, preset_name: str = "class", see
                                  "minutes": (time.perf_counter() - start) / 60}
         atomic_write_bytes(path, json.dumps(record, indent=1).encode())
     return record
+
+
+def shipped_folder() -> Path:
+    """Where the kit keeps the sweeps it measured on a 2-core CPU (beside its class run)."""
+    return data_dir() / "reproduce" / "class_cpu" / "sweeps"
+
+
+def shipped(arch: str, knob: str) -> dict | None:
+    """The sweep of ``knob`` the kit ships for ``arch`` (None where this install has none,
+    e.g. a pip install without the repository's data/)."""
+    path = shipped_folder() / f"{arch}-{knob}.json"
+    return json.loads(path.read_text()) if path.is_file() else None
 
 
 def _load(path: Path, meta: dict) -> dict:

@@ -153,6 +153,11 @@ CASES = {
                                ["scatter"] * 2, None),
         "recall_capacity": (lambda: lab_figures.recall_capacity(lab_results()),
                             ["scatter"] * 2, None),
+        "facts_capacity": (lambda: lab_figures.facts_capacity({"knowledge": [
+            {"entry": "moc", "baseline": "dense iso-FLOP (moc)", "n_facts": n, "recalled": r,
+             "dense": r - 0.1, "floor": 0.1} for n, r in ((16, 1.0), (64, 0.8))]}),
+            ["scatter"] * 3, lambda f: f.layout.xaxis.type == "log"
+            and f.data[2].line.dash == "dash"),
         "memory_sweep": (lambda: lab_figures.memory_sweep(
             {"arch": "armt", "knob": "n_mem_tokens", "chance": 0.03, "points": {
                 str(m): {"value": m,

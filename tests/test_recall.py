@@ -291,3 +291,15 @@ def test_a_mechanism_with_its_memory_disconnected_does_not_pay(tmp_path, monkeyp
                         lambda self, *a, **k: real(self, *a, **k) * 0.0)
     broken = _bcmt_row(tmp_path / "broken")
     assert not broken["pays"] and broken["recall_beyond"] < 0.3, broken
+
+
+def test_the_twin_trains_at_its_own_seeds_and_the_mechanism_at_all(tmp_path, monkeypatch):
+    """A twin is blind by proof (its accuracy beyond the span is chance whatever its seed),
+    so the class recipe trains it once; the mechanism keeps every seed for its band."""
+    assert CLASS.seeds_of("model") == (0, 1, 2) and CLASS.seeds_of("twin") == (0,)
+    recipe = dataclasses.replace(TINY, seeds=(0, 1), twin_seeds=(1,))
+    monkeypatch.setitem(recall.RECALL_SIZES, "tiny", recipe)
+    run = lab.Lab("tiny", tmp_path, archs=["bcmt"], progress=False)
+    record = run._recall("bcmt")
+    assert sorted(run.results["parts"]) == ["bcmt/model/0", "bcmt/model/1", "bcmt/twin/1"]
+    assert record["beyond"][""]["n"] == 2 and record["twin"]["beyond"][""]["n"] == 1

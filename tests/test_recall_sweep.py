@@ -82,3 +82,4 @@ def test_the_command_line_names_a_bad_value(capsys):
     assert "--values='x' is not allowed" in capsys.readouterr().err
     assert recall_sweep.main(["--arch", "armt", "--knob", "block_size"]) == 2
     assert "expected one of d_mem, n_mem_tokens" in capsys.readouterr().err
+

@@ -803,7 +803,7 @@ def test_lab_figures_skip_what_a_partial_result_lacks():
     partial = _lab_results(bench=False, recall=False)
     for fig in (lab_figures.pareto(partial), lab_figures.state_vs_length(partial),
                 lab_figures.recall_vs_distance(partial, task="mqar"),
-                lab_figures.recall_capacity(partial)):
+                lab_figures.recall_capacity(partial), lab_figures.facts_capacity(partial)):
         note = fig.layout.annotations[0].text
         assert len(fig.data) == 0 and ("not measured" in note or "no model" in note)
     fig = lab_figures.recall_vs_distance(_lab_results(), task="mqar")

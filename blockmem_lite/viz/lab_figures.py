@@ -178,6 +178,27 @@ def _pairs_curve(curve: list[dict]) -> tuple[list, list]:
     return [p["n_pairs"] for p in curve], [p["accuracy"] for p in curve]
 
 
+def facts_capacity(results: dict):
+    """Facts recalled exactly against the size of the facts table (``results["knowledge"]``):
+    each mechanism with an in-weights memory and its iso-FLOP baseline, and the format
+    floor (the best a model gets that knows no fact) dashed: where the lines fall to the
+    floor, the table no longer fits."""
+    rows, title = results.get("knowledge") or [], "How many facts fit (facts never in the context)"
+    if not rows:
+        return _empty(title, "the facts experiment was not measured in this run")
+    series, floors = {}, {}
+    for row in sorted(rows, key=lambda r: r["n_facts"]):
+        for name, value in ((row["entry"], row["recalled"]), (row["baseline"], row["dense"])):
+            xs, ys = series.setdefault(name, ([], []))
+            xs.append(row["n_facts"])
+            ys.append(value)
+        floors[row["n_facts"]] = row["floor"]
+    series["format floor"] = (list(floors), list(floors.values()))
+    return figures.line_chart(series, title=title, x_title="facts in the table",
+                              y_title="facts recalled (every value byte right)",
+                              y_range=(0, 1.05), log_x=True, dashed=["format floor"])
+
+
 def memory_sweep(record: dict):
     """A memory-size sweep (``recall_sweep.run_sweep``): beyond-span accuracy against the
     knob's value, one colour per number of pairs, measured solid and the slot model of the
