@@ -93,6 +93,19 @@ def data_dir() -> Path:
     return Path.home() / ".cache" / "blockmem_lite"
 
 
+def runs_dir() -> Path:
+    """Where notebooks keep what they train (``$BLOCKMEM_RUNS`` overrides it): the
+    repository's git-ignored ``runs/`` in a source checkout, else beside ``data_dir()``.
+    Never the current directory, so a notebook finds its runs wherever it is started."""
+    override = os.environ.get("BLOCKMEM_RUNS")
+    if override:
+        return Path(override).expanduser()
+    repo_root = Path(__file__).resolve().parent.parent
+    if (repo_root / "pyproject.toml").is_file():
+        return repo_root / "runs"
+    return data_dir() / "runs"
+
+
 def cache_dir() -> Path:
     """Where ``datasets`` keeps downloaded and prepared corpora: ``data_dir()/cache``."""
     path = data_dir() / "cache"

@@ -119,8 +119,8 @@ RECALL_SIZES = {
     "tiny": RecallRecipe(steps=20, seeds=(0,), eval_rows=16, batch_size=8, local_first=0.0),
     "fast": RecallRecipe(seq_len=32, span=8, n_pairs=2, steps=100, batch_size=16, seeds=(0,),
                          eval_rows=32, local_first=0.0),     # dense ~0.3 beyond (chance 0.03)
-    "class": RecallRecipe(twin_seeds=(0,)),   # a twin is at chance by proof: one seed saves
-                                              # a third of the class budget
+    "class": RecallRecipe(twin_seeds=(0,)),   # a twin is at chance by proof; its two more
+                                              # seeds cost 5 of 21 class minutes
     "gpu": RecallRecipe(seq_len=256, vocab_size=260, d_model=128, n_head=4, span=64,
                         n_pairs=16, steps=4000, batch_size=64, warmup_steps=200,
                         eval_rows=256),
@@ -267,14 +267,15 @@ def length_curve(model, recipe: RecallRecipe, factors=LENGTH_FACTORS) -> list[di
 
 def slot_accuracy(n_pairs: int, slots: int, chance_accuracy: float) -> float:
     """The slot model of a memory's capacity: ``slots`` slots a query can address by its
-    key, the ``n_pairs`` pairs spread over them evenly, and each slot a *bag*: it tells which
-    values it holds, not which key each belongs to. A query finds its slot and guesses among
-    that slot's values, 1 / ceil(n_pairs / slots); with no slot it can only guess
-    (``chance_accuracy``). A memory that binds keys to values inside a slot beats this line;
-    one that is not full and not learned falls below it."""
+    key, each a *bag*: it tells which values it holds, not which key each belongs to. A
+    query finds its slot and guesses among that slot's values, so the k queries of a slot
+    holding k pairs are right once between them (k times 1/k): min(slots, n_pairs) right
+    answers of ``n_pairs``. With no slot a query can only guess (``chance_accuracy``). A
+    memory that binds keys to values inside a slot beats this line; one with room it has
+    not learned to use falls below it."""
     if slots <= 0:
         return chance_accuracy
-    return 1.0 / math.ceil(n_pairs / slots)
+    return min(slots, n_pairs) / n_pairs
 
 
 def slot_curve(cfg: ModelConfig, recipe: RecallRecipe) -> list[dict] | None:

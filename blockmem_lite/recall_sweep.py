@@ -19,6 +19,8 @@ import sys
 import time
 from pathlib import Path
 
+import torch
+
 from blockmem_lite import bench, recall, registry
 from blockmem_lite.checkpoints import atomic_write_bytes, prepare_folder
 from blockmem_lite.config import ModelConfig, preset
@@ -77,7 +79,9 @@ def train_point(point: SweepPoint, seed: int, callbacks=()) -> dict:
     train = recipe.train_config(run.train, seed)
     seed_everything(seed)
     model = build_model(point.cfg)
-    Trainer(model, train, recall.training_rows(recipe), callbacks=callbacks).fit()
+    history = Trainer(model, train, recall.training_rows(recipe), callbacks=callbacks).fit()
+    if history.interrupted:          # a stop (Ctrl-C, SIGTERM): nothing half-trained is stored
+        raise KeyboardInterrupt
     return {"capacity": recall.capacity(model, recipe), "beyond": recall.beyond(model, recipe)}
 
 
@@ -96,6 +100,7 @@ def run_sweep(arch: str, knob: str, values=None, preset_name: str = "class", see
                           "chance": recall.chance(recipe),
                           "recipe": json.loads(json.dumps(dataclasses.asdict(recipe)))})
     record["machine"] = bench.machine(pick_device("auto"))
+    record["threads"] = torch.get_num_threads()   # float sums (and so ARMT's run) depend on it
     for i, point in enumerate(sweep, start=1):
         key = str(point.value)
         if key in record["points"]:

@@ -5,6 +5,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -278,3 +279,11 @@ def test_loader_errors_are_clear():
         make_loaders(preset("tiny", batch_size=16), small)
     with pytest.raises(ValueError, match="vocab_size=100"):
         make_loaders(preset("tiny", vocab_size=100), small)
+
+
+def test_runs_live_in_the_checkout_or_where_the_variable_says(monkeypatch, tmp_path):
+    from blockmem_lite import corpora
+    monkeypatch.delenv("BLOCKMEM_RUNS", raising=False)
+    assert corpora.runs_dir() == Path(corpora.__file__).resolve().parent.parent / "runs"
+    monkeypatch.setenv("BLOCKMEM_RUNS", str(tmp_path / "mine"))
+    assert corpora.runs_dir() == tmp_path / "mine"

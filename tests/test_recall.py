@@ -226,7 +226,7 @@ def test_the_slot_model_gives_one_over_the_pairs_sharing_a_slot():
     assert recall.slot_accuracy(1, 1, 0.03) == 1.0
     assert recall.slot_accuracy(4, 1, 0.03) == 0.25         # one bag of four values
     assert recall.slot_accuracy(4, 2, 0.03) == 0.5
-    assert recall.slot_accuracy(3, 2, 0.03) == 0.5          # the fuller slot sets the guess
+    assert recall.slot_accuracy(3, 2, 0.03) == 2 / 3        # one right answer per slot
     assert recall.slot_accuracy(4, 8, 0.03) == 1.0
     assert recall.slot_accuracy(4, 0, 0.03) == 0.03         # no memory: chance
 

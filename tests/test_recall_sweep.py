@@ -52,7 +52,7 @@ def test_a_stopped_sweep_goes_on_where_it_stopped(tmp_path, monkeypatch):
     assert calls == [(1, 0), (1, 1), (2, 0), (2, 1)]
     point = first["points"]["2"]
     assert point["capacity"][0]["accuracy"] == 0.5 and point["capacity"][0]["n_answers"] == 20
-    assert [s["accuracy"] for s in point["slot_model"]] == [1.0, 1.0, 0.5, 0.5]
+    assert [s["accuracy"] for s in point["slot_model"]] == [1.0, 1.0, 2 / 3, 0.5]
     again = recall_sweep.run_sweep("armt", "n_mem_tokens", (1, 2, 8), "class", (0, 1),
                                    tmp_path, progress=False)
     assert calls[4:] == [(8, 0), (8, 1)]                    # only the new value trains
@@ -83,3 +83,28 @@ def test_the_command_line_names_a_bad_value(capsys):
     assert recall_sweep.main(["--arch", "armt", "--knob", "block_size"]) == 2
     assert "expected one of d_mem, n_mem_tokens" in capsys.readouterr().err
 
+
+
+def test_a_stop_while_training_stores_no_half_trained_point(tmp_path, monkeypatch):
+    class StoppedTrainer:                       # what Trainer.fit returns after a SIGTERM
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def fit(self):
+            return type("History", (), {"interrupted": True})()
+
+    monkeypatch.setattr(recall_sweep, "Trainer", StoppedTrainer)
+    with pytest.raises(KeyboardInterrupt):
+        recall_sweep.run_sweep("bcmt", "alpha", (0.5,), "tiny", (0,), tmp_path, progress=False)
+    assert not (tmp_path / "bcmt-alpha.json").exists() or \
+        json.loads((tmp_path / "bcmt-alpha.json").read_text())["points"] == {}
+
+
+def test_the_shipped_sweeps_are_found_and_hold_every_default_value():
+    for arch, knob in recall_sweep.SWEEPS:
+        record = recall_sweep.shipped(arch, knob)
+        assert record is not None, f"data/reproduce/class_cpu/sweeps/{arch}-{knob}.json is missing"
+        assert record["format"] == recall_sweep.SWEEP_FORMAT and record["preset"] == "class"
+        assert [float(v) for v in record["points"]] == \
+            [float(v) for v in recall_sweep.SWEEPS[arch, knob]]
+    assert recall_sweep.shipped("armt", "no_such_knob") is None

@@ -1196,8 +1196,9 @@ CLAIMS = (
     Claim("armt.babilong", PAPER, "2407.04841", "abstract",
           "BABILong QA1 accuracy over 50M tokens", 79.9, "%", "GPT-2 backbone, segment 512, "
           "curriculum to 32 segments", "single-fact QA over 50M tokens", comparable=False,
-          note="needs a pretrained LM and 50M-token contexts; the lab's passkey recall beyond "
-               "the segment (the memory-pays table) is the nearest probe at kit scale"),
+          note="needs a pretrained LM and 50M-token contexts; the lab's MQAR beyond the "
+               "segment, at up to 8x the trained length (the memory-pays table), is the "
+               "nearest probe at kit scale"),
     Claim("armt.constant_memory", PAPER, "OpenReview cWVbffpjs7", "follow-up, per the paper "
           "summary (not verified)", "decoding state, longest over shortest length", 1.0,
           "x", "up to 64k tokens", "a constant state (within 10%)",

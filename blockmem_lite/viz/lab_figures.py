@@ -169,9 +169,10 @@ def recall_capacity(results: dict, labels: Sequence | None = None):
     title = "How many pairs each memory holds (MQAR beyond the span)"
     if not series:
         return _empty(title, "recall by number of pairs was not measured in this run")
-    return figures.line_chart(series, title=title, x_title="pairs in the first span",
-                              y_title="accuracy beyond the span", y_range=(0, 1.05),
-                              hlines={"chance": chance} if chance is not None else None)
+    fig = figures.line_chart(series, title=title, x_title="pairs in the first span",
+                             y_title="accuracy beyond the span", y_range=(0, 1.05),
+                             hlines={"chance": chance} if chance is not None else None)
+    return fig.update_xaxes(dtick=1)                     # pairs are whole numbers
 
 
 def _pairs_curve(curve: list[dict]) -> tuple[list, list]:

@@ -87,3 +87,15 @@ MUTANTS = {
          "None not in (mine, local, noise) and mine - local > noise", "mine - local > noise"),
     ],
 }
+MUTANTS["cell-22"] = [  # my_slot_accuracy + my_cat_slots
+    ("one guess in the fullest slot for every query", "return min(slots, n_pairs) / n_pairs",
+     "return 1.0 / math.ceil(n_pairs / slots)"),
+    ("more slots than pairs counted as more than all right", "min(slots, n_pairs) / n_pairs",
+     "slots / n_pairs"),
+    ("no slot answers 0, not chance", "        return chance", "        return 0.0"),
+    ("one token a pair", "math.ceil(2 * n_pairs / chunk_size)", "math.ceil(n_pairs / chunk_size)"),
+    ("a half-filled chunk not counted", "math.ceil(2 * n_pairs / chunk_size)",
+     "max(1, 2 * n_pairs // chunk_size)"),
+    ("calls the kit's slot_accuracy", "return min(slots, n_pairs) / n_pairs",
+     "return recall.slot_accuracy(n_pairs, slots, chance)"),
+]
