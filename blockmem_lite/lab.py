@@ -332,7 +332,9 @@ class Lab:
         roles = {"model": cfg, **({"twin": entry.spec.twin(cfg)} if entry.spec.twin else {})}
         record = {"arch": entry.arch, "recipe": json.loads(json.dumps(dataclasses.asdict(recipe))),
                   "chance": {"passkey": 1 / 10, "mqar": recall.chance(recipe)},
-                  "local_span": {v: entry.local_span(o, cfg) for v, o in entry.variants(cfg)}}
+                  "local_span": {v: entry.local_span(o, cfg) for v, o in entry.variants(cfg)},
+                  "stages": [s.seq_len for s in recall.stages(
+                      recipe, entry.spec.recall_curriculum)]}
         for role, role_cfg in roles.items():
             runs = [self._recall_part(label, role, role_cfg, recipe, seed)
                     for seed in recipe.seeds_of(role)]
@@ -352,14 +354,20 @@ class Lab:
         if key in parts:
             return parts[key]
         entry = self.by_label[label]
-        train = recipe.train_config(entry.run.train, seed)
-        run = dataclasses.replace(entry.run, model=cfg, train=train)
         seed_everything(seed)
         model = build_model(cfg)                  # its own sizes: never a trained LM's start
         name = f"{label} seed {seed}" if role == "model" else f"{label} {role} seed {seed}"
-        live = [self.recall_live(name, recipe)] \
-            if self.recall_live is not None and self.world.is_main else []
-        _finished(self._trainer(model, run, recall.training_rows(recipe), callbacks=live).fit())
+        staged = entry.spec.recall_curriculum
+
+        def trainer_for(stage: recall.RecallRecipe, rows, k: int) -> Trainer:
+            run = dataclasses.replace(entry.run, model=cfg,
+                                      train=stage.train_config(entry.run.train, seed))
+            shown = f"{name}, stage {k + 1} (T={stage.seq_len})" if staged else name
+            live = [self.recall_live(shown, recipe)] \
+                if self.recall_live is not None and self.world.is_main else []
+            return self._trainer(model, run, rows, callbacks=live)
+
+        _finished(recall.train(recipe, trainer_for, staged=staged))
         measured = {}
         for variant, overrides in entry.variants(cfg):
             if overrides:
@@ -577,6 +585,7 @@ def memory_pays(results: dict) -> list[dict]:
                          "twin_band": [twin["lo"], twin["hi"]], "dense": dense.get("mean"),
                          "dense_band": [dense["lo"], dense["hi"]] if dense else None,
                          "chance": record["chance"]["mqar"], "seeds": mine["n"],
+                         "stages": record.get("stages", []),
                          "noise": recall.noise(mine["n_answers"], twin["n_answers"]),
                          "twin_blindness": blind, "twin_blind": blind < BLIND_ATOL,
                          "capacity": [[c["n_pairs"], c["accuracy"]]

@@ -74,6 +74,12 @@ def report_markdown(results: dict) -> str:
               "\"training\" (the memory could hold the pairs); "
               "\"x T\": the same rows stretched to 1, 2, 4, 8 times the trained length "
               "(\"-\": the model refuses the length).", ""]
+    staged = [f"{r['entry']} (T={', then '.join(map(str, r['stages']))})"
+              for r in results.get("memory_pays", []) if len(r.get("stages", ())) > 1]
+    if staged:
+        parts += ["Trained in stages of growing length, the recipe's steps in each (the "
+                  f"paper's segment curriculum, `recall.curriculum`), its twin alike: "
+                  f"{'; '.join(staged)}.", ""]
     parts += ["### Knowledge in the weights (facts never in the context)", "",
               "Each model pretrained on a table of facts, then asked every fact with other "
               "facts as its context; recalled = every value byte right.", ""]

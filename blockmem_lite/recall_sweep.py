@@ -76,10 +76,14 @@ def train_point(point: SweepPoint, seed: int, callbacks=()) -> dict:
     """Train one recall model of ``point`` at ``seed`` and measure its capacity curve."""
     recipe = point.recipe
     run = preset("tiny", arch=point.cfg.arch)
-    train = recipe.train_config(run.train, seed)
     seed_everything(seed)
     model = build_model(point.cfg)
-    history = Trainer(model, train, recall.training_rows(recipe), callbacks=callbacks).fit()
+
+    def trainer_for(stage: recall.RecallRecipe, rows, k: int) -> Trainer:
+        return Trainer(model, stage.train_config(run.train, seed), rows, callbacks=callbacks)
+
+    history = recall.train(recipe, trainer_for,
+                           staged=registry.get(point.cfg.arch).lab.recall_curriculum)
     if history.interrupted:          # a stop (Ctrl-C, SIGTERM): nothing half-trained is stored
         raise KeyboardInterrupt
     return {"capacity": recall.capacity(model, recipe), "beyond": recall.beyond(model, recipe)}
@@ -98,7 +102,9 @@ def run_sweep(arch: str, knob: str, values=None, preset_name: str = "class", see
     record = _load(path, {"format": SWEEP_FORMAT, "arch": arch, "knob": knob,
                           "preset": preset_name, "seeds": list(seeds),
                           "chance": recall.chance(recipe),
-                          "recipe": json.loads(json.dumps(dataclasses.asdict(recipe)))})
+                          "recipe": json.loads(json.dumps(dataclasses.asdict(recipe))),
+                          "stages": [s.seq_len for s in recall.stages(
+                              recipe, registry.get(arch).lab.recall_curriculum)]})
     record["machine"] = bench.machine(pick_device("auto"))
     record["threads"] = torch.get_num_threads()   # float sums (and so ARMT's run) depend on it
     for i, point in enumerate(sweep, start=1):

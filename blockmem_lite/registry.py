@@ -156,7 +156,9 @@ class LabSpec:
       path off; the memory "pays" when the mechanism recalls beyond the span and it cannot;
     * ``memory_slots(cfg, n_pairs) -> int``: the memory's analytic capacity in the slot
       model (``recall.slot_accuracy``): how many slots a query can address when ``n_pairs``
-      key-value pairs sit at the start of the row (0 for a twin: it has no memory).
+      key-value pairs sit at the start of the row (0 for a twin: it has no memory);
+    * ``recall_curriculum``: train the recall models (mechanism and twin) in the stages of
+      ``recall.curriculum``, short rows first (ARMT's segment curriculum).
     """
 
     config: Callable | None = None
@@ -168,6 +170,7 @@ class LabSpec:
     recall_span: Callable | None = None
     twin: Callable | None = None
     memory_slots: Callable | None = None
+    recall_curriculum: bool = False
 
 
 def single_variant(options: dict) -> list[tuple[str, dict]]:

@@ -10,6 +10,7 @@ from blockmem_lite import lab, lab_report, recall, registry, tasks
 from blockmem_lite.config import preset
 from blockmem_lite.models.base import build_model
 from blockmem_lite.runtime import seed_everything
+from blockmem_lite.train import Callback
 
 CLASS = recall.RECALL_SIZES["class"]
 TINY = recall.RECALL_SIZES["tiny"]
@@ -303,3 +304,64 @@ def test_the_twin_trains_at_its_own_seeds_and_the_mechanism_at_all(tmp_path, mon
     record = run._recall("bcmt")
     assert sorted(run.results["parts"]) == ["bcmt/model/0", "bcmt/model/1", "bcmt/twin/1"]
     assert record["beyond"][""]["n"] == 2 and record["twin"]["beyond"][""]["n"] == 1
+
+
+# --- the segment curriculum ----------------------------------------------------------------------
+def test_the_curriculum_grows_the_row_from_the_shortest_that_holds_the_beyond_span_form():
+    first, second = recall.curriculum(CLASS)
+    assert (first.seq_len, second.seq_len) == (48, CLASS.seq_len)      # 3 segments, then 4
+    assert first.steps == second.steps == CLASS.steps                  # a budget per stage
+    assert first.local_first == CLASS.local_first and second.local_first == 0.0
+    assert first.queries_from + 2 * first.n_pairs <= first.seq_len     # the form still fits
+    whole = dataclasses.replace(CLASS, seq_len=48)                     # nothing shorter fits
+    assert recall.curriculum(whole) == [whole]
+    for recipe in recall.RECALL_SIZES.values():
+        stages = recall.curriculum(recipe)
+        assert stages[-1].seq_len == recipe.seq_len
+        assert all(s.seq_len % recipe.span == 0 for s in stages)
+
+
+def test_staged_training_runs_each_stage_on_its_own_stream_of_rows_and_stops_when_stopped():
+    seen = []
+
+    class Recorder:
+        def __init__(self, stage, rows, k, interrupted=False):
+            self.stage, self.rows, self.k, self.interrupted = stage, rows, k, interrupted
+
+        def fit(self):
+            seen.append((self.k, self.stage.seq_len, self.rows[0][0].shape[0], len(self.rows)))
+            return dataclasses.make_dataclass("H", ["interrupted"])(self.interrupted)
+
+    recall.train(CLASS, Recorder, staged=True)
+    rows = CLASS.steps * CLASS.batch_size
+    assert seen == [(0, 48, 48, rows), (1, 64, 64, rows)]
+    first, second = recall.curriculum(CLASS)
+    assert not torch.equal(recall.training_rows(first, 0)[0][0][:48],
+                           recall.training_rows(second, 1)[0][0][:48])   # fresh, not re-seen
+    seen.clear()
+    recall.train(CLASS, Recorder, staged=False)
+    assert seen == [(0, 64, 64, CLASS.steps * CLASS.batch_size)]
+    seen.clear()
+    history = recall.train(CLASS, lambda s, r, k: Recorder(s, r, k, interrupted=True),
+                           staged=True)
+    assert history.interrupted and [k for k, *_ in seen] == [0]          # stage 2 never ran
+
+
+def test_the_lab_trains_armt_and_its_twin_in_stages_and_the_others_in_one(tmp_path, monkeypatch):
+    assert {m.name for m in registry.mechanisms() if m.lab.recall_curriculum} == {"armt"}
+    lengths = {}
+    real = lab.Lab._trainer
+
+    def record(self, model, run, train_data, val_data=None, callbacks=()):
+        key = id(model)
+        lengths.setdefault(key, []).append(train_data[0][0].shape[0])
+        return real(self, model, run, train_data, val_data, callbacks)
+
+    monkeypatch.setattr(lab.Lab, "_trainer", record)
+    names = []
+    run = lab.Lab("tiny", tmp_path, archs=["armt"], progress=False, tasks=("recall",),
+                  recall_live=lambda name, recipe: names.append(name) or Callback())
+    run.run()
+    stages = [s.seq_len for s in recall.curriculum(TINY)]
+    assert sorted(lengths.values()) == [stages, stages, [TINY.seq_len]]  # armt, twin; dense
+    assert "armt seed 0, stage 1 (T=48)" in names and "armt seed 0" not in names

@@ -60,6 +60,11 @@ def test_a_stopped_sweep_goes_on_where_it_stopped(tmp_path, monkeypatch):
     assert list(stored["points"]) == ["1", "2", "8"] == list(again["points"])
     with pytest.raises(ValueError, match="holds a sweep with other settings \\(seeds differ\\)"):
         recall_sweep.run_sweep("armt", "n_mem_tokens", (1,), "class", (0,), tmp_path)
+    assert stored["stages"] == [48, 64]                     # ARMT: the segment curriculum
+    flat = {**stored, "stages": [64]}                       # a sweep trained before it
+    (tmp_path / "armt-n_mem_tokens.json").write_text(json.dumps(flat))
+    with pytest.raises(ValueError, match="\\(stages differ\\)"):
+        recall_sweep.run_sweep("armt", "n_mem_tokens", (1, 2, 8), "class", (0, 1), tmp_path)
 
 
 def test_the_figure_draws_measured_and_slot_model_per_pair_count(tmp_path, monkeypatch):

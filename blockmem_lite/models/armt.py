@@ -1227,7 +1227,7 @@ register(Mechanism(
     lab=LabSpec(start=lab_start, local_span=lambda cfg: cfg.segment_size,
                 recall_span=lambda cfg, span: dataclasses.replace(cfg, segment_size=span),
                 twin=lambda cfg: dataclasses.replace(cfg, memory_layers=()),
-                memory_slots=memory_slots),
+                memory_slots=memory_slots, recall_curriculum=True),
     summary="associative recurrent memory: segments, a per-layer delta-rule memory matrix "
             "carried across them, around a (pretrained) backbone",
     presets={"tiny": {"segment_size": 8}, "fast": {"segment_size": 16},
