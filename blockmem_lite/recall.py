@@ -200,8 +200,8 @@ def curriculum(recipe: RecallRecipe) -> list[RecallRecipe]:
 
     Measured at the class recipe (seed 0, 2 threads, beyond-span accuracy at 4 pairs): the
     flat recipe plateaus near two slots' worth (0.48 at 900 steps, 0.54 at 1,800); the
-    curriculum at 450 + 450 steps is no better (0.50), at 900 + 900 it is 0.73 and still
-    rising; lr 3e-3 collapses to one slot (0.30)."""
+    curriculum at 450 + 450 steps is no better (0.50), at 900 + 900 it is 0.73 and at
+    1800 + 1800 0.84, still rising; lr 3e-3 collapses to one slot (0.30)."""
     fits = recipe.queries_from + 2 * recipe.n_pairs
     first = math.ceil(fits / recipe.span) * recipe.span
     if first >= recipe.seq_len:
