@@ -9,7 +9,7 @@ train on CUDA (process k of a node on ``cuda:k``), Gloo on CPU. Without torchrun
 nothing is started and every helper here is a no-op, so one process trains exactly as
 before.
 
-How the kit uses it (kit decisions, see ``train.py`` and README "When you outgrow one GPU"):
+How the kit uses it (kit decisions, see ``train`` and README "When you outgrow one GPU"):
 
 * same global batch: each of the W processes takes ``batch_size / W`` rows of the global
   batch a single process would draw, and DDP averages the gradients, so the curve is a

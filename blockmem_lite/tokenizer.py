@@ -2,8 +2,9 @@
 
 Bytes keep the vocabulary (and the LM head) tiny, so kit-scale models spend
 their parameters on the mechanisms being taught. A Hugging Face tokenizer can
-be used instead when one is already in the local cache: ``get_tokenizer(name)``,
-which the trainer calls with ``TrainConfig.tokenizer`` (``--set tokenizer=NAME``).
+be used instead when one is already in the local cache: ``get_tokenizer(name)``, which
+the data loaders (``corpora.make_loaders``) and the command line's generation call with
+``TrainConfig.tokenizer`` (``--set tokenizer=NAME``).
 """
 
 from __future__ import annotations

@@ -19,14 +19,15 @@ LAYERS = (
     ("mechanisms", ("models.*",)),
     ("model zoo", ("models",)),
     ("data", ("corpora", "tasks")),
-    ("measuring and training", ("checkpoints", "metrics", "roofline", "train", "bench", "checks",
+    ("measuring and training", ("checkpoints", "metrics", "roofline", "train", "train.*", "bench",
+                                "checks",
                                 "recall", "knowledge", "lab_report", "lab")),
     ("viz", ("viz", "viz.*")),
     ("tools and command line", ("cli", "exercises", "grading", "envcheck", "site", "gpucheck",
                                 "recall_sweep", "__main__", "")),
 )
 CORE = ("config", "runtime", "distributed", "tokenizer", "flops", "nn", "masks", "trace", "models.base",
-        "corpora", "tasks", "metrics", "train", "bench", "checks", "cli", "viz", "viz.*",
+        "corpora", "tasks", "metrics", "train", "train.*", "bench", "checks", "cli", "viz", "viz.*",
         "lab", "labdata", "recall", "recall_sweep", "knowledge", "lab_report", "checkpoints", "site", "roofline", "compiling")
 
 

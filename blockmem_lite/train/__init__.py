@@ -1,5 +1,9 @@
 """Training: the Trainer every notebook, benchmark and CLI run goes through.
 
+The update itself is the one of ``train.simple.train_simple``, the loop notebook 01
+builds; the Trainer wraps it with what long runs need. (This package is the first step
+of splitting the Trainer by job, ARCHITECTURE.md's ``train/``; the rest still sits here.)
+
 * AdamW (weight decay on matrices only, not on norms or biases), linear warmup
   then cosine decay to ``lr * min_lr_ratio`` (``lr_at``), global-norm gradient
   clipping, periodic evaluation, callbacks (``on_step`` / ``on_eval`` / ``on_end``).
@@ -71,6 +75,7 @@ from blockmem_lite.runtime import (
     synchronize,
     usable_workers,
 )
+from blockmem_lite.train.simple import cosine_lr
 from blockmem_lite.units import format_progress, human_bytes
 
 PRINT_INTERVAL_S = 2.0           # the default progress printer writes at most one line per 2 s
@@ -194,16 +199,10 @@ def _check_callbacks(callbacks) -> list:
 
 # --- schedule and optimizer ----------------------------------------------------------------
 def lr_at(step: int, cfg: TrainConfig, total_steps: int | None = None) -> float:
-    """Learning rate of (0-based) ``step``: linear warmup to ``cfg.lr`` over
-    ``warmup_steps``, then cosine decay reaching ``lr * min_lr_ratio`` at the last step
-    (``total_steps - 1``, default ``cfg.steps``); constant after that."""
+    """Learning rate of (0-based) ``step``: ``simple.cosine_lr`` with ``cfg``'s lr, warmup and
+    floor over ``total_steps`` (default ``cfg.steps``)."""
     total = cfg.steps if total_steps is None else total_steps
-    if step < cfg.warmup_steps:
-        return cfg.lr * (step + 1) / cfg.warmup_steps
-    decay_steps = max(1, total - 1 - cfg.warmup_steps)
-    progress = min(1.0, (step - cfg.warmup_steps) / decay_steps)
-    floor = cfg.lr * cfg.min_lr_ratio
-    return floor + (cfg.lr - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+    return cosine_lr(step, total, cfg.lr, cfg.warmup_steps, cfg.min_lr_ratio)
 
 
 def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
