@@ -348,16 +348,17 @@ class Lab:
 
     def _recall_part(self, label: str, role: str, cfg: ModelConfig,
                      recipe: recall.RecallRecipe, seed: int) -> dict:
-        """One recall model trained and measured at every variant (stored in "parts")."""
-        key = f"{label}/{role}/{seed}"
+        """One recall model trained and measured at every variant (stored in "parts"; a
+        curriculum's part has its own key, so a run stored before it retrains the model)."""
+        entry = self.by_label[label]
+        staged = entry.spec.recall_curriculum
+        key = f"{label}/{role}/{seed}" + ("/curriculum" if staged else "")
         parts = self.results.setdefault("parts", {})
         if key in parts:
             return parts[key]
-        entry = self.by_label[label]
         seed_everything(seed)
         model = build_model(cfg)                  # its own sizes: never a trained LM's start
         name = f"{label} seed {seed}" if role == "model" else f"{label} {role} seed {seed}"
-        staged = entry.spec.recall_curriculum
 
         def trainer_for(stage: recall.RecallRecipe, rows, k: int) -> Trainer:
             run = dataclasses.replace(entry.run, model=cfg,

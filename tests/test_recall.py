@@ -361,7 +361,9 @@ def test_the_lab_trains_armt_and_its_twin_in_stages_and_the_others_in_one(tmp_pa
     names = []
     run = lab.Lab("tiny", tmp_path, archs=["armt"], progress=False, tasks=("recall",),
                   recall_live=lambda name, recipe: names.append(name) or Callback())
-    run.run()
+    results = run.run()
+    assert sorted(results["parts"]) == ["armt/model/0/curriculum", "armt/twin/0/curriculum",
+                                        "dense/model/0"]      # a flat part is never reused
     stages = [s.seq_len for s in recall.curriculum(TINY)]
     assert sorted(lengths.values()) == [stages, stages, [TINY.seq_len]]  # armt, twin; dense
     assert "armt seed 0, stage 1 (T=48)" in names and "armt seed 0" not in names
