@@ -101,7 +101,7 @@ lab: setup
 define run_suite
 	$(1)/python -m ruff check blockmem_lite tests notebooks
 	$(1)/python -m blockmem_lite exercises check
-	$(TEST_ENV) $(1)/python -m pytest tests \
+	$(TEST_ENV) $(1)/python -m pytest tests --durations=25 \
 		--nbval-lax --nbval-current-env --nbval-cell-timeout=600 \
 		notebooks/*.ipynb notebooks/solutions/*.ipynb
 endef

@@ -11,6 +11,7 @@ A mechanism of your own plugs in like the built-in ones::
     # or, from a file: load_plugin("my_mechanism.py")  /  --plugin my_mechanism.py
 """
 
+from blockmem_lite import mechanisms  # noqa: F401  (registers the built-in mechanisms)
 from blockmem_lite.config import (
     PRESET_NAMES,
     ModelConfig,

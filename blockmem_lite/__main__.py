@@ -1,9 +1,10 @@
 """Command line: ``python -m blockmem_lite COMMAND ...``, COMMAND one of ``COMMANDS`` below
 (envcheck, train, bench, reproduce, exercises, site, gpucheck, sweep).
 
-Each subcommand is a ``main(argv)`` function in its own module (``cli.py`` for
-train and bench), imported only when used, so ``envcheck`` works even when
-extras are missing. ``exercises grade`` is ``grading.main`` (grading imports exercises).
+Each subcommand is a ``main(argv)`` function in its own module of ``tools/``
+(``tools/cli.py`` for train, bench and reproduce), imported only when used, so
+``envcheck`` works even when extras are missing. ``exercises grade`` is ``grading.main``
+(grading imports exercises).
 """
 
 from __future__ import annotations
@@ -12,23 +13,25 @@ import importlib
 import sys
 
 COMMANDS = {   # name: (module, function, help)
-    "envcheck": ("blockmem_lite.envcheck", "main",
+    "envcheck": ("blockmem_lite.tools.envcheck", "main",
                  "check dependencies and widgets (OK/FAIL per item)"),
-    "train": ("blockmem_lite.cli", "train_main",
+    "train": ("blockmem_lite.tools.cli", "train_main",
               "train a model from a preset, with checkpoints and resume"),
-    "bench": ("blockmem_lite.cli", "bench_main",
+    "bench": ("blockmem_lite.tools.cli", "bench_main",
               "throughput / memory / state bytes vs dense, same run"),
-    "reproduce": ("blockmem_lite.cli", "reproduce_main",
+    "reproduce": ("blockmem_lite.tools.cli", "reproduce_main",
                   "every mechanism on the same work; the papers' claims beside ours"),
-    "exercises": ("blockmem_lite.exercises", "main", "build|check|strip|grade student notebooks"),
-    "site": ("blockmem_lite.site", "main", "static HTML pages of the notebooks, with outputs"),
-    "gpucheck": ("blockmem_lite.gpucheck", "main",
+    "exercises": ("blockmem_lite.tools.exercises", "main",
+                  "build|check|strip|grade student notebooks"),
+    "site": ("blockmem_lite.tools.site", "main",
+             "static HTML pages of the notebooks, with outputs"),
+    "gpucheck": ("blockmem_lite.tools.gpucheck", "main",
                  "check the GPU path in one short run (one table, OK/FAIL per check)"),
-    "sweep": ("blockmem_lite.recall_sweep", "main",
+    "sweep": ("blockmem_lite.lab.recall_sweep", "main",
               "recall against one memory's size, beside its analytic capacity"),
 }
 SUBCOMMANDS = {   # (command, subcommand): (module, function); grading sits above exercises
-    ("exercises", "grade"): ("blockmem_lite.grading", "main"),
+    ("exercises", "grade"): ("blockmem_lite.tools.grading", "main"),
 }
 
 

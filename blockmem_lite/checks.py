@@ -13,14 +13,13 @@ worst element and the values there, or the earliest position that leaked.
 Tensors, numpy arrays, numbers and nested lists are all read as values. A bad
 argument (a negative tolerance, a str where a bool is needed) is a ValueError
 ``name=value is not allowed: expected ...``, not a CheckFailed.
+
+An exercise's first check, that the answer does not call the kit's own version of it
+(``check_own_work``), is in ``own_work.py``.
 """
 
 from __future__ import annotations
 
-import builtins
-import dis
-import functools
-import inspect
 import math
 import numbers
 from collections.abc import Callable, Iterable, Sequence
@@ -348,158 +347,6 @@ def check_true(condition, message: str, detail: str = "") -> None:
     if not _truth(condition):
         raise _failure("check", f"expected: {message}", *([detail] if detail else []))
     _ok(message)
-
-
-# --- own work -------------------------------------------------------------------------------
-
-
-def _library_names(library) -> dict[int, str]:
-    """id -> a readable name for every library piece (a function, class or method)."""
-    named = {}
-    for piece in library:
-        if not callable(piece):
-            raise _not_allowed("library", piece, "functions or classes of blockmem_lite")
-        module = getattr(piece, "__module__", "") or ""
-        named[id(piece)] = f"{module}.{getattr(piece, '__qualname__', repr(piece))}"
-    return named
-
-
-def _functions_of(piece) -> list:
-    """The Python functions that make up ``piece``: itself, or a class's methods."""
-    if isinstance(piece, type):
-        found = []
-        for value in vars(piece).values():
-            value = value.__func__ if isinstance(value, (staticmethod, classmethod)) else value
-            if isinstance(value, property):
-                found += [f for f in (value.fget, value.fset) if f is not None]
-            elif callable(value) and hasattr(value, "__code__"):
-                found.append(value)
-        return found
-    piece = getattr(piece, "__func__", piece)
-    return [piece] if hasattr(piece, "__code__") else []
-
-
-def _names_used(code) -> set[str]:
-    """Every global or attribute name the code object (and the code nested in it) loads."""
-    names = set(code.co_names)
-    for const in code.co_consts:
-        if hasattr(const, "co_names"):
-            names |= _names_used(const)
-    return names
-
-
-def _attributes_used(code) -> set[str]:
-    """The attribute names the code object (and the code nested in it) loads: ``x.name``."""
-    names = {i.argval for i in dis.get_instructions(code)
-             if i.opname in ("LOAD_ATTR", "LOAD_METHOD")}
-    for const in code.co_consts:
-        if hasattr(const, "co_names"):
-            names |= _attributes_used(const)
-    return names
-
-
-def _modules_reached(scope: dict, attributes: set[str], depth: int = 3) -> list:
-    """The modules in ``scope`` and those reached from them through the attribute names the
-    code loads (``blockmem_lite.models.armt``): where a kit function may be looked up."""
-    found = [v for v in scope.values() if inspect.ismodule(v)]
-    frontier = found
-    for _ in range(depth):
-        frontier = [getattr(m, a) for m in frontier for a in attributes
-                    if inspect.ismodule(getattr(m, a, None))]
-        found += frontier
-    return found
-
-
-def _calls_into(piece, library: dict[int, str], by_name: dict[str, str],
-                seen: set[int]) -> str | None:
-    """The name of the first library piece ``piece`` uses (following helpers defined in the
-    same module, e.g. the notebook's own functions), or None."""
-    if id(piece) in seen:
-        return None
-    seen.add(id(piece))
-    if id(piece) in library:
-        return library[id(piece)]
-    if isinstance(piece, type):
-        for base in piece.__mro__[1:]:
-            if id(base) in library:
-                return library[id(base)]
-    if isinstance(piece, functools.partial):
-        return _calls_into(piece.func, library, by_name, seen)
-    for fn in _functions_of(piece):
-        cells = [c.cell_contents for c in (fn.__closure__ or ()) if _cell_filled(c)]
-        for value in cells:
-            if id(value) in library:
-                return library[id(value)]
-        scope = {**vars(builtins), **fn.__globals__}
-        attributes = _attributes_used(fn.__code__)
-        own = set(vars(piece)) if isinstance(piece, type) else set()   # self.name: its own
-        for name in sorted((attributes & set(by_name)) - own):
-            in_a_module = any(id(getattr(m, name, None)) in library
-                              for m in _modules_reached(scope, attributes))
-            if in_a_module or name not in scope:  # lab.memory_pays (beside a global of that
-                return by_name[name]              # name too); registry.get("dense").state_bytes
-        for name in sorted(_names_used(fn.__code__)):
-            value = scope.get(name)
-            if value is not None and id(value) in library:
-                return library[id(value)]
-        for value in [scope.get(n) for n in _names_used(fn.__code__)] + cells:
-            if _is_own_helper(value, piece):
-                found = _calls_into(value, library, by_name, seen)
-                if found:
-                    return found
-    return None
-
-
-def _cell_filled(cell) -> bool:
-    """A closure cell that holds a value (an unfilled one raises on access)."""
-    try:
-        return cell.cell_contents is not _EMPTY
-    except ValueError:
-        return False
-
-
-_EMPTY = object()
-
-
-def _is_own_helper(value, piece) -> bool:
-    """A function or class written next to ``piece`` (same module: the notebook's)."""
-    return (isinstance(value, type) or inspect.isfunction(value)) and \
-        getattr(value, "__module__", None) == getattr(piece, "__module__", None)
-
-
-def check_own_work(piece, *library, name: str | None = None) -> None:
-    """``piece`` (a function or class the learner wrote) is not, does not subclass and does not
-    call any of ``library``, the kit's own version of what the exercise asks for.
-
-    Checks that compare with the library cannot tell the library's answer from the learner's,
-    so an exercise that asks for a piece the library has runs this first. It reads the
-    bytecode: globals, attribute names (``armt.dpfp``), closures, base classes, and the
-    helpers the notebook defines that ``piece`` uses, recursively.
-    """
-    if not callable(piece):
-        raise _not_allowed("piece", piece, "the function or class the exercise asks for")
-    if not library:
-        raise ValueError("library=() is not allowed: expected the library pieces the exercise "
-                         "asks the learner to write")
-    label = name or getattr(piece, "__name__", "your answer")
-    _require_text("name", label)
-    named = _library_names(library)
-    # attribute names to refuse: functions and classes; a method's name (forward, read) is
-    # too common to refuse by name, so methods are caught by identity only
-    by_name = {p.__name__: named[id(p)] for p in library
-               if hasattr(p, "__name__") and "." not in getattr(p, "__qualname__", "")}
-    used = _calls_into(piece, named, by_name, set())
-    if used is not None:
-        short = used.rsplit(".", 1)[-1]
-        whose = "the kit's own " if used.startswith("blockmem_lite.") else ""
-        raise _failure(label, f"uses {whose}{used}",
-                       "this exercise asks you to write that piece yourself; the checks below "
-                       "compare your answer with the kit's, so calling it would pass without "
-                       "testing anything",
-                       f"write it from torch operations ({short} may still be used after "
-                       "this exercise, to check or to compare)")
-    _ok(f"{label}: your own code (it does not call the kit's "
-        f"{', '.join(sorted(n.rsplit('.', 1)[-1] for n in named.values()))})")
 
 
 # --- a learner's layer plugged into a model ----------------------------------------------------

@@ -59,7 +59,7 @@ def compile_decoding(model: torch.nn.Module, **options) -> torch.nn.Module:
     ``uncompile_decoding(model)``.
     """
     _raise_recompile_limit(RECOMPILE_LIMIT)
-    name = DECODE_PART if hasattr(model, DECODE_PART) else "step"
+    name = DECODE_PART if type(model).has_own(DECODE_PART) else "step"
     setattr(model, name, torch.compile(getattr(model, name), **_options(options)))
     model._compiled_decoding = name
     return model

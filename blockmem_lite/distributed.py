@@ -1,5 +1,6 @@
 """Data-parallel training over several processes: torchrun's environment, the process group,
-DistributedDataParallel (DDP), and the few collectives the Trainer needs.
+DistributedDataParallel (DDP), the few collectives the Trainer needs and each process's
+share of a global batch (its rows, its share of the target tokens, its seed).
 
 ``torchrun --nproc-per-node N -m blockmem_lite train ...`` starts N copies of the command
 and tells each one its place through environment variables: ``RANK`` (0 .. W-1 over every
@@ -9,7 +10,7 @@ train on CUDA (process k of a node on ``cuda:k``), Gloo on CPU. Without torchrun
 nothing is started and every helper here is a no-op, so one process trains exactly as
 before.
 
-How the kit uses it (kit decisions, see ``train`` and README "When you outgrow one GPU"):
+How the kit uses it (kit decisions, see ``train`` and docs/DISTRIBUTED.md):
 
 * same global batch: each of the W processes takes ``batch_size / W`` rows of the global
   batch a single process would draw, and DDP averages the gradients, so the curve is a
@@ -86,6 +87,32 @@ class World:
         out = self._on_device(torch.tensor([int(value)], dtype=torch.int64))
         dist.all_reduce(out, op=dist.ReduceOp.MAX)
         return int(out.item())
+
+    def sum_numbers(self, *values: float) -> tuple:
+        """The sums of these numbers over every process (as floats), for instance a loss total
+        and a token count; the numbers themselves for a single process."""
+        if not self.distributed:
+            return values
+        return tuple(self.all_reduce_sum(torch.tensor(values, dtype=torch.float64)).tolist())
+
+    # --- this process's share of a global batch --------------------------------------------
+    def local_rows(self, n: int) -> slice:
+        """The rows of an ``n``-row global batch this process takes (every row for a single
+        process; ``n * rank // W .. n * (rank + 1) // W`` otherwise)."""
+        if not self.distributed:
+            return slice(None)
+        return slice(*(n * r // self.world_size for r in (self.rank, self.rank + 1)))
+
+    def loss_share(self, n_local: torch.Tensor) -> torch.Tensor:
+        """``n_local * W / n_all``: this process's share of the global batch's ``n_all`` target
+        tokens (it holds ``n_local``), times W; exactly 1 for full LM windows.
+
+        DDP averages the gradients of per-process mean losses, which is the gradient of the
+        global mean only when every process has as many target tokens; a process's mean
+        cross-entropy weighted by this share makes it so. Call it on every process.
+        """
+        n_all = self.all_reduce_sum(n_local)
+        return n_local * self.world_size / n_all.clamp(min=1)
 
     def barrier(self) -> None:
         """Wait until every process gets here."""
@@ -208,6 +235,18 @@ def device_for(preference: str, world: World) -> torch.device:
     return torch.device("cuda", world.local_rank)
 
 
+def joined_device(preference: str, world: World) -> torch.device:
+    """``device_for(preference, world)``, refused (ValueError) when it is not the kind of
+    device this process joined the run on (``setup``)."""
+    target = device_for(preference, world)
+    if world.distributed and world.device is not None and world.device.type != target.type:
+        raise ValueError(f"device={preference!r} is not allowed here: this process joined "
+                         f"the run on {world.device.type} (distributed.setup), and "
+                         f"{preference!r} trains on {target.type}; use the device "
+                         "given to distributed.setup")
+    return target
+
+
 # --- joining and leaving -----------------------------------------------------------------------
 def setup(device: str = "auto") -> World:
     """Join the process group torchrun's variables describe and return this process's World
@@ -226,8 +265,8 @@ def setup(device: str = "auto") -> World:
     missing = [k for k in RENDEZVOUS_KEYS if k not in os.environ]
     if missing and not dist.is_initialized():
         raise ValueError(f"WORLD_SIZE={world.world_size} but {', '.join(missing)} is not set: "
-                         "start the command with torchrun (see README 'When you outgrow one "
-                         "GPU'), which sets them")
+                         "start the command with torchrun (see docs/DISTRIBUTED.md), "
+                         "which sets them")
     target = device_for(device, world)
     backend = "nccl" if target.type == "cuda" else "gloo"
     if target.type == "cuda":
@@ -293,3 +332,10 @@ def rank_seed(seed: int, rank: int) -> int:
     """The torch seed of process ``rank`` (rank 0 keeps ``seed``), so the dropout masks of
     different processes' rows differ as they would within one batch."""
     return seed if rank == 0 else (seed * 1_000_003 + rank) % 2**63
+
+
+def seed_rank(seed: int, world: World) -> None:
+    """On ranks > 0, seed torch with ``rank_seed(seed, rank)``: other dropout masks on other
+    rows (rank 0, and a single process, keep the generator as it is)."""
+    if world.rank:
+        torch.manual_seed(rank_seed(seed, world.rank))

@@ -242,18 +242,16 @@ def make_infer_step(model, batch: int, seq_len: int, *, precision: str = "fp32",
                     seed: int = 0) -> Callable[[], object]:
     """Inference over a (batch, seq_len) random prompt, no grad; each call returns the state.
 
-    ``model.stream(prompt)`` where the model has one (ARMT: constant memory,
-    last logits only), else ``model.prefill(prompt, max_len=seq_len)`` (dense:
-    a KV cache of exactly seq_len slots, and the prompt's logits).
+    ``model.stream(prompt)``: by default a prefill into a state of exactly seq_len slots
+    (dense: a KV cache that size); ARMT's reads segment by segment in constant memory.
     """
     device = model.device
     prompt = random_tokens(batch, seq_len, model.cfg.vocab_size, device, seed)
-    stream = getattr(model, "stream", None)
 
     def step():
         model.eval()
         with torch.no_grad(), autocast_context(device, precision):
-            return stream(prompt)[1] if stream else model.prefill(prompt, max_len=seq_len)[1]
+            return model.stream(prompt)[1]
 
     return step
 

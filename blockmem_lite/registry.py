@@ -18,8 +18,8 @@ registers, or a module that registers when imported).
 
 This module sits below ``config`` (``ModelConfig`` builds and validates each
 mechanism's options through it), so it imports nothing of the kit but
-``validation``. The built-in mechanisms register when ``blockmem_lite.models``
-is imported, which ``import blockmem_lite`` always does first.
+``validation``. The built-in mechanisms register when ``blockmem_lite.mechanisms``
+is imported (one module per mechanism), which ``import blockmem_lite`` always does first.
 """
 
 from __future__ import annotations

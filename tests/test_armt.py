@@ -6,23 +6,24 @@ import pytest
 import torch
 
 from blockmem_lite import ModelConfig, bench, build_model, metrics, preset
+from blockmem_lite.checkpoints import load_checkpoint_file
 from blockmem_lite.checks import check_causal
 from blockmem_lite.config import TrainConfig
+from blockmem_lite.mechanisms.armt import armt_decode_layer_flops
 from blockmem_lite.models.armt import (
     ARMT,
     EPS,
-    armt_decode_layer_flops,
     associative_read,
     associative_write,
     dpfp,
     novelty,
 )
 from blockmem_lite.models.base import IGNORE_INDEX
+from blockmem_lite.ops import armt_memory
 from blockmem_lite.trace import trace
 from blockmem_lite.train import (
     Callback,
     Trainer,
-    load_checkpoint_file,
     load_model,
     train_curriculum,
 )
@@ -112,6 +113,63 @@ def test_gamma_is_under_stop_gradient():
     _, z_new = associative_write(A, z, k, v, torch.ones(1, 2))
     z_new.sum().backward()       # z_new = z + sum_i gamma_i k_i: d/dk = gamma when gamma is constant
     assert torch.allclose(k.grad, gamma[..., None].expand_as(k))
+
+
+# --- ops.armt_memory: each fused form equals its plain form, forward and gradients -------
+
+def _value_and_grads(fn, inputs):
+    """fn(*inputs) (a tuple) and the input gradients of a fixed random projection of it."""
+    inputs = [x.detach().clone().requires_grad_() for x in inputs]
+    outputs = fn(*inputs)
+    gen = torch.Generator().manual_seed(0)
+    loss = sum((o * torch.randn(o.shape, generator=gen, dtype=o.dtype)).sum() for o in outputs)
+    return outputs, torch.autograd.grad(loss, inputs)
+
+
+def _assert_same(plain, fused):
+    """Equal outputs and gradients (fp64, 1e-12)."""
+    (p_out, p_grads), (f_out, f_grads) = plain, fused
+    for p, f in zip([*p_out, *p_grads], [*f_out, *f_grads], strict=True):
+        assert torch.allclose(p, f, atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("normalize", [True, False])
+def test_signed_dpfp_equals_dpfp_forward_and_gradients(normalize):
+    u = torch.randn(2, 5, 4, dtype=torch.float64)
+    index = armt_memory.dpfp_roll_index(8)
+    plain = _value_and_grads(lambda u: (dpfp(u, normalize=normalize),), [u])
+    fused = _value_and_grads(
+        lambda u: (armt_memory.signed_dpfp(torch.cat([u, -u], -1), index, normalize),), [u])
+    assert torch.equal(plain[0][0], fused[0][0])                  # bit-identical features
+    _assert_same(plain, fused)
+
+
+def test_fused_read_equals_the_plain_read_forward_and_gradients():
+    q = dpfp(torch.randn(2, 5, 4, dtype=torch.float64))
+    A, z = torch.randn(2, 24, 6, dtype=torch.float64), torch.rand(2, 24, dtype=torch.float64)
+    plain = _value_and_grads(lambda q, A, z: (associative_read(q, A, z),), [q, A, z])
+    fused = _value_and_grads(
+        lambda q, A, z: (armt_memory.fused_read(q, torch.cat([A, z[..., None]], -1)),), [q, A, z])
+    _assert_same(plain, fused)
+
+
+@pytest.mark.parametrize("empty", [True, False])
+@pytest.mark.parametrize("correction, normalized", [(True, True), (False, True), (True, False)])
+def test_fused_write_equals_the_plain_write_forward_and_gradients(empty, correction, normalized):
+    k = dpfp(torch.randn(2, 3, 4, dtype=torch.float64), normalize=normalized)   # (B, M, K)
+    v, beta = torch.randn(2, 3, 6, dtype=torch.float64), torch.rand(2, 3, dtype=torch.float64)
+    memory = [] if empty else [torch.randn(2, 24, 6, dtype=torch.float64),
+                               dpfp(torch.randn(2, 4, 4, dtype=torch.float64)).sum(1)]
+    settings = dict(correction=correction, normalized=normalized)
+
+    def plain(k, v, beta, A=None, z=None):
+        return associative_write(A, z, k, v, beta, **settings)
+
+    def fused(k, v, beta, A=None, z=None):
+        return armt_memory.fused_write(A, z, k, v, beta, **settings)[:2]
+
+    _assert_same(_value_and_grads(plain, [k, v, beta, *memory]),
+                 _value_and_grads(fused, [k, v, beta, *memory]))
 
 
 # --- A2: one segment is the backbone ----------------------------------------------------

@@ -7,7 +7,8 @@ import pytest
 import torch
 from decoding import prefill_then_step
 
-from blockmem_lite.models.armt import ARMT, HFBackbone
+from blockmem_lite.models.armt import ARMT
+from blockmem_lite.models.armt_hf import HFBackbone
 
 transformers = pytest.importorskip("transformers")
 

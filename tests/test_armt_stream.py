@@ -4,10 +4,10 @@ import pytest
 import torch
 
 from blockmem_lite import ModelConfig, bench, build_model, metrics, preset
-from blockmem_lite.cli import bench_main
-from blockmem_lite.models import armt
+from blockmem_lite.mechanisms import armt
 from blockmem_lite.models.armt import ARMTState
 from blockmem_lite.models.dense import DenseState
+from blockmem_lite.tools.cli import bench_main
 
 S, M, D_MEM = 8, 2, 4
 

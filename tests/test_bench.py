@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from blockmem_lite import ModelConfig, bench, metrics, registry, roofline
-from blockmem_lite.cli import bench_main, bench_parser
 from blockmem_lite.flops import flop_ceiling
-from blockmem_lite.models import bcmt
+from blockmem_lite.mechanisms import bcmt
 from blockmem_lite.models.dense import DenseLM
+from blockmem_lite.tools.cli import bench_main, bench_parser
 from blockmem_lite.units import human_bytes
 from blockmem_lite.validation import parse_int_list
 

@@ -47,7 +47,7 @@ from pathlib import Path
 
 import pytest
 
-from blockmem_lite.exercises import notebooks_dir
+from blockmem_lite.tools.exercises import notebooks_dir
 
 pytestmark = pytest.mark.browser
 

@@ -41,6 +41,7 @@ def test_c3_causal_at_chunk_boundaries_for_every_chunk_size(multi):
 def test_c3_would_catch_a_readout_off_by_one():
     """Reading the last token of a chunk from the wrong slot leaks the next token."""
     from blockmem_lite.models import cat
+    from blockmem_lite.ops.cat_layout import n_slots
 
     model = _model(())
     x = torch.randint(0, 256, (1, T))
@@ -48,7 +49,7 @@ def test_c3_would_catch_a_readout_off_by_one():
 
     def shifted(n_chunks, chunk_size, separator=False, device=None):
         slots = original(n_chunks, chunk_size, separator, device) + 1      # one slot too late
-        return slots.clamp(max=cat.n_slots(n_chunks, chunk_size, separator) - 1)
+        return slots.clamp(max=n_slots(n_chunks, chunk_size, separator) - 1)
 
     cat.readout_slots = shifted
     try:
@@ -321,7 +322,7 @@ def test_generation_stops_with_a_clear_error_past_the_chunk_index_table():
 
 
 def test_train_cli_parses_chunk_sizes_into_a_tuple():
-    from blockmem_lite.cli import parse_value as _parse_value
+    from blockmem_lite.tools.cli import parse_value as _parse_value
 
     assert _parse_value("4,8,16,32") == (4, 8, 16, 32)
     assert _parse_value("8,") == (8,)

@@ -1,8 +1,8 @@
 """CAT in the bench: variants by chunk size and decoder width, decode state vs dense."""
 
 from blockmem_lite import bench
-from blockmem_lite.cli import bench_parser
-from blockmem_lite.models import cat
+from blockmem_lite.mechanisms import cat
+from blockmem_lite.tools.cli import bench_parser
 
 TINY = dict(d_model=32, n_layer=2, n_head=2, batch=1, threads=1, warmup=1, repeats=1,
             decode_burst=4, progress=False, memory=("none",))

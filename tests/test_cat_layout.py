@@ -1,10 +1,13 @@
-"""CAT's interleaved layout: pack / readout round trip (MECHANISMS.md 3.8 C2) and the readout rule."""
+"""CAT's interleaved layout: pack / readout round trip (MECHANISMS.md 3.8 C2) and the readout rule;
+the per-chunk attention strategies (``ops.cat_attention``) against their plain form."""
 
 import pytest
 import torch
 
 from blockmem_lite.masks import cat_mask
-from blockmem_lite.models.cat import (
+from blockmem_lite.nn import reference_attention
+from blockmem_lite.ops.cat_attention import masked_attention, per_chunk_attention
+from blockmem_lite.ops.cat_layout import (
     interleave,
     n_slots,
     readout_slots,
@@ -71,33 +74,26 @@ def test_last_token_of_a_chunk_is_read_from_the_next_compressed_slot(separator):
 @pytest.mark.parametrize("separator", [False, True])
 @pytest.mark.parametrize("n_chunks, chunk_size", CASES)
 def test_per_chunk_attention_equals_masked_attention(n_chunks, chunk_size, separator):
-    from blockmem_lite.models.cat import per_chunk_attention
-    from blockmem_lite.nn import reference_attention
-
     s = n_slots(n_chunks, chunk_size, separator)
     q, k, v = torch.randn(3, 2, 3, s, 4, dtype=torch.float64).unbind(0)    # (B, H, S, hd)
     expected, _ = reference_attention(q, k, v, mask=cat_mask(n_chunks, chunk_size, separator))
+    assert torch.equal(masked_attention(q, k, v, n_chunks, chunk_size, separator), expected)
     got = per_chunk_attention(q, k, v, n_chunks, chunk_size, separator)
     assert torch.allclose(got, expected, atol=1e-12)
 
 
-def test_per_chunk_attention_checks_the_length():
-    from blockmem_lite.models.cat import per_chunk_attention
-
+@pytest.mark.parametrize("attention", [per_chunk_attention, masked_attention])
+def test_cat_attention_checks_the_length(attention):
     q = torch.randn(1, 1, 7, 4)
     with pytest.raises(ValueError, match="slots is not allowed"):
-        per_chunk_attention(q, q, q, 2, 4)
+        attention(q, q, q, 2, 4)
 
 
 def test_per_chunk_strategies_agree_with_the_masked_reference():
-    from blockmem_lite.masks import cat_mask
-    from blockmem_lite.models.cat import per_chunk_attention
-    from blockmem_lite.nn import reference_attention
-
     for k, c, sep in [(1, 1, False), (3, 4, False), (5, 2, True), (4, 8, True)]:
         s = n_slots(k, c, sep)
         q, key, v = torch.randn(3, 2, 3, s, 8, dtype=torch.float64).unbind(0)
-        expected, _ = reference_attention(q, key, v, mask=cat_mask(k, c, sep))
+        expected = masked_attention(q, key, v, k, c, sep)
         for strategy in ("merge", "copy", "split", "auto"):
             got = per_chunk_attention(q, key, v, k, c, sep, strategy=strategy)
             assert torch.allclose(got, expected, atol=1e-12), (k, c, sep, strategy)
@@ -111,16 +107,12 @@ def test_per_chunk_strategies_agree_with_the_masked_reference():
 def test_per_chunk_strategies_give_the_reference_gradients(strategy, k, c, sep):
     """Backward too: ``merge`` writes its own (two flash backwards given the joined output
     and log-sum-exp); inputs laid out (B, S, H, hd) in memory, as the projection gives."""
-    from blockmem_lite.masks import cat_mask
-    from blockmem_lite.models.cat import per_chunk_attention
-    from blockmem_lite.nn import reference_attention
-
     gen = torch.Generator().manual_seed(k * 10 + c)
     s = n_slots(k, c, sep)
     q, key, v = (torch.randn(2, s, 3, 8, generator=gen, dtype=torch.float64).transpose(1, 2)
                  .requires_grad_() for _ in range(3))
     weights = torch.randn(2, 3, s, 8, generator=gen, dtype=torch.float64)
-    expected, _ = reference_attention(q, key, v, mask=cat_mask(k, c, sep))
+    expected = masked_attention(q, key, v, k, c, sep)
     want = torch.autograd.grad((expected * weights).sum(), (q, key, v))
     got = per_chunk_attention(q, key, v, k, c, sep, strategy=strategy)
     assert torch.allclose(got, expected, atol=1e-12)
@@ -129,32 +121,28 @@ def test_per_chunk_strategies_give_the_reference_gradients(strategy, k, c, sep):
 
 
 def test_auto_strategy_merges_on_the_cpu_and_falls_back_elsewhere(monkeypatch):
-    from blockmem_lite.models import cat
+    from blockmem_lite.ops import cat_attention
 
     picked = []
-    monkeypatch.setattr(cat._MergedAttention, "apply",
+    monkeypatch.setattr(cat_attention._MergedAttention, "apply",
                         lambda *a: picked.append("merge") or a[0])
     q = torch.randn(1, 1, n_slots(2, 4), 4)
-    cat.per_chunk_attention(q, q, q, 2, 4)
+    cat_attention.per_chunk_attention(q, q, q, 2, 4)
     assert picked == ["merge"]
-    monkeypatch.setattr(cat, "merge_available", lambda t: False)
-    cat.per_chunk_attention(q, q, q, 2, 4)                  # copy / split, no merge
+    monkeypatch.setattr(cat_attention, "merge_available", lambda t: False)
+    cat_attention.per_chunk_attention(q, q, q, 2, 4)        # copy / split, no merge
     assert picked == ["merge"]
     with pytest.raises(ValueError, match="strategy='merge' is not allowed"):
-        cat.per_chunk_attention(q, q, q, 2, 4, strategy="merge")
+        cat_attention.per_chunk_attention(q, q, q, 2, 4, strategy="merge")
 
 
 def test_merge_strategy_runs_in_bfloat16_close_to_the_fp64_reference():
     """Under bf16 (autocast's dtype) the CPU flash kernel returns fp32 log-sum-exps next to
     a bf16 output; the join casts the share, and forward and backward stay near fp64."""
-    from blockmem_lite.masks import cat_mask
-    from blockmem_lite.models.cat import per_chunk_attention
-    from blockmem_lite.nn import reference_attention
-
     k, c = 9, 4
     s = n_slots(k, c)
     exact = torch.randn(3, 2, 3, s, 16, dtype=torch.float64)
-    expected, _ = reference_attention(*exact.unbind(0), mask=cat_mask(k, c))
+    expected = masked_attention(*exact.unbind(0), k, c)
     q, key, v = (t.to(torch.bfloat16).requires_grad_() for t in exact.unbind(0))
     got = per_chunk_attention(q, key, v, k, c, strategy="merge")
     assert got.dtype == torch.bfloat16

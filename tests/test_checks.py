@@ -403,8 +403,10 @@ def test_a_failed_check_renders_briefly_in_ipython():
 # --- check_own_work ----------------------------------------------------------------------------
 
 from blockmem_lite import lab as _lab  # noqa: E402
-from blockmem_lite.checks import check_own_work, check_plugged_in, swap_modules  # noqa: E402
+from blockmem_lite.checks import check_plugged_in, swap_modules  # noqa: E402
+from blockmem_lite.mechanisms import bcmt as _bcmt_mechanism  # noqa: E402
 from blockmem_lite.models import bcmt as _bcmt  # noqa: E402
+from blockmem_lite.own_work import check_own_work  # noqa: E402
 
 
 def _own_decay(n, alpha):
@@ -451,7 +453,7 @@ class _CallsTheShift(torch.nn.Module):
     (__import__("functools").partial(_bcmt.decay_weights, alpha=0.8), (_bcmt.decay_weights,),
      "decay_weights"),
     (memory_pays, (_lab.memory_pays,), "memory_pays"),
-    (_through_an_object, (_bcmt.state_bytes,), "state_bytes"),
+    (_through_an_object, (_bcmt_mechanism.state_bytes,), "state_bytes"),
     (_Subclassed, (_bcmt.BCMTLayer,), "BCMTLayer"),
     (_CallsTheShift, (_bcmt.BCMTLayer, _bcmt.shift_one_block), "shift_one_block"),
 ], ids=["direct", "helper", "lambda", "itself", "partial", "same name", "object attribute",

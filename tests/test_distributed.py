@@ -29,8 +29,8 @@ import pytest
 import torch
 
 from blockmem_lite import build_model, distributed
-from blockmem_lite.cli import reproduce_main, train_main
-from blockmem_lite.train import _BatchStream
+from blockmem_lite.tools.cli import reproduce_main, train_main
+from blockmem_lite.train.data import BatchStream
 
 ROOT = Path(__file__).resolve().parent.parent
 CURVE_TOL = dict(rtol=1e-5, atol=1e-5)
@@ -67,8 +67,8 @@ def _max_diff(a: dict, b: dict, key: str = "loss") -> float:
 
 def test_the_shards_of_a_global_batch_are_the_single_process_batch_in_order():
     data = [(torch.tensor([i]), torch.tensor([i])) for i in range(40)]
-    whole = _BatchStream(data, 8, seed=3)
-    halves = [_BatchStream(data, 8, seed=3, shard=(r, 2)) for r in range(2)]
+    whole = BatchStream(data, 8, seed=3)
+    halves = [BatchStream(data, 8, seed=3, shard=(r, 2)) for r in range(2)]
     for _ in range(7):                                       # across an epoch boundary (5/epoch)
         x, _ = whole.next_batch()
         parts = [h.next_batch()[0] for h in halves]
@@ -253,7 +253,7 @@ def test_masked_targets_train_the_single_process_curve(tmp_path, monkeypatch):
     # teeth: the halves of the first batch differ in targets, and the plain mean of the
     # two halves' losses (DDP without the weighting) is outside the tolerance
     data, cfg = space["masked_data"](), space["CFG"]
-    halves = [_BatchStream(data, 8, seed=cfg.train.seed, shard=(r, 2)).next_batch()
+    halves = [BatchStream(data, 8, seed=cfg.train.seed, shard=(r, 2)).next_batch()
               for r in range(2)]
     counts = [int((y != -100).sum()) for _, y in halves]
     assert counts[0] != counts[1]

@@ -4,7 +4,7 @@ import importlib
 
 import pytest
 
-from blockmem_lite import envcheck
+from blockmem_lite.tools import envcheck
 
 
 def _without(monkeypatch, *missing: str) -> None:

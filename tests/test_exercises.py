@@ -7,8 +7,8 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
-from blockmem_lite import exercises
-from blockmem_lite.exercises import (
+from blockmem_lite.tools import exercises
+from blockmem_lite.tools.exercises import (
     ExerciseError,
     build,
     drift,

@@ -1,9 +1,11 @@
 """Every figure builder renders headless; the dashboards' three rows and the compare mode.
 
-``CASES`` calls each public builder of ``viz.figures`` and ``viz.lab_figures`` with small
-valid inputs; each figure goes through plotly's JSON export (validated), and two through
-a static PNG export when kaleido and a browser are there. A builder added to either
-module without a case here fails ``test_every_public_builder_has_a_render_case``.
+``CASES`` calls each public builder of the ``viz`` figure modules (mechanisms, training,
+bench, charts) and of ``lab.figures`` with small valid inputs; each figure goes through
+plotly's JSON export (validated), and two through a static PNG export when kaleido and a
+browser are there. A builder added to any of these modules without a case here fails
+``test_every_public_builder_has_a_render_case``; one the ``viz`` facade does not export
+fails ``test_the_facade_exports_every_viz_builder``.
 """
 
 import inspect
@@ -16,10 +18,12 @@ import torch
 
 go = pytest.importorskip("plotly.graph_objects")
 
+from blockmem_lite.lab import figures as lab_figures  # noqa: E402
 from blockmem_lite.masks import block_causal_mask, cat_mask, causal_mask  # noqa: E402
 from blockmem_lite.models.bcmt import decay_weights  # noqa: E402
-from blockmem_lite.viz import figures, lab_figures, live  # noqa: E402
-from blockmem_lite.viz.live import LiveComparison, LiveDashboard, live_comparison  # noqa: E402
+from blockmem_lite.viz import bench, charts, common, live, mechanisms, training  # noqa: E402
+from blockmem_lite.viz.comparison import LiveComparison, live_comparison  # noqa: E402
+from blockmem_lite.viz.live import LiveDashboard  # noqa: E402
 
 
 def shown(view):
@@ -28,7 +32,10 @@ def shown(view):
 
 # Public functions that are not figure builders (helpers, writers).
 NOT_BUILDERS = {
-    figures: {"color", "memory_method_label", "run_family", "update_training_panels"},
+    charts: set(),
+    mechanisms: set(),
+    training: {"run_family", "update_training_panels"},
+    bench: set(),
     lab_figures: {"pareto_front", "pareto_points", "training_histories", "write_plots",
                   "recall_monitor"},
 }
@@ -86,64 +93,70 @@ REDS = go.Heatmap(colorscale="Reds").colorscale
 
 # name -> (call, expected trace types in order, check(fig) or None)
 CASES = {
-    figures: {
-        "mask_heatmap": (lambda: figures.mask_heatmap(causal_mask(8), tokens=list("abcdefgh")),
+    mechanisms: {
+        "mask_heatmap": (lambda: mechanisms.mask_heatmap(causal_mask(8), tokens=list("abcdefgh")),
                          ["heatmap"], lambda f: (
                              f.data[0].colorbar.ticktext == ("blocked", "may attend")
                              and "blue = may attend" in f.layout.title.text)),
-        "mask_grid": (lambda: figures.mask_grid({"dense": causal_mask(8),
-                                                 "block 4": block_causal_mask(8, 4)}),
+        "mask_grid": (lambda: mechanisms.mask_grid({"dense": causal_mask(8),
+                                                    "block 4": block_causal_mask(8, 4)}),
                       ["heatmap", "heatmap"], lambda f: f.data[1].showscale
                       and not f.data[0].showscale),
-        "attention_heatmap": (lambda: figures.attention_heatmap(torch.rand(2, 4, 4),
-                                                                colorscale="Greens",
-                                                                colorbar_title="p"),
+        "attention_heatmap": (lambda: mechanisms.attention_heatmap(torch.rand(2, 4, 4),
+                                                                   colorscale="Greens",
+                                                                   colorbar_title="p"),
                               ["heatmap", "heatmap"], lambda f: all(
                                   d.colorscale == GREENS for d in f.data)
                               and f.data[1].colorbar.title.text == "p"),
-        "loss_curves": (lambda: figures.loss_curves({"dense": history(), "bcmt": history(6)}),
-                        ["scatter"] * 4, None),
-        "training_panels": (lambda: figures.training_panels(["a", "b"], single=False),
-                            ["scatter"] * 10, lambda f: all(len(d.x) == 0 for d in f.data)),
-        "training_summary": (lambda: figures.training_summary(history()), ["scatter"] * 5,
-                             lambda f: f.layout.yaxis3.title.text == "MiB (RSS)"),
-        "training_comparison": (lambda: figures.training_comparison(
-            {"a": history(), "b": history(base=2.5)}), ["scatter"] * 10, None),
-        "throughput_vs_length": (lambda: figures.throughput_vs_length(bench_records()),
-                                 ["scatter"] * 4, None),
-        "memory_vs_length": (lambda: figures.memory_vs_length(bench_records(), phase="train"),
-                             ["scatter"] * 2, None),
-        "bar_compare": (lambda: figures.bar_compare({"dense": 1.0, "bcmt": 1.5}, reference=1.0),
-                        ["bar"], None),
-        "line_chart": (lambda: figures.line_chart({"a": ([1, 2], [3, 4])}), ["scatter"], None),
-        "line_panels": (lambda: figures.line_panels({"A": {"a": ([1, 2], [3, 4])},
-                                                     "B": {"a": ([1, 2], [5, 6])}}),
-                        ["scatter"] * 2, None),
-        "grouped_bars": (lambda: figures.grouped_bars({"x": {"a": 1.0}, "y": {"a": 2.0}}),
-                         ["bar"] * 2, None),
-        "scatter_points": (lambda: figures.scatter_points({"a": (1.0, 2.0)}), ["scatter"], None),
-        "heatmap": (lambda: figures.heatmap(torch.rand(3, 4), colorscale="Reds",
-                                            colorbar_title="v"),
-                    ["heatmap"], lambda f: f.data[0].colorscale == REDS
-                    and f.data[0].colorbar.title.text == "v"),
-        "decay_heatmap": (lambda: figures.decay_heatmap({a: decay(6, a) for a in (0.5, 1.0)}),
+        "decay_heatmap": (lambda: mechanisms.decay_heatmap({a: decay(6, a) for a in (0.5, 1.0)}),
                           ["heatmap", "scatter", "heatmap", "scatter"],
                           lambda f: f.layout.coloraxis.colorscale
                           == go.layout.Coloraxis(colorscale="Viridis").colorscale),
-        "summary_weights_heatmap": (lambda: figures.summary_weights_heatmap(
+        "summary_weights_heatmap": (lambda: mechanisms.summary_weights_heatmap(
             torch.softmax(torch.randn(3, 4), -1)), ["heatmap"], None),
-        "gate_histogram": (lambda: figures.gate_histogram({"l0": torch.rand(10)}),
+        "gate_histogram": (lambda: mechanisms.gate_histogram({"l0": torch.rand(10)}),
                            ["histogram"], None),
-        "memory_matrices": (lambda: figures.memory_matrices({"a": torch.randn(4, 3)}),
+        "memory_matrices": (lambda: mechanisms.memory_matrices({"a": torch.randn(4, 3)}),
                             ["heatmap"], None),
-        "routing_heatmap": (lambda: figures.routing_heatmap(torch.rand(3, 4),
-                                                            torch.full((4,), 0.25)),
+        "routing_heatmap": (lambda: mechanisms.routing_heatmap(torch.rand(3, 4),
+                                                               torch.full((4,), 0.25)),
                             ["heatmap", "bar"], None),
-        "routing_decisions": (lambda: figures.routing_decisions(
+        "routing_decisions": (lambda: mechanisms.routing_decisions(
             torch.tensor([[[0, 1], [0, 2]]]), torch.tensor([[[0.5, 0.5], [0.4, 0.6]]]), 3),
             ["heatmap"], None),
-        "chapter_weights_bar": (lambda: figures.chapter_weights_bar([0, 2], [0.4, 0.6]),
+        "chapter_weights_bar": (lambda: mechanisms.chapter_weights_bar([0, 2], [0.4, 0.6]),
                                 ["bar"], None),
+    },
+    training: {
+        "loss_curves": (lambda: training.loss_curves({"dense": history(), "bcmt": history(6)}),
+                        ["scatter"] * 4, None),
+        "training_panels": (lambda: training.training_panels(["a", "b"], single=False),
+                            ["scatter"] * 10, lambda f: all(len(d.x) == 0 for d in f.data)),
+        "training_summary": (lambda: training.training_summary(history()), ["scatter"] * 5,
+                             lambda f: f.layout.yaxis3.title.text == "MiB (RSS)"),
+        "training_comparison": (lambda: training.training_comparison(
+            {"a": history(), "b": history(base=2.5)}), ["scatter"] * 10, None),
+    },
+    bench: {
+        "throughput_vs_length": (lambda: bench.throughput_vs_length(bench_records()),
+                                 ["scatter"] * 4, None),
+        "memory_vs_length": (lambda: bench.memory_vs_length(bench_records(), phase="train"),
+                             ["scatter"] * 2, None),
+    },
+    charts: {
+        "bar_compare": (lambda: charts.bar_compare({"dense": 1.0, "bcmt": 1.5}, reference=1.0),
+                        ["bar"], None),
+        "line_chart": (lambda: charts.line_chart({"a": ([1, 2], [3, 4])}), ["scatter"], None),
+        "line_panels": (lambda: charts.line_panels({"A": {"a": ([1, 2], [3, 4])},
+                                                    "B": {"a": ([1, 2], [5, 6])}}),
+                        ["scatter"] * 2, None),
+        "grouped_bars": (lambda: charts.grouped_bars({"x": {"a": 1.0}, "y": {"a": 2.0}}),
+                         ["bar"] * 2, None),
+        "scatter_points": (lambda: charts.scatter_points({"a": (1.0, 2.0)}), ["scatter"], None),
+        "heatmap": (lambda: charts.heatmap(torch.rand(3, 4), colorscale="Reds",
+                                           colorbar_title="v"),
+                    ["heatmap"], lambda f: f.data[0].colorscale == REDS
+                    and f.data[0].colorbar.title.text == "v"),
     },
     lab_figures: {
         "pareto": (lambda: lab_figures.pareto(lab_results()), ["scatter"] * 3, None),
@@ -178,11 +191,21 @@ def public_builders(module) -> set:
     return names - NOT_BUILDERS[module]
 
 
-@pytest.mark.parametrize("module", [figures, lab_figures], ids=lambda m: m.__name__)
+@pytest.mark.parametrize("module", list(CASES), ids=lambda m: m.__name__)
 def test_every_public_builder_has_a_render_case(module):
     assert public_builders(module) == set(CASES[module]), (
         "a public builder needs a render case in CASES (or, if it draws nothing, a place in "
         "NOT_BUILDERS)")
+
+
+def test_the_facade_exports_every_viz_builder():
+    import blockmem_lite.viz as viz
+
+    for module in (mechanisms, training, bench, charts, common):
+        names = {n for n, f in inspect.getmembers(module, inspect.isfunction)
+                 if f.__module__ == module.__name__ and not n.startswith("_")}
+        assert names <= set(viz.__all__), f"{module.__name__}: {names - set(viz.__all__)}"
+        assert all(getattr(viz, n) is getattr(module, n) for n in names)
 
 
 ALL_CASES = [(m, name) for m in CASES for name in CASES[m]]
@@ -211,7 +234,7 @@ def _png(fig, tmp_path):
 
 @pytest.mark.parametrize("name", ["mask_heatmap", "decay_heatmap"])
 def test_two_builders_render_to_png_when_kaleido_works(name, tmp_path):
-    png = _png(CASES[figures][name][0](), tmp_path)
+    png = _png(CASES[mechanisms][name][0](), tmp_path)
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
 
 
@@ -219,47 +242,47 @@ def test_two_builders_render_to_png_when_kaleido_works(name, tmp_path):
 
 
 def test_the_callers_colorscale_wins_even_when_set_afterwards():
-    fig = figures.attention_heatmap(cat_mask(3, 4).double(), title="(blue = may attend)")
+    fig = mechanisms.attention_heatmap(cat_mask(3, 4).double(), title="(blue = may attend)")
     fig.update_traces(colorscale=[[0, "#eeeeee"], [1, "#3b6fb6"]], showscale=False)
     assert fig.data[0].colorscale == ((0, "#eeeeee"), (1, "#3b6fb6"))
     assert fig.layout.coloraxis.colorscale is None          # nothing at layout level overrides
 
 
 def test_a_boolean_mask_is_two_colours_with_a_legend_matching_the_title():
-    fig = figures.attention_heatmap(cat_mask(3, 4), tokens=[f"t{i}" for i in range(16)])
+    fig = mechanisms.attention_heatmap(cat_mask(3, 4), tokens=[f"t{i}" for i in range(16)])
     trace = fig.data[0]
     scale = [c for _, c in trace.colorscale]
-    assert scale == [figures.BLOCKED_COLOR] * 2 + [figures.ALLOWED_COLOR] * 2   # no blend
+    assert scale == [common.BLOCKED_COLOR] * 2 + [common.ALLOWED_COLOR] * 2   # no blend
     assert trace.colorbar.ticktext == ("blocked", "may attend") and trace.showscale
     assert "blue = may attend, grey = blocked" in fig.layout.title.text
-    own = figures.mask_heatmap(causal_mask(4), colors=("#ffffff", "#000000"),
+    own = mechanisms.mask_heatmap(causal_mask(4), colors=("#ffffff", "#000000"),
                                labels=("hidden", "seen"))
     assert own.data[0].colorbar.ticktext == ("hidden", "seen")
     assert "blue" not in own.layout.title.text               # no colour names it cannot know
     with pytest.raises(ValueError, match="colors="):
-        figures.mask_heatmap(causal_mask(4), colors=("#fff",))
+        mechanisms.mask_heatmap(causal_mask(4), colors=("#fff",))
 
 
 def test_heatmaps_grow_with_their_rows_and_thin_their_labels():
-    small = figures.attention_heatmap(torch.rand(16, 16), tokens=list("abcdefghijklmnop"))
-    rows_px = small.layout.height - figures.MARGIN_TOP - figures.MARGIN_BOTTOM
-    assert rows_px / 16 >= figures.CELL_PX                   # 16 rows, 18 px each at least
+    small = mechanisms.attention_heatmap(torch.rand(16, 16), tokens=list("abcdefghijklmnop"))
+    rows_px = small.layout.height - common.MARGIN_TOP - common.MARGIN_BOTTOM
+    assert rows_px / 16 >= common.CELL_PX                   # 16 rows, 18 px each at least
     assert len(small.layout.yaxis.ticktext) == 16            # every label fits
     tokens = [f"tok{i}" for i in range(200)]
-    big = figures.attention_heatmap(torch.rand(200, 200), tokens=tokens)
-    assert big.layout.height <= figures.PANEL_MAX_PX + figures.MARGIN_TOP + figures.MARGIN_BOTTOM
+    big = mechanisms.attention_heatmap(torch.rand(200, 200), tokens=tokens)
+    assert big.layout.height <= common.PANEL_MAX_PX + common.MARGIN_TOP + common.MARGIN_BOTTOM
     shown_y = big.layout.yaxis.ticktext
-    assert len(shown_y) < 200 and figures.PANEL_MAX_PX / len(shown_y) >= figures.LABEL_PX
+    assert len(shown_y) < 200 and common.PANEL_MAX_PX / len(shown_y) >= common.LABEL_PX
     shown_x = big.layout.xaxis.ticktext
-    assert figures.PLOT_WIDTH_PX / len(shown_x) >= 6 * figures.CHAR_PX   # 'tok199' fits
-    heads = figures.attention_heatmap(torch.rand(8, 16, 16))
-    assert heads.layout.height >= 2 * 16 * figures.CELL_PX   # two rows of panels
-    routing = figures.heatmap(np.zeros((40, 3)), y=[f"seq {i}" for i in range(40)])
-    assert routing.layout.height >= 40 * figures.CELL_PX
+    assert common.PLOT_WIDTH_PX / len(shown_x) >= 6 * common.CHAR_PX   # 'tok199' fits
+    heads = mechanisms.attention_heatmap(torch.rand(8, 16, 16))
+    assert heads.layout.height >= 2 * 16 * common.CELL_PX   # two rows of panels
+    routing = charts.heatmap(np.zeros((40, 3)), y=[f"seq {i}" for i in range(40)])
+    assert routing.layout.height >= 40 * common.CELL_PX
 
 
 def test_heatmap_of_booleans_is_two_coloured():
-    fig = figures.heatmap(np.eye(3, dtype=bool), labels=("off", "on"))
+    fig = charts.heatmap(np.eye(3, dtype=bool), labels=("off", "on"))
     assert fig.data[0].colorbar.ticktext == ("off", "on") and fig.data[0].zmax == 1
 
 
@@ -270,7 +293,7 @@ FIVE = ["dense", "bcmt L=8", "bcmt L=16", "bcmt L=32", "honly"]
 
 
 def test_many_runs_are_faceted_by_family_and_the_legend_shows_every_run():
-    fig = figures.loss_curves({n: history(base=3.0 - 0.1 * i) for i, n in enumerate(FIVE)})
+    fig = training.loss_curves({n: history(base=3.0 - 0.1 * i) for i, n in enumerate(FIVE)})
     assert [a.text for a in fig.layout.annotations] == ["dense", "bcmt", "honly"]
     legend = [d.name for d in fig.data if d.showlegend is not False]
     assert legend == FIVE                                    # one entry per run, HOnly too
@@ -286,17 +309,17 @@ def test_many_runs_are_faceted_by_family_and_the_legend_shows_every_run():
 
 def test_loss_curves_facet_choices():
     hs = {n: history() for n in FIVE}
-    assert len(figures.loss_curves(hs, facet=None).layout.annotations) == 0
-    two = figures.loss_curves(hs, facet={n: "memory" if "bcmt" in n else "none" for n in FIVE},
+    assert len(training.loss_curves(hs, facet=None).layout.annotations) == 0
+    two = training.loss_curves(hs, facet={n: "memory" if "bcmt" in n else "none" for n in FIVE},
                               reference=None)
     assert [a.text for a in two.layout.annotations] == ["none", "memory"]
     assert not [d for d in two.data if "reference" in d.name]
-    assert figures.run_family("MoC, frozen bank") == "MoC"
-    assert figures.run_family("dense (iso-FLOP)") == "dense"
+    assert training.run_family("MoC, frozen bank") == "MoC"
+    assert training.run_family("dense (iso-FLOP)") == "dense"
     with pytest.raises(ValueError, match="facet is not allowed"):
-        figures.loss_curves(hs, facet={"dense": "a"})
+        training.loss_curves(hs, facet={"dense": "a"})
     with pytest.raises(ValueError, match="reference='gpt'"):
-        figures.loss_curves(hs, facet="family", reference="gpt")
+        training.loss_curves(hs, facet="family", reference="gpt")
 
 
 # ----------------------------------------------------------------------------- dashboards
@@ -464,6 +487,6 @@ def test_a_new_builder_without_a_render_case_is_caught(monkeypatch):
     def new_plot():
         return go.Figure()
 
-    new_plot.__module__ = figures.__name__
-    monkeypatch.setattr(figures, "new_plot", new_plot, raising=False)
-    assert public_builders(figures) - set(CASES[figures]) == {"new_plot"}
+    new_plot.__module__ = charts.__name__
+    monkeypatch.setattr(charts, "new_plot", new_plot, raising=False)
+    assert public_builders(charts) - set(CASES[charts]) == {"new_plot"}

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from blockmem_lite import bench, gpucheck, registry
+from blockmem_lite import bench, registry
 from blockmem_lite.__main__ import COMMANDS
+from blockmem_lite.tools import gpucheck
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILT_IN = {"armt", "bcmt", "cat", "dense", "honly", "moc"}
@@ -49,7 +50,7 @@ def tiny_run(tmp_path_factory):
 
 
 def test_the_command_is_registered():
-    assert COMMANDS["gpucheck"][:2] == ("blockmem_lite.gpucheck", "main")
+    assert COMMANDS["gpucheck"][:2] == ("blockmem_lite.tools.gpucheck", "main")
 
 
 def test_tiny_in_process_has_every_arch_and_every_step_ok(tiny_run, capsys):

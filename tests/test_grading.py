@@ -9,9 +9,9 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
-from blockmem_lite import exercises, grading
 from blockmem_lite.__main__ import main as cli_main
-from blockmem_lite.exercises import (
+from blockmem_lite.tools import exercises, grading
+from blockmem_lite.tools.exercises import (
     add_nbgrader_metadata,
     drift,
     make_exercise,

@@ -6,9 +6,10 @@ import json
 import pytest
 import torch
 
-from blockmem_lite import knowledge, lab, lab_report, metrics
+from blockmem_lite import knowledge, lab, metrics
 from blockmem_lite.config import preset
 from blockmem_lite.corpora import load_corpus
+from blockmem_lite.lab import run as lab_run
 from blockmem_lite.models.base import ModelOutput
 
 TINY = knowledge.FACTS_SIZES["tiny"]
@@ -76,10 +77,10 @@ def test_the_lab_pretrains_moc_and_its_baseline_on_facts_and_reports_them(tmp_pa
     assert baseline["baseline_of"] == "moc" and baseline["counts"][0]["n_facts"] == 8
     row, = results["knowledge"]
     assert row["entry"] == "moc" and row["baseline"] == "dense iso-FLOP (moc)"
-    assert "Knowledge in the weights" in lab_report.report_markdown(results)
+    assert "Knowledge in the weights" in lab.report_markdown(results)
     stored = json.loads((tmp_path / lab.RESULTS_NAME).read_text())
     assert "facts:moc/2" in stored["parts"]
-    monkeypatch.setattr(lab, "build_model", lambda cfg: pytest.fail("retrained"))
+    monkeypatch.setattr(lab_run, "build_model", lambda cfg: pytest.fail("retrained"))
     again = lab.Lab("tiny", tmp_path, archs=["moc"], corpus=load_corpus("offline"),
                     progress=False).run()
     assert again["knowledge"] == results["knowledge"]

@@ -6,9 +6,10 @@ import json
 
 import pytest
 
-from blockmem_lite import lab, lab_report, registry
-from blockmem_lite.cli import reproduce_main
+from blockmem_lite import lab, registry
 from blockmem_lite.corpora import load_corpus
+from blockmem_lite.lab import run as lab_run
+from blockmem_lite.tools.cli import reproduce_main
 
 DETERMINISTIC_DROP = ("seconds",)          # wall-clock fields differ between runs
 
@@ -82,7 +83,7 @@ def test_the_report_and_the_plots_are_written(fast_run):
     for heading in ("Language modelling", "Speed and memory vs dense", "When does memory pay",
                     "The papers' claims at kit scale"):
         assert heading in report
-    assert all((out / "plots" / f"{name}.html").is_file() for name in lab_report.PLOTS)
+    assert all((out / "plots" / f"{name}.html").is_file() for name in lab.PLOTS)
     assert report.count("| bcmt |") >= 1
 
 
@@ -92,11 +93,11 @@ def test_a_verdict_follows_the_claim(fast_run):
     claim = next(c for c in registry.get("bcmt").claims if c.key == "bcmt.honly_worse")
     faked = json.loads(json.dumps(results))
     faked["done"]["lm/honly"]["val_loss"][""] = faked["done"]["lm/bcmt"]["val_loss"][""] + 0.1
-    assert lab._claim_row("bcmt", claim, faked)["verdict"] == "reproduced"
+    assert lab.claim_row("bcmt", claim, faked)["verdict"] == "reproduced"
     faked["done"]["lm/honly"]["val_loss"][""] = faked["done"]["lm/bcmt"]["val_loss"][""] - 0.1
-    assert lab._claim_row("bcmt", claim, faked)["verdict"] == "not reproduced"
+    assert lab.claim_row("bcmt", claim, faked)["verdict"] == "not reproduced"
     del faked["done"]["lm/honly"]
-    assert lab._claim_row("bcmt", claim, faked)["verdict"] == "not comparable"
+    assert lab.claim_row("bcmt", claim, faked)["verdict"] == "not comparable"
 
 
 def _deterministic(results: dict) -> dict:
@@ -164,8 +165,8 @@ def test_a_recall_task_stopped_between_its_models_keeps_the_trained_ones(tmp_pat
     stored = json.loads((tmp_path / lab.RESULTS_NAME).read_text())
     assert "bcmt/model/0" in stored["parts"] and "recall/bcmt" not in stored["done"]
     built = []
-    real_build = lab.build_model
-    monkeypatch.setattr(lab, "build_model", lambda cfg: built.append(getattr(cfg, "memory", 0))
+    real_build = lab_run.build_model
+    monkeypatch.setattr(lab_run, "build_model", lambda cfg: built.append(getattr(cfg, "memory", 0))
                         or real_build(cfg))
     monkeypatch.setattr(lab.Lab, "_recall_part", real)
     results = lab.Lab("tiny", tmp_path, archs=["bcmt"], corpus=corpus, progress=False).run()

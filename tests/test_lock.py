@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from blockmem_lite import envcheck
+from blockmem_lite.tools import envcheck
 
 tomllib = pytest.importorskip("tomllib")
 requirements = pytest.importorskip("packaging.requirements")

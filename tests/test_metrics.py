@@ -14,7 +14,7 @@ from blockmem_lite.flops import (
     lm_head_flops,
     training_flops_per_token,
 )
-from blockmem_lite.models import armt, bcmt, cat, moc
+from blockmem_lite.mechanisms import armt, bcmt, cat, moc
 
 D = 256  # PERFORMANCE.md quotes its ceilings at d = 256, backbone only
 

@@ -151,6 +151,26 @@ def test_both_key_value_paths_agree_and_keep_the_gradient_sparse(strategy):
     assert [c for c in range(10) if per_chapter[c] > 0] == [0, 2, 3, 7]
 
 
+def test_both_key_value_paths_have_equal_gradients():
+    """Project-then-gather is gather-then-project reordered: equal gradients for the bank, the
+    chapter weights and W_K|W_V, not only equal K and V."""
+    torch.manual_seed(2)
+    read = MemoryRead(16, 2, chapter_len=4, norm_eps=1e-5).double()
+    bank = torch.randn(10 * 4, 16, dtype=torch.float64)
+    ids = torch.tensor([[0, 3, 7], [0, 7, 2], [0, 3, 3]])
+    weights = torch.rand(3, 3, dtype=torch.float64)
+    dk, dv = torch.randn(2, 3, 2, 12, 8, dtype=torch.float64)      # cotangents of K and V
+    grads = {}
+    for strategy in ("gather", "project"):
+        read.zero_grad()
+        b, w = bank.clone().requires_grad_(), weights.clone().requires_grad_()
+        k, v = read.keys_values(b, ids, w, strategy)
+        ((k * dk).sum() + (v * dv).sum()).backward()
+        grads[strategy] = (b.grad, w.grad, read.kv.weight.grad.clone())
+    for got, want in zip(grads["project"], grads["gather"], strict=True):
+        assert torch.allclose(got, want, atol=1e-12)
+
+
 def test_auto_strategy_projects_the_bank_when_the_batch_gathers_more_rows():
     read = MemoryRead(16, 2, chapter_len=4, norm_eps=1e-5)
     bank = torch.randn(3 * 4, 16)

@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from blockmem_lite import ModelConfig, bench, metrics
-from blockmem_lite.cli import bench_main, bench_parser
-from blockmem_lite.models import moc
+from blockmem_lite.mechanisms import moc
+from blockmem_lite.models.moc import MemoryRead
+from blockmem_lite.tools.cli import bench_main, bench_parser
 
 TINY = dict(d_model=16, n_layer=1, n_head=2, batch=1, threads=1, warmup=1, repeats=1,
             decode_burst=2, memory=("none",), progress=False)
@@ -69,7 +70,7 @@ def test_read_table_and_cli(tmp_path, capsys):
 
 
 def test_read_workloads_compute_the_reads_they_time():
-    read = moc.MemoryRead(16, 2, moc.BENCH_CHAPTER_LEN, 1e-5)
+    read = MemoryRead(16, 2, moc.BENCH_CHAPTER_LEN, 1e-5)
     bank, queries = torch.randn(64, 16), torch.randn(1, 16, 16)
     full, routed = moc.read_workloads(read, bank, queries, [2], 8, torch.Generator())
     assert full().shape == routed()[0].shape == (1, 16, 16)

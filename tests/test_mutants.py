@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pytest
 
-from blockmem_lite.exercises import (
+from blockmem_lite.tools.exercises import (
     BEGIN,
     END,
     check_cell_indices,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from blockmem_lite.exercises import notebooks_dir
+from blockmem_lite.tools.exercises import notebooks_dir
 
 NAME = re.compile(r"^\d{2}_[a-z0-9]+(_[a-z0-9]+)*\.ipynb$")
 ROOT = notebooks_dir()

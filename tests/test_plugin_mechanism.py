@@ -33,10 +33,10 @@ from blockmem_lite import (
 )
 from blockmem_lite.bench import run_bench
 from blockmem_lite.checks import CheckFailed, check_causal
-from blockmem_lite.cli import bench_main, train_main
 from blockmem_lite.flops import dense_decode_layer_flops, layer_matmul_flops, lm_head_flops
 from blockmem_lite.models.dense import DenseLM
 from blockmem_lite.nn import Block
+from blockmem_lite.tools.cli import bench_main, train_main
 from blockmem_lite.validation import check_int, fail, parse_int_list
 
 HERE = str(Path(__file__).resolve())

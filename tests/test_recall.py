@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 import torch
 
-from blockmem_lite import lab, lab_report, recall, registry, tasks
+from blockmem_lite import lab, recall, registry, tasks
 from blockmem_lite.config import preset
 from blockmem_lite.models.base import build_model
 from blockmem_lite.runtime import seed_everything
@@ -134,7 +134,7 @@ def test_the_cat_twin_still_reads_its_own_chunk():
 
 
 def test_the_live_monitor_draws_beyond_span_accuracy_against_the_step(tmp_path, capsys):
-    from blockmem_lite.viz import lab_figures
+    from blockmem_lite.lab import figures as lab_figures
 
     shown = []
     run = lab.Lab("tiny", tmp_path, archs=["dense"], progress=False,
@@ -215,7 +215,7 @@ def test_memory_pays_only_beyond_the_noise_and_says_whether_the_twin_was_blind()
     assert not row["pays"]
     row, = lab.memory_pays(_results(0.95, 0.04, blind=0.3))         # a twin that sees
     assert not row["twin_blind"]
-    report = lab_report.report_markdown({"meta": {"preset": "x", "machine": "m", "device": "cpu",
+    report = lab.report_markdown({"meta": {"preset": "x", "machine": "m", "device": "cpu",
                                            "torch": "t", "corpus": "c", "corpus_source": "s",
                                            "sizes": {"steps": 1}, "seed": 0},
                                   "done": {}, "memory_pays": [row]})

@@ -1,12 +1,13 @@
-"""Memory-size sweeps (``recall_sweep``): the configs each value trains, the store a stopped
+"""Memory-size sweeps (``lab.recall_sweep``): the configs each value trains, the store a stopped
 sweep resumes from, the slot model beside each point, the command line and its figure."""
 
 import json
 
 import pytest
 
-from blockmem_lite import recall, recall_sweep
-from blockmem_lite.viz import lab_figures
+from blockmem_lite import recall
+from blockmem_lite.lab import figures as lab_figures
+from blockmem_lite.lab import recall_sweep
 
 CLASS = recall.RECALL_SIZES["class"]
 

@@ -12,7 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from blockmem_lite import build_model, preset
-from blockmem_lite.models import armt, bcmt, cat, moc
+from blockmem_lite.models import armt, armt_reference, bcmt, cat, moc
+from blockmem_lite.ops import armt_memory
 
 TOL = 1e-10
 LENGTHS = (32, 29, 5)      # whole blocks, a ragged tail, less than one block / segment / chunk
@@ -103,14 +104,14 @@ def _armt(key_std=None, **kw):
                                 {"normalize_phi": False, "key_std": 0.5},
                                 {"correction": False}, {"memory_layers": (1,)}])
 def test_armt_reference_equals_fast_forward(kw, t):
-    assert _gap(_armt(**kw), armt.reference_forward, _tokens(t)) < TOL
+    assert _gap(_armt(**kw), armt_reference.reference_forward, _tokens(t)) < TOL
 
 
 def test_armt_reference_catches_gamma_without_the_correction(monkeypatch):
     model, x = _armt(), _tokens(29)
-    monkeypatch.setattr(armt, "_novelty_of", lambda seen, k_phi, eps, normalized: torch.ones_like(
-        seen))                                                 # z counts every key again
-    assert _gap(model, armt.reference_forward, x) > 1e-3
+    monkeypatch.setattr(armt_memory, "_novelty_of", lambda seen, k_phi, eps, normalized:
+                        torch.ones_like(seen))                 # z counts every key again
+    assert _gap(model, armt_reference.reference_forward, x) > 1e-3
 
 
 def test_armt_2024_mode_needs_the_eps_in_the_key_norm(monkeypatch):
@@ -119,10 +120,10 @@ def test_armt_2024_mode_needs_the_eps_in_the_key_norm(monkeypatch):
     Raw DPFP keys of W_K ~ N(0, 0.5) have |k|^2 near eps, where the two forms part.
     """
     model, x = _armt(key_std=0.5, normalize_phi=False), _tokens(29)
-    original = armt._novelty_of                                # the fast path's gamma
-    monkeypatch.setattr(armt, "_novelty_of", lambda seen, k_phi, eps, normalized: original(
-        seen, k_phi, eps, normalized=True))
-    assert _gap(model, armt.reference_forward, x) > 1e-6
+    original = armt_memory._novelty_of                         # the fast path's gamma
+    monkeypatch.setattr(armt_memory, "_novelty_of", lambda seen, k_phi, eps, normalized:
+                        original(seen, k_phi, eps, normalized=True))
+    assert _gap(model, armt_reference.reference_forward, x) > 1e-6
 
 
 def test_novelty_forms_match_a_hand_computation():

@@ -23,9 +23,10 @@ from torch.utils.data import TensorDataset
 
 from blockmem_lite import ModelConfig, TrainConfig, build_model, preset, registry
 from blockmem_lite import checkpoints as ck
-from blockmem_lite.cli import bench_main, train_main
 from blockmem_lite.corpora import load_corpus
-from blockmem_lite.train import CheckpointNotSaved, Trainer, _StopButton
+from blockmem_lite.tools.cli import bench_main, train_main
+from blockmem_lite.train import CheckpointNotSaved, Trainer
+from blockmem_lite.train.stopping import StopButton
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ["--preset", "tiny", "--steps", "6"]
@@ -103,7 +104,7 @@ def test_2_an_ignored_sighup_stays_ignored(tmp_path):
     """``nohup`` sets SIGHUP to ignored: training must not take it over (and stop on it)."""
     previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
     try:
-        with _StopButton():
+        with StopButton():
             assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
     finally:
         signal.signal(signal.SIGHUP, previous)
@@ -232,10 +233,10 @@ def test_7_the_cli_refuses_non_finite_settings_before_training(tmp_path, capsys,
 
 
 def test_7_a_non_finite_learning_rate_from_the_schedule_is_caught(tmp_path, monkeypatch):
-    import blockmem_lite.train as train_module
+    import blockmem_lite.train.loop as loop_module
 
     trainer = _trainer(tmp_path)
-    monkeypatch.setattr(train_module, "lr_at", lambda step, cfg, total: math.nan)
+    monkeypatch.setattr(loop_module, "lr_at", lambda step, cfg, total: math.nan)
     with pytest.raises(FloatingPointError, match="learning rate of step 1 is nan"):
         trainer.fit()
 
@@ -433,9 +434,9 @@ def test_20_a_model_too_large_is_refused_at_once_with_the_estimate(tmp_path, cap
 
 
 def test_20_the_limit_is_what_is_available(tmp_path, capsys, monkeypatch):
-    import blockmem_lite.train as train_module
+    import blockmem_lite.train.optim as optim_module
 
-    monkeypatch.setattr(train_module, "available_memory_bytes", lambda device: 10 * 2**20)
+    monkeypatch.setattr(optim_module, "available_memory_bytes", lambda device: 10 * 2**20)
     assert train_main([*TINY, "--set", "n_layer=64", "--out", str(tmp_path)]) == 2
     assert "and 10 MiB is available" in capsys.readouterr().err
 

@@ -9,8 +9,8 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
-from blockmem_lite import exercises
-from blockmem_lite.exercises import build, drift, read_notebook
+from blockmem_lite.tools import exercises
+from blockmem_lite.tools.exercises import build, drift, read_notebook
 
 SOLUTION = "x = 1\n### BEGIN SOLUTION\ny = x + 1\n### END SOLUTION\nprint(y)"
 

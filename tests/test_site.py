@@ -8,8 +8,8 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
-from blockmem_lite import site
-from blockmem_lite.exercises import notebooks_dir
+from blockmem_lite.tools import site
+from blockmem_lite.tools.exercises import notebooks_dir
 
 NOTEBOOKS = sorted(notebooks_dir().glob("[0-9][0-9]_*.ipynb"))
 

@@ -13,8 +13,8 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from blockmem_lite import build_model, preset
-from blockmem_lite.cli import train_main as main
 from blockmem_lite.runtime import pick_device
+from blockmem_lite.tools.cli import train_main as main
 from blockmem_lite.train import (
     EVAL_KEYS,
     STEP_KEYS,
@@ -486,13 +486,13 @@ def test_cli_trains_writes_outputs_and_resumes(tmp_path, capsys):
 def test_the_batch_order_follows_the_seed():
     """Each seed shuffles its own way, every epoch anew; the same seed, the same order.
     (A CPU Generator keeps 32 bits of its seed: a 64-bit (seed, epoch) lost the seed.)"""
-    from blockmem_lite.train import _BatchStream
+    from blockmem_lite.train.data import BatchStream
 
     data = TensorDataset(torch.arange(64)[:, None].repeat(1, 4),            # row i: all i
                          torch.zeros(64, 4, dtype=torch.long))
 
     def first_batch(seed, epoch=0):
-        stream = _BatchStream(data, 8, seed)
+        stream = BatchStream(data, 8, seed)
         stream.seek(epoch, 0)
         return stream.next_batch()[0][:, 0].tolist()
 

@@ -12,7 +12,8 @@ from blockmem_lite.units import format_progress
 
 go = pytest.importorskip("plotly.graph_objects")
 
-from blockmem_lite.viz import figures, live  # noqa: E402
+from blockmem_lite import viz  # noqa: E402
+from blockmem_lite.viz import liveview  # noqa: E402
 from blockmem_lite.viz.live import LiveDashboard, live_dashboard  # noqa: E402
 
 
@@ -52,7 +53,8 @@ def headless(monkeypatch):
 def test_importing_the_package_does_not_import_plotly_or_widgets():
     import subprocess
 
-    code = ("import sys, blockmem_lite, blockmem_lite.viz, blockmem_lite.viz.live; "
+    code = ("import sys, blockmem_lite, blockmem_lite.viz, blockmem_lite.viz.live, "
+            "blockmem_lite.viz.comparison, blockmem_lite.viz.monitor, blockmem_lite.viz.widgets; "
             "print(any(m in sys.modules for m in ('plotly', 'ipywidgets', 'IPython')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout.strip()
@@ -64,7 +66,7 @@ def test_importing_the_package_does_not_import_plotly_or_widgets():
 
 def test_mask_heatmap_keeps_orientation_queries_down_keys_across():
     mask = causal_mask(3, 5)                       # (Tq=3, Tk=5): last 3 queries of 5 keys
-    fig = figures.mask_heatmap(mask, title="cache")
+    fig = viz.mask_heatmap(mask, title="cache")
     assert isinstance(fig, go.Figure) and len(fig.data) == 1
     z = np.asarray(fig.data[0].z)
     assert z.shape == (3, 5)                       # rows are queries, columns keys
@@ -78,11 +80,11 @@ def test_mask_heatmap_keeps_orientation_queries_down_keys_across():
 
 def test_mask_heatmap_rejects_a_1d_mask():
     with pytest.raises(ValueError, match="mask"):
-        figures.mask_heatmap(torch.ones(4, dtype=torch.bool))
+        viz.mask_heatmap(torch.ones(4, dtype=torch.bool))
 
 
 def test_mask_grid_puts_masks_side_by_side():
-    fig = figures.mask_grid({"dense": causal_mask(16), "block 4": block_causal_mask(16, 4)})
+    fig = viz.mask_grid({"dense": causal_mask(16), "block 4": block_causal_mask(16, 4)})
     assert len(fig.data) == 2
     assert fig.data[0].xaxis == "x" and fig.data[1].xaxis == "x2"
     np.testing.assert_array_equal(np.asarray(fig.data[1].z), block_causal_mask(16, 4).int())
@@ -96,7 +98,7 @@ def test_mask_grid_puts_masks_side_by_side():
 
 def test_attention_heatmap_one_subplot_per_head_with_token_labels():
     weights = torch.softmax(torch.randn(3, 4, 4), dim=-1)   # (H, Tq, Tk)
-    fig = figures.attention_heatmap(weights, tokens=["a", " ", "\n", "b"])
+    fig = viz.attention_heatmap(weights, tokens=["a", " ", "\n", "b"])
     assert len(fig.data) == 3
     np.testing.assert_allclose(np.asarray(fig.data[2].z), weights[2].numpy(), rtol=1e-6)
     assert fig.layout.xaxis.ticktext == ("a", "␣", "⏎", "b")
@@ -105,26 +107,26 @@ def test_attention_heatmap_one_subplot_per_head_with_token_labels():
 
 def test_attention_heatmap_limits_heads_and_accepts_batches():
     weights = torch.rand(2, 6, 3, 5)                         # (B, H, Tq, Tk)
-    fig = figures.attention_heatmap(weights, max_heads=4, batch_index=1,
+    fig = viz.attention_heatmap(weights, max_heads=4, batch_index=1,
                                     tokens=list("abcde"))
     assert len(fig.data) == 4
     np.testing.assert_allclose(np.asarray(fig.data[0].z), weights[1, 0].numpy(), rtol=1e-6)
     assert "first 4 of 6 heads" in fig.layout.title.text
     assert fig.layout.yaxis.ticktext == ("c", "d", "e")      # queries: the last 3 keys
-    single = figures.attention_heatmap(torch.rand(4, 4))
+    single = viz.attention_heatmap(torch.rand(4, 4))
     assert len(single.data) == 1
 
 
 def test_attention_heatmap_rejects_wrong_token_count():
     with pytest.raises(ValueError, match="tokens"):
-        figures.attention_heatmap(torch.rand(4, 4), tokens=["a", "b"])
+        viz.attention_heatmap(torch.rand(4, 4), tokens=["a", "b"])
 
 
 # ----------------------------------------------------------------------------- training
 
 
 def test_loss_curves_train_line_and_val_markers_per_run():
-    fig = figures.loss_curves({"dense": history_dict(), "bcmt": history_dict(6)})
+    fig = viz.loss_curves({"dense": history_dict(), "bcmt": history_dict(6)})
     assert len(fig.data) == 4
     train, val = fig.data[0], fig.data[1]
     assert train.mode == "lines" and "markers" in val.mode
@@ -134,14 +136,14 @@ def test_loss_curves_train_line_and_val_markers_per_run():
 
 def test_loss_curves_x_in_time_and_tokens():
     h = history_dict()
-    by_time = figures.loss_curves({"r": h}, x="time")
+    by_time = viz.loss_curves({"r": h}, x="time")
     assert tuple(by_time.data[1].x) == (2.5, 5.0)           # val steps 5, 10 at 0.5 s/step
-    by_tokens = figures.loss_curves({"r": h}, x="tokens", tokens_per_step=100)
+    by_tokens = viz.loss_curves({"r": h}, x="tokens", tokens_per_step=100)
     assert tuple(by_tokens.data[0].x)[:2] == (100, 200)
     with pytest.raises(ValueError, match="tokens_per_step"):
-        figures.loss_curves({"r": h}, x="tokens")
+        viz.loss_curves({"r": h}, x="tokens")
     with pytest.raises(ValueError, match="x='epoch'"):
-        figures.loss_curves({"r": h}, x="epoch")
+        viz.loss_curves({"r": h}, x="epoch")
 
 
 def test_loss_curves_read_history_objects_by_attribute():
@@ -151,12 +153,12 @@ def test_loss_curves_read_history_objects_by_attribute():
     h = Hist()
     for key, value in history_dict().items():
         setattr(h, key, value)
-    fig = figures.loss_curves({"obj": h})
+    fig = viz.loss_curves({"obj": h})
     assert tuple(fig.data[0].y) == tuple(history_dict()["loss"])
 
 
 def test_training_summary_has_loss_throughput_and_memory_panels():
-    fig = figures.training_summary(history_dict(interrupted=True), title="run A")
+    fig = viz.training_summary(history_dict(interrupted=True), title="run A")
     assert len(fig.data) == 5                                # train, val, tokens/s, memory, peak
     assert (fig.data[0].name, fig.data[1].name) == ("train loss", "val loss")
     assert fig.data[0].line.color != fig.data[1].marker.color  # val stands out on the line
@@ -175,7 +177,7 @@ def test_training_summary_has_loss_throughput_and_memory_panels():
 def test_training_summary_memory_that_grows_is_not_a_flat_line():
     h = history_dict()
     h["memory_bytes"] = [(400 + s) * 2**20 for s in h["step"]]       # 401 .. 410 MiB
-    lo, hi = figures.training_summary(h).layout.yaxis3.range
+    lo, hi = viz.training_summary(h).layout.yaxis3.range
     assert lo > 390 and hi < 420                             # 9 MiB of growth fills the panel
 
 
@@ -195,39 +197,39 @@ def bench_records():
 
 
 def test_throughput_vs_length_one_line_per_arch_variant_and_phase():
-    fig = figures.throughput_vs_length(bench_records())
+    fig = viz.throughput_vs_length(bench_records())
     assert len(fig.data) == 4
     assert {d.name for d in fig.data} == {"dense · train", "dense · decode",
                                           "bcmt / L=64 · train", "bcmt / L=64 · decode"}
     assert tuple(fig.data[0].x) == (128, 256, 512)           # sorted by length
     assert fig.layout.xaxis.type == "log" and fig.layout.yaxis.type == "log"
-    one_phase = figures.throughput_vs_length(bench_records(), phase="train")
+    one_phase = viz.throughput_vs_length(bench_records(), phase="train")
     assert [d.name for d in one_phase.data] == ["dense", "bcmt / L=64"]
 
 
 def test_memory_vs_length_names_the_method_and_converts_to_mib():
-    fig = figures.memory_vs_length(bench_records(), phase="train")
+    fig = viz.memory_vs_length(bench_records(), phase="train")
     assert len(fig.data) == 2
     assert tuple(fig.data[0].y) == (128.0, 256.0, 512.0)
     assert fig.layout.yaxis.title.text == "peak memory (MiB, CUDA peak)"
-    state = figures.memory_vs_length(bench_records(), key="state_bytes", phase="decode")
+    state = viz.memory_vs_length(bench_records(), key="state_bytes", phase="decode")
     assert tuple(state.data[1].y) == pytest.approx((0.25, 0.5, 1.0))
     with pytest.raises(ValueError, match="phase='prefill'"):
-        figures.memory_vs_length(bench_records(), phase="prefill")
+        viz.memory_vs_length(bench_records(), phase="prefill")
     with pytest.raises(ValueError, match="key="):
-        figures.memory_vs_length(bench_records(), key="flops")
+        viz.memory_vs_length(bench_records(), key="flops")
 
 
 def test_memory_axis_titles_use_the_shared_method_labels():
-    assert figures.memory_method_label("saved_tensors") == "saved for backward"
-    assert figures.memory_method_label(None) == "unknown method"
+    assert viz.memory_method_label("saved_tensors") == "saved for backward"
+    assert viz.memory_method_label(None) == "unknown method"
     records = [{**r, "memory_method": None} for r in bench_records()]
-    fig = figures.memory_vs_length(records, phase="train")
+    fig = viz.memory_vs_length(records, phase="train")
     assert fig.layout.yaxis.title.text == "peak memory (MiB, unknown method)"
 
 
 def test_bar_compare_with_reference_line():
-    fig = figures.bar_compare({"dense": 1.0, "bcmt": 1.7}, reference=1.0)
+    fig = viz.bar_compare({"dense": 1.0, "bcmt": 1.7}, reference=1.0)
     assert len(fig.data) == 1 and tuple(fig.data[0].y) == (1.0, 1.7)
     assert len(fig.layout.shapes) == 1
 
@@ -291,13 +293,13 @@ def test_text_mode_final_line_says_interrupted(headless, capsys):
 
 
 def test_headless_wins_over_a_working_widget(headless, monkeypatch):
-    monkeypatch.setattr(live, "_in_notebook_kernel", lambda: True)
+    monkeypatch.setattr(liveview, "_in_notebook_kernel", lambda: True)
     assert LiveDashboard().mode == "text"
 
 
 def test_auto_falls_back_to_text_when_figurewidget_fails(monkeypatch, capsys):
     monkeypatch.delenv("BLOCKMEM_HEADLESS", raising=False)
-    monkeypatch.setattr(live, "_in_notebook_kernel", lambda: True)
+    monkeypatch.setattr(liveview, "_in_notebook_kernel", lambda: True)
 
     def broken_figure_widget(*args, **kwargs):
         raise ImportError("anywidget is missing")
@@ -383,11 +385,12 @@ def test_live_dashboard_takes_total_steps_from_a_config(headless, tiny_cfg):
 # ----------------------------------------------------------------------------- generic charts
 
 from blockmem_lite.viz import widgets  # noqa: E402
-from blockmem_lite.viz.live import LiveMonitor, Throttle  # noqa: E402
+from blockmem_lite.viz.liveview import Throttle  # noqa: E402
+from blockmem_lite.viz.monitor import LiveMonitor  # noqa: E402
 
 
 def test_line_chart_colours_dashes_references_and_log_ticks():
-    fig = figures.line_chart(
+    fig = viz.line_chart(
         {"MoC": {"old": ([0, 1, 2], [0.9, 0.5, 0.2]), "new": ([0, 1, 2], [0.0, 0.4, 0.8])},
          "dense": ([1, 10, 100], torch.tensor([1.0, 2.0, 3.0]))},
         hlines={"chance": 0.1}, spans={"trained": (0, 50)}, vlines={"α": 5},
@@ -405,17 +408,17 @@ def test_line_chart_colours_dashes_references_and_log_ticks():
 
 def test_line_chart_rejects_mismatched_lengths_and_empty_series():
     with pytest.raises(ValueError, match=r"series\['a'\].*x has 3 values and y 2"):
-        figures.line_chart({"a": ([1, 2, 3], [1, 2])})
+        viz.line_chart({"a": ([1, 2, 3], [1, 2])})
     with pytest.raises(ValueError, match="series=dict"):
-        figures.line_chart({})
+        viz.line_chart({})
     with pytest.raises(ValueError, match="x, y"):
-        figures.line_chart({"a": [1, 2, 3]})
+        viz.line_chart({"a": [1, 2, 3]})
 
 
 def test_line_panels_keep_a_name_coloured_alike_and_in_the_legend_once():
     panels = {"A": {"layer 0": ([1, 2], [1, 2]), "layer 1": ([1, 2], [2, 3])},
               "B": {"layer 1": ([1, 2], [5, 6]), "layer 0": ([1, 2], [7, 8])}}
-    fig = figures.line_panels(panels, x_title=["step", "rank"], hlines={"B": {"uniform": 0.5}})
+    fig = viz.line_panels(panels, x_title=["step", "rank"], hlines={"B": {"uniform": 0.5}})
     assert len(fig.data) == 4
     by_name = {}
     for d in fig.data:
@@ -427,11 +430,11 @@ def test_line_panels_keep_a_name_coloured_alike_and_in_the_legend_once():
     assert fig.layout.xaxis.title.text == "step" and fig.layout.xaxis2.title.text == "rank"
     assert len(fig.layout.shapes) == 1 and fig.layout.shapes[0].xref == "x2 domain"
     with pytest.raises(ValueError, match="x_title has 3 entries"):
-        figures.line_panels(panels, x_title=["a", "b", "c"])
+        viz.line_panels(panels, x_title=["a", "b", "c"])
 
 
 def test_grouped_bars_and_scatter_points():
-    fig = figures.grouped_bars({"before": {"dense": 0.9, "MoC": 0.8},
+    fig = viz.grouped_bars({"before": {"dense": 0.9, "MoC": 0.8},
                                 "after": {"dense": 0.2, "MoC": 0.7}},
                                text_format=".0%", hlines={"floor": 0.05}, log_y=True)
     assert [d.type for d in fig.data] == ["bar", "bar"] and fig.layout.barmode == "group"
@@ -439,23 +442,23 @@ def test_grouped_bars_and_scatter_points():
     assert fig.data[0].marker.color != fig.data[1].marker.color
     assert fig.data[0].texttemplate == "%{y:.0%}" and fig.layout.yaxis.type == "log"
     with pytest.raises(ValueError, match=r"groups\['x'\]"):
-        figures.grouped_bars({"x": {}})
-    pts = figures.scatter_points({"dense": (1000.0, 1.5), "bcmt": (3000.0, 1.7)})
+        viz.grouped_bars({"x": {}})
+    pts = viz.scatter_points({"dense": (1000.0, 1.5), "bcmt": (3000.0, 1.7)})
     assert [d.name for d in pts.data] == ["dense", "bcmt"]
     assert tuple(pts.data[1].x) == (3000.0,) and tuple(pts.data[1].text) == ("bcmt",)
 
 
 def test_heatmap_labels_orientation_and_scale():
-    fig = figures.heatmap(torch.eye(3)[:2], x=["a", "b", "c"], y=[10, 20], colorscale="Greens",
+    fig = viz.heatmap(torch.eye(3)[:2], x=["a", "b", "c"], y=[10, 20], colorscale="Greens",
                           zmin=0)
     hm = fig.data[0]
     assert np.asarray(hm.z).shape == (2, 3) and tuple(hm.y) == ("10", "20")
     assert hm.colorscale[0][1] != hm.colorscale[-1][1]      # a real scale, resolved by plotly
     assert fig.layout.yaxis.autorange == "reversed" and hm.zmin == 0
     with pytest.raises(ValueError, match="x has 2 labels"):
-        figures.heatmap(torch.eye(3), x=["a", "b"])
+        viz.heatmap(torch.eye(3), x=["a", "b"])
     with pytest.raises(ValueError, match="z with shape"):
-        figures.heatmap(torch.ones(3))
+        viz.heatmap(torch.ones(3))
 
 
 # ----------------------------------------------------------------------------- mechanism figures
@@ -468,7 +471,7 @@ def decay(n, alpha):
 
 
 def test_decay_heatmap_one_titled_panel_per_alpha_on_one_log_scale_and_lines():
-    fig = figures.decay_heatmap({0.5: decay(6, 0.5), 0.9: decay(6, 0.9)})
+    fig = viz.decay_heatmap({0.5: decay(6, 0.5), 0.9: decay(6, 0.9)})
     heat = [d for d in fig.data if d.type == "heatmap"]
     lines = [d for d in fig.data if d.type == "scatter"]
     assert len(heat) == 2 and len(lines) == 2 and heat[1].xaxis == "x2"
@@ -485,13 +488,13 @@ def test_decay_heatmap_one_titled_panel_per_alpha_on_one_log_scale_and_lines():
     assert tuple(lines[1].y) == pytest.approx(tuple(decay(6, 0.9)[5, ::-1]))   # d = 0, 1, ...
     assert [d.name for d in lines] == ["α = 0.5", "α = 0.9"]
     assert lines[0].line.color != lines[1].line.color and fig.layout.yaxis3.type == "log"
-    assert len(figures.decay_heatmap(decay(4, 0.8)).data) == 2
+    assert len(viz.decay_heatmap(decay(4, 0.8)).data) == 2
     with pytest.raises(ValueError, match=r"weights\[0.5\] with shape \(3, 4\)"):
-        figures.decay_heatmap({0.5: np.ones((3, 4))})
+        viz.decay_heatmap({0.5: np.ones((3, 4))})
 
 
 def test_decay_heatmap_tells_alpha_08_from_10():
-    fig = figures.decay_heatmap({0.8: decay(16, 0.8), 1.0: decay(16, 1.0)})
+    fig = viz.decay_heatmap({0.8: decay(16, 0.8), 1.0: decay(16, 1.0)})
     r08, r10 = (np.asarray(d.y, dtype=float) for d in fig.data if d.type == "scatter")
     assert np.ptp(np.log10(r10)) == pytest.approx(0.0)          # flat: a plain mean
     assert np.ptp(np.log10(r08)) > 1.0                           # more than a decade apart
@@ -502,59 +505,59 @@ def test_decay_heatmap_tells_alpha_08_from_10():
 def test_summary_weights_heatmap_writes_the_characters():
     pi = torch.softmax(torch.randn(3, 4), -1)               # (N, L)
     chars = [list("ab c"), list("defg"), list("h\nij")]
-    fig = figures.summary_weights_heatmap(pi, chars=chars)
+    fig = viz.summary_weights_heatmap(pi, chars=chars)
     hm = fig.data[0]
     assert np.asarray(hm.z).shape == (3, 4) and hm.texttemplate == "%{text}"
     assert hm.text[0][2] == "␣" and hm.text[2][1] == "⏎"
     assert "0.250" in fig.layout.title.text                  # uniform 1/L
     with pytest.raises(ValueError, match="chars"):
-        figures.summary_weights_heatmap(pi, chars=[list("ab")])
+        viz.summary_weights_heatmap(pi, chars=[list("ab")])
 
 
 def test_gate_histogram_one_overlaid_histogram_per_layer():
-    fig = figures.gate_histogram({"layer 0": torch.rand(10, 4), "layer 1": torch.rand(20)},
+    fig = viz.gate_histogram({"layer 0": torch.rand(10, 4), "layer 1": torch.rand(20)},
                                  bins=20)
     assert [d.type for d in fig.data] == ["histogram", "histogram"]
     assert len(fig.data[0].x) == 40 and fig.data[0].nbinsx == 20
     assert fig.layout.barmode == "overlay"
     with pytest.raises(ValueError, match="bins=0"):
-        figures.gate_histogram({"a": [0.5]}, bins=0)
+        viz.gate_histogram({"a": [0.5]}, bins=0)
 
 
 def test_memory_matrices_share_a_symmetric_diverging_scale():
     a1, a2 = torch.zeros(1, 4, 3), torch.zeros(4, 3)
     a1[0, 0, 0], a2[1, 2] = 2.0, -0.5
-    fig = figures.memory_matrices({"before": a1, "after": a2}, row_labels=list("wxyz"))
+    fig = viz.memory_matrices({"before": a1, "after": a2}, row_labels=list("wxyz"))
     assert len(fig.data) == 2 and np.asarray(fig.data[0].z).shape == (4, 3)
     assert all(d.coloraxis == "coloraxis" for d in fig.data) and tuple(fig.data[0].y) == tuple("wxyz")
     ca = fig.layout.coloraxis
     assert (ca.cmin, ca.cmid, ca.cmax) == (-2.0, 0.0, 2.0)
     assert ca.colorscale[0][1] != ca.colorscale[-1][1]
     with pytest.raises(ValueError, match="row_labels has 2"):
-        figures.memory_matrices({"a": a2}, row_labels=["p", "q"])
+        viz.memory_matrices({"a": a2}, row_labels=["p", "q"])
 
 
 def test_routing_figures():
     heat, share = torch.rand(5, 4), torch.tensor([0.4, 0.3, 0.2, 0.1])
-    fig = figures.routing_heatmap(heat, share, title="lb")
+    fig = viz.routing_heatmap(heat, share, title="lb")
     assert [d.type for d in fig.data] == ["heatmap", "bar"]
     assert tuple(fig.data[1].x) == (1, 2, 3, 4) and fig.layout.shapes[0].y0 == 0.25
     with pytest.raises(ValueError, match="share with shape"):
-        figures.routing_heatmap(heat, share[:3])
+        viz.routing_heatmap(heat, share[:3])
     ids = torch.tensor([[[0, 2, 3], [0, 1, 2]]])            # (B=1, W=2, k+1=3)
     w = torch.tensor([[[0.3, 0.5, 0.2], [0.3, 0.4, 0.3]]])
-    dec = figures.routing_decisions(ids, w, n_chapters=5)
+    dec = viz.routing_decisions(ids, w, n_chapters=5)
     z = np.asarray(dec.data[0].z)
     assert z.shape == (2, 5) and z[0, 3] == pytest.approx(0.2) and z[0, 1] == 0
     assert tuple(dec.data[0].y) == ("seq 0 · win 0", "seq 0 · win 1")
     with pytest.raises(ValueError, match="n_chapters=3"):
-        figures.routing_decisions(ids, w, n_chapters=3)
-    bar = figures.chapter_weights_bar([0, 4, 2], [0.29, 0.5, 0.21])
+        viz.routing_decisions(ids, w, n_chapters=3)
+    bar = viz.chapter_weights_bar([0, 4, 2], [0.29, 0.5, 0.21])
     assert tuple(bar.data[0].x) == ("ch 0", "ch 4", "ch 2")
     colours = bar.data[0].marker.color
     assert colours[0] != colours[1] == colours[2]
     with pytest.raises(ValueError, match="n_shared=4"):
-        figures.chapter_weights_bar([0, 1], [0.5, 0.5], n_shared=4)
+        viz.chapter_weights_bar([0, 1], [0.5, 0.5], n_shared=4)
 
 
 # ----------------------------------------------------------------------------- live monitor
@@ -572,7 +575,7 @@ def monitor_run(monitor, clock, total, dt):
 
 
 def bars(data):
-    return figures.bar_compare({"a": data["a"], "b": data["b"]})
+    return viz.bar_compare({"a": data["a"], "b": data["b"]})
 
 
 def test_throttle_first_call_due_then_waits():
@@ -626,7 +629,7 @@ def test_monitor_record_adds_a_step_zero_and_a_new_run_starts_over(headless, cap
 
 def test_monitor_falls_back_to_text_when_figurewidget_fails(monkeypatch, capsys):
     monkeypatch.delenv("BLOCKMEM_HEADLESS", raising=False)
-    monkeypatch.setattr(live, "_in_notebook_kernel", lambda: True)
+    monkeypatch.setattr(liveview, "_in_notebook_kernel", lambda: True)
 
     def broken(*args, **kwargs):
         raise ImportError("anywidget is missing")
@@ -661,7 +664,7 @@ def test_slider_figure_headless_builds_once_at_the_defaults(headless, capsys):
 
     def build(alpha, n):
         calls.append((alpha, n))
-        return figures.decay_heatmap(decay(n, alpha))
+        return viz.decay_heatmap(decay(n, alpha))
 
     view = widgets.slider_figure(build, title="decay", alpha=widgets.slider(0.8, 0.0, 1.0, 0.05),
                                  n=(16, 2, 64))
@@ -707,7 +710,7 @@ def test_slider_widget_mode_labels_are_not_cut_and_moving_rebuilds():
 
 def test_monitor_series_mode_draws_every_snapshot_so_far(headless, capsys):
     mon = LiveMonitor(lambda t, r: {"a": r["step"] * 10}, series=True, every=2, print_every_s=0,
-                      figure=lambda snaps: figures.line_chart(
+                      figure=lambda snaps: viz.line_chart(
                           {"a": ([s for s, _ in snaps], [d["a"] for _, d in snaps])}),
                       text=lambda snaps: f"{len(snaps)} points", clock=FakeClock())
     monitor_run(mon, FakeClock(), total=4, dt=1)
@@ -742,7 +745,7 @@ def test_main_notebooks_plot_through_the_library_and_keep_cells_short():
 
 # ----------------------------------------------------------------------------- lab figures
 
-from blockmem_lite.viz import lab_figures  # noqa: E402
+from blockmem_lite.lab import figures as lab_figures  # noqa: E402
 
 
 def _bench(arch, variant, phase, ratio):

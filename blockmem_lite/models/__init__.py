@@ -1,10 +1,10 @@
 """Model zoo: one module per mechanism, all behind ``LanguageModel`` and ``build_model``.
 
-Importing this package imports every built-in mechanism module, and each one
-registers itself (``registry.register``); plugins register the same way.
+The registrations (``registry.register``) live in ``blockmem_lite.mechanisms``, one
+module per mechanism, which ``import blockmem_lite`` imports first; plugins register
+the same way.
 """
 
-from blockmem_lite.models import armt, bcmt, cat, dense, moc  # noqa: F401  (each registers itself)
 from blockmem_lite.models.base import (
     IGNORE_INDEX,
     LanguageModel,

@@ -70,10 +70,12 @@ The backbone must expose ``embed`` (token ids -> (B, T, D)), ``blocks`` (each
 callable as ``block(x, positions, cache)``), ``norm``, ``head``, ``cfg`` (a
 ModelConfig) and ``new_state(batch, capacity)`` with ``.caches`` (one
 ``nn.KVCache`` per block): the kit's ``DenseLM`` (``backbone="dense"``) or
-``HFBackbone`` around a Hugging Face Llama model (``backbone="hf"``).
+``models.armt_hf.HFBackbone`` around a Hugging Face Llama model (``backbone="hf"``).
 
-``reference_forward(model, tokens)`` writes the segment loop, READ and WRITE
-out one equation per line (kit backbones); tests check that it equals the
+The memory maths (DPFP, READ, WRITE) lives in ``ops/armt_memory.py``, each piece in a
+plain form (``dpfp``, ``associative_read``, ``associative_write``, ``novelty``: names of
+this module too) and the fused form the layer runs. ``models/armt_reference.py`` writes
+the segment loop, READ and WRITE out one equation per line; tests check it equals the
 fast forward.
 """
 
@@ -81,7 +83,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import inspect
 from dataclasses import dataclass, field
 
 import torch
@@ -89,36 +90,25 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from blockmem_lite.config import ModelConfig
-from blockmem_lite.flops import layer_matmul_flops, lm_head_flops
-from blockmem_lite.labdata import state_growth
-from blockmem_lite.masks import causal_mask
 from blockmem_lite.models.base import LanguageModel, State, build_model, check_tokens
-from blockmem_lite.models.dense import DenseState
-from blockmem_lite.nn import KVCache
-from blockmem_lite.registry import (
-    BASELINE,
-    BenchOption,
-    Claim,
-    LabSpec,
-    Mechanism,
-    Options,
-    SpecialBench,
-    register,
-)
-from blockmem_lite.trace import is_tracing, record, scope
-from blockmem_lite.units import fmt, human_bytes
-from blockmem_lite.validation import (
-    check_bool,
-    check_int,
-    check_non_negative,
-    check_positive,
-    fail,
-    parse_int_list,
+from blockmem_lite.ops.armt_memory import (
+    DPFP_NU,
+    EPS,
+    dpfp_roll_index,
+    fused_read,
+    fused_write,
+    signed_dpfp,
 )
 
-EPS = 1e-5                     # the eps of the read / write denominators (paper code)
-DPFP_NU = 3                    # DPFP order: key width 2 * nu * d_mem
+# the plain forms, names of this module too: notebook 06 teaches them as armt.dpfp, ...
+from blockmem_lite.ops.armt_memory import associative_read as associative_read
+from blockmem_lite.ops.armt_memory import associative_write as associative_write
+from blockmem_lite.ops.armt_memory import dpfp as dpfp
+from blockmem_lite.ops.armt_memory import novelty as novelty
+from blockmem_lite.registry import Options
+from blockmem_lite.trace import is_tracing, record, scope
+from blockmem_lite.validation import check_bool, check_int, fail
+
 SUPPORTED_BACKBONES = ("dense", "hf")
 BACKBONE_PARTS = ("embed", "blocks", "norm", "head", "cfg", "new_state")
 
@@ -182,89 +172,6 @@ class ARMTOptions(Options):
             fail("memory_layers", layers,
                  f"expected None (all layers) or unique layer indices in 0..{n_layer - 1} "
                  f"(n_layer={n_layer})")
-
-
-# --- the memory maths as pure functions (tests and notebooks use them) -------------------
-
-def dpfp(u: torch.Tensor, nu: int = DPFP_NU, normalize: bool = True) -> torch.Tensor:
-    """DPFP-nu feature map. u: (..., d) -> (..., 2 * nu * d), non-negative.
-
-    ``r = [relu(u); relu(-u)]``, ``phi = [r * roll(r, 1); ...; r * roll(r, nu)]``
-    with ``roll(r, j)_i = r_(i-j mod 2d)``; ``normalize`` divides by the L2 norm.
-    """
-    if isinstance(nu, bool) or not isinstance(nu, int) or nu < 1:
-        raise ValueError(f"nu={nu!r} is not allowed: expected an integer >= 1")
-    r = torch.cat([F.relu(u), F.relu(-u)], dim=-1)                              # (..., 2d)
-    phi = torch.cat([r * r.roll(j, dims=-1) for j in range(1, nu + 1)], dim=-1)
-    return F.normalize(phi, dim=-1) if normalize else phi
-
-
-def associative_read(q_phi: torch.Tensor, A: torch.Tensor, z: torch.Tensor,
-                     eps: float = EPS) -> torch.Tensor:
-    """``(q A) / (q . z + eps)``. q_phi: (B, T, K), A: (B, K, D), z: (B, K) -> (B, T, D)."""
-    num = torch.einsum("btk,bkd->btd", q_phi, A)
-    den = torch.einsum("btk,bk->bt", q_phi, z)[..., None] + eps
-    return num / den
-
-
-def novelty(k_phi: torch.Tensor, z: torch.Tensor, eps: float = EPS,
-            normalized: bool = True) -> torch.Tensor:
-    """gamma, clipped to [0, 1], under stop-gradient. (B, M, K) -> (B, M).
-
-    ``normalized`` (L2-normalised keys, the newer code): ``1 - (k . z + eps) / |k|^2``.
-    ``normalized=False`` (raw DPFP keys, the 2024 code): ``1 - (k . z + eps) / (|k|^2 + eps)``,
-    the eps in the key norm too, which matters for small raw keys.
-    0 for a key already fully counted in z, 1 for a key orthogonal to every
-    stored one; z only grows along new directions.
-    """
-    return _novelty_of(torch.einsum("bmk,bk->bm", k_phi, z) + eps, k_phi, eps, normalized)
-
-
-def _novelty_of(seen: torch.Tensor, k_phi: torch.Tensor, eps: float, normalized: bool):
-    """gamma from ``seen = k . z + eps`` (B, M) and the keys (B, M, K)."""
-    norm2 = k_phi.pow(2).sum(-1) + (0.0 if normalized else eps)
-    return (1 - seen / norm2).clamp(0, 1).detach()
-
-
-def associative_write(A: torch.Tensor | None, z: torch.Tensor | None, k_phi: torch.Tensor,
-                      v: torch.Tensor, beta: torch.Tensor, correction: bool = True,
-                      eps: float = EPS, normalized: bool = True
-                      ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Write M (key, value) pairs in parallel; returns the new (A, z).
-
-    k_phi: (B, M, K), v: (B, M, D), beta: (B, M) write strengths. A, z = None
-    means an empty memory (the first segment): v_bar = 0 and gamma = 1. Both
-    v_bar and gamma come from the OLD (A, z); ``normalized`` picks gamma's form
-    (see ``novelty``).
-    """
-    A_new, z_new, _ = _write(A, z, k_phi, v, beta, correction, eps, normalized)
-    return A_new, z_new
-
-
-def _write(A, z, k_phi, v, beta, correction, eps, normalized=True):
-    """``associative_write`` that also returns gamma (B, M) for the trace.
-
-    In few operators, as training runs it once per segment and layer: the memory is one
-    tensor ``[A | z]`` (B, K, D + 1), so ``k_phi [A | z]`` gives ``k A`` and ``k . z`` (v_bar
-    and gamma) in one matmul, and ``[A | z] + k_phi^T [beta (v - v_bar) | gamma]`` both
-    updates in one more. A and z come back as views of the new ``[A | z]``.
-    """
-    d = v.shape[-1]
-    ones = torch.ones_like(k_phi[..., :1])                                       # (B, M, 1)
-    if A is None:
-        gamma = ones[..., 0]
-        delta = torch.cat([beta[..., None] * v, ones], dim=-1)                 # (B, M, D + 1)
-        joined = k_phi.transpose(1, 2) @ delta                                  # (B, K, D + 1)
-    else:
-        old = torch.cat([A, z[..., None]], dim=-1)                              # (B, K, D + 1)
-        read = k_phi @ old                                                       # (B, M, D + 1)
-        seen = read[..., d:] + eps                                               # k . z + eps
-        v_bar = read[..., :d] / seen
-        gamma = (_novelty_of(seen[..., 0], k_phi, eps, normalized) if correction
-                 else ones[..., 0])
-        delta = torch.cat([beta[..., None] * (v - v_bar), gamma[..., None]], dim=-1)
-        joined = torch.baddbmm(old, k_phi.transpose(1, 2), delta)
-    return joined[..., :d], joined[..., d], gamma
 
 
 # --- one wrapped layer -------------------------------------------------------------------
@@ -358,35 +265,19 @@ class AssociativeMemoryLayer(nn.Module):
         if not track and cached is not None and cached[0] == key:
             return cached[1]
         w = params[0]
-        r = 2 * w.shape[0]
-        steps = torch.arange(1, DPFP_NU + 1, device=w.device)[:, None]
-        roll_index = (torch.arange(r, device=w.device) - steps) % r                  # (nu, 2 d_mem)
-        fused = (torch.cat(parts, dim=0), roll_index)
+        fused = (torch.cat(parts, dim=0), dpfp_roll_index(2 * w.shape[0], DPFP_NU, w.device))
         cache[use] = None if track else (key, fused)
         return fused
 
-    def _signed_features(self, signed: torch.Tensor, roll_index: torch.Tensor) -> torch.Tensor:
-        """DPFP from ``signed = [u; -u]`` (..., 2 d_mem) -> phi (..., K), in the state dtype.
-
-        ``relu([u; -u]) = [relu(u); relu(-u)] = r`` exactly (negating a weight negates the
-        dot product exactly); the nu rolls of r are one gather (``r[..., roll_index]``), so
-        ``phi`` is bit-identical to ``dpfp(u)``. Call with autocast off.
-        """
-        dtype = _state_dtype(signed)
-        r = F.relu(signed if signed.dtype == dtype else signed.to(dtype))
-        phi = (r.unsqueeze(-2) * r[..., roll_index]).flatten(-2)               # (..., K)
-        return F.normalize(phi, dim=-1) if self.normalize_phi else phi
-
     def read_prepared(self, h: torch.Tensor, prepared: PreparedRead) -> torch.Tensor:
         """``read(h, memory)`` from ``prepare_read(memory)``: one matmul for ``[q; -q]``
-        (``_signed_features``), one with ``[A | z]`` for ``q A`` and ``q . z`` together.
-        h (B, T, D) -> (B, T, D)."""
+        (``ops.armt_memory.signed_dpfp``), one with ``[A | z]`` for ``q A`` and ``q . z``
+        together (``fused_read``). h (B, T, D) -> (B, T, D)."""
         signed = F.linear(h, prepared.w_signed)                                 # (B, T, 2 d_mem)
         with _no_autocast(h.device.type):
-            phi = self._signed_features(signed, prepared.roll_index)            # (B, T, K)
-            out = torch.matmul(phi, prepared.az)                               # (B, T, D + 1)
-            d = out.shape[-1] - 1
-            read = out[..., :d] / (out[..., d:] + self.eps)
+            phi = signed_dpfp(signed, prepared.roll_index, self.normalize_phi,
+                              _state_dtype(signed))                             # (B, T, K)
+            read = fused_read(phi, prepared.az, self.eps)                       # (B, T, D)
         record("read_query", phi)
         record("read", read)
         return read if read.dtype == h.dtype else read.to(h.dtype)
@@ -394,7 +285,8 @@ class AssociativeMemoryLayer(nn.Module):
     def write(self, m: torch.Tensor, memory: Memory) -> tuple[torch.Tensor, torch.Tensor]:
         """Write the memory-token outputs m: (B, M, D); returns the new (A, z).
 
-        ``[k; -k]``, v and the beta logit come from one matmul (``_fused_weights``).
+        ``[k; -k]``, v and the beta logit come from one matmul (``_fused_weights``); the
+        write itself is ``ops.armt_memory.fused_write``.
         """
         weight, roll_index = self._fused_weights("write")
         r, d = roll_index.shape[-1], m.shape[-1]
@@ -404,17 +296,15 @@ class AssociativeMemoryLayer(nn.Module):
         b = b + self.w_beta.bias
         with _no_autocast(m.device.type):
             dtype = _state_dtype(m)
-            k_phi = self._signed_features(k_signed, roll_index)                 # (B, M, K)
+            k_phi = signed_dpfp(k_signed, roll_index, self.normalize_phi,
+                                _state_dtype(k_signed))                         # (B, M, K)
             beta = torch.sigmoid(b.to(dtype))[..., 0]                           # (B, M)
             A, z = memory if memory is not None else (None, None)
-            A, z, gamma = _write(A, z, k_phi, v.to(dtype), beta, self.correction, self.eps,
-                                 self.normalize_phi)
-        record("write_key", k_phi)
-        record("write_value", v)
-        record("beta", beta)
-        record("gamma", gamma)
-        record("A", A)
-        record("z", z)
+            A, z, gamma = fused_write(A, z, k_phi, v.to(dtype), beta, self.correction,
+                                      self.eps, self.normalize_phi)
+        for name, value in (("write_key", k_phi), ("write_value", v), ("beta", beta),
+                            ("gamma", gamma), ("A", A), ("z", z)):
+            record(name, value)
         return A, z
 
 
@@ -444,7 +334,8 @@ def _detach(memory: list[Memory]) -> list[Memory]:
     return [None if m is None else (m[0].detach(), m[1].detach()) for m in memory]
 
 
-def _backbone_name(backbone: nn.Module) -> str:
+def backbone_name(backbone: nn.Module) -> str:
+    """The arch a backbone reports: ``backbone_arch`` (``HFBackbone``: "hf"), else its cfg's."""
     return getattr(backbone, "backbone_arch", getattr(getattr(backbone, "cfg", None), "arch", "?"))
 
 
@@ -457,7 +348,7 @@ def check_backbone(backbone) -> None:
             f"backbone of type {name} is not allowed: ARMT needs a module with "
             f"{', '.join(BACKBONE_PARTS)} (missing: {', '.join(missing) or 'nn.Module'}); "
             "use a kit DenseLM or HFBackbone(hf_model)")
-    arch = _backbone_name(backbone)
+    arch = backbone_name(backbone)
     if arch not in SUPPORTED_BACKBONES:
         raise ValueError(
             f"backbone of type {name} (arch={arch!r}) is not allowed: ARMT wraps "
@@ -509,7 +400,7 @@ class ARMT(LanguageModel):
         detach_every, grad_checkpoint, seq_len; unset ones keep the backbone config's
         values (for ARMT fields: the ModelConfig defaults)."""
         check_backbone(backbone)
-        cfg = dataclasses.replace(backbone.cfg, arch="armt", backbone=_backbone_name(backbone),
+        cfg = dataclasses.replace(backbone.cfg, arch="armt", backbone=backbone_name(backbone),
                                   **settings)
         return cls(cfg, backbone)
 
@@ -744,499 +635,3 @@ def _build_backbone(cfg) -> nn.Module:
                          "ARMT.wrap(HFBackbone(hf_model), ...) (or pass model= to "
                          "Trainer.from_checkpoint)")
     return build_model(dataclasses.replace(cfg, arch=cfg.backbone))
-
-
-# --- the reference forward: MECHANISMS.md 2.2-2.3, step by step, no fast-path tricks -----
-
-def reference_forward(model: ARMT, tokens: torch.Tensor) -> torch.Tensor:
-    """ARMT logits written out equation by equation. tokens (B, T) -> (B, T, V).
-
-    The segment loop of 2.2 with the READ and WRITE of 2.3 spelled out per
-    wrapped layer; the backbone blocks run with the hand-written attention.
-    Every segment, the last one too, gets its memory tokens and writes (the
-    fast path skips that unread last write; the segment's logits cannot see
-    it). Kit backbones only (a ``DenseLM``); eval-mode maths (no dropout).
-    Tests check it equals ``model(tokens).logits``.
-    """
-    backbone = model.backbone
-    if _backbone_name(backbone) != "dense":
-        raise ValueError(f"backbone {_backbone_name(backbone)!r} is not allowed: the reference "
-                         "forward runs kit blocks (a DenseLM backbone) with reference attention")
-    b = tokens.shape[0]
-    memory: dict[int, tuple] = {}                          # layer -> (A (B, K, D), z (B, K))
-    logits = []
-    for segment in tokens.split(model.segment_size, dim=1):              # x_1 .. x_S
-        n = segment.shape[1]
-        p = model.memory_tokens.expand(b, -1, -1)                         # (B, M, D)  P
-        h = torch.cat([backbone.embed(segment), p], dim=1)                # (B, n+M, D) [E(x_s); P]
-        positions = torch.arange(h.shape[1], device=h.device)             # RoPE restarts at 0
-        for i, block in enumerate(backbone.blocks):
-            layer = model.memory_layer(i)
-            if layer is not None and i in memory:                         # 1. READ (not at s = 1)
-                h = h + _reference_read(layer, h, *memory[i])
-            h = block(h, positions, reference=True)                       # 2. LAYER, causal
-            if layer is not None:                                         # 3. WRITE from m = h[n:]
-                memory[i] = _reference_write(layer, h[:, n:], memory.get(i))
-        logits.append(backbone.head(backbone.norm(h[:, :n])))             # real tokens only
-    return torch.cat(logits, dim=1)                                       # (B, T, V)
-
-
-def _reference_read(layer: AssociativeMemoryLayer, h: torch.Tensor, A: torch.Tensor,
-                    z: torch.Tensor) -> torch.Tensor:
-    """r_t = (q_t A) / (q_t . z + eps) with q_t = phi(W_Q h_t). h (B, T, D) -> (B, T, D)."""
-    q = dpfp(h @ layer.w_q.weight.T, DPFP_NU, layer.normalize_phi)       # (B, T, K)
-    return (q @ A) / ((q @ z[..., None]) + layer.eps)                     # (B, T, D)
-
-
-def _reference_write(layer: AssociativeMemoryLayer, m: torch.Tensor, old: tuple | None):
-    """The delta-rule write of the memory-token outputs m (B, M, D) -> the new (A, z)."""
-    k = dpfp(m @ layer.w_k.weight.T, DPFP_NU, layer.normalize_phi)       # (B, M, K)  k = phi(W_K m)
-    v = m @ layer.w_v.weight.T                                            # (B, M, D)  v = W_V m
-    beta = torch.sigmoid(m @ layer.w_beta.weight.T + layer.w_beta.bias)  # (B, M, 1)  beta
-    if old is None:                                                       # empty memory (s = 1)
-        A = torch.zeros(m.shape[0], k.shape[-1], m.shape[-1], dtype=m.dtype, device=m.device)
-        z = torch.zeros(m.shape[0], k.shape[-1], dtype=m.dtype, device=m.device)
-        v_bar, gamma = torch.zeros_like(v), torch.ones_like(beta)         # v_bar = 0, gamma = 1
-    else:
-        A, z = old                                                        # the OLD state
-        k_dot_z = k @ z[..., None]                                        # (B, M, 1)  k . z
-        v_bar = (k @ A) / (k_dot_z + layer.eps)                           # (B, M, D)  stored value
-        key_norm2 = (k * k).sum(-1, keepdim=True)                         # (B, M, 1)  |k|^2
-        if not layer.normalize_phi:                                       # the 2024 code's form
-            key_norm2 = key_norm2 + layer.eps
-        gamma = (1 - (k_dot_z + layer.eps) / key_norm2).clamp(0, 1).detach()  # novelty
-        if not layer.correction:
-            gamma = torch.ones_like(gamma)
-    # (B, K, D)  A += sum_i beta_i k_i (v_i - v_bar_i)^T   (delta rule, all M in parallel)
-    A = A + k.transpose(1, 2) @ (beta * (v - v_bar))
-    z = z + (gamma * k).sum(dim=1)                          # (B, K)  z += sum_i gamma_i k_i
-    return A, z
-
-
-# --- Hugging Face adapter (optional: the ``hf`` extra) ------------------------------------
-
-class _HFCacheView:
-    """The one Cache method an HF Llama attention calls, backed by a kit ``nn.KVCache``."""
-
-    def __init__(self, cache):
-        self.cache = cache
-
-    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
-        return self.cache.append(key_states, value_states)
-
-
-# The decoder layer's name for its KV cache argument: ``cache`` from transformers 5.2x on
-# (``past_key_values`` there is deprecated, to be removed in 5.40), ``past_key_values``
-# from 4.56, ``past_key_value`` before that.
-_HF_CACHE_KEYWORDS = ("cache", "past_key_values", "past_key_value")
-
-
-def _hf_cache_keyword(layer: nn.Module) -> str:
-    """The keyword this HF decoder layer takes its cache by (read off its signature)."""
-    parameters = inspect.signature(layer.forward).parameters
-    for name in _HF_CACHE_KEYWORDS:
-        if name in parameters:
-            return name
-    raise ValueError(f"hf_model's decoder layer {type(layer).__name__} takes none of "
-                     f"{_HF_CACHE_KEYWORDS} as its cache argument: this transformers version "
-                     "is not supported (see the README for the tested ones)")
-
-
-class _HFBlock(nn.Module):
-    """An HF decoder layer callable as ``block(x, positions, cache)`` like a kit Block."""
-
-    def __init__(self, layer: nn.Module, rotary: nn.Module):
-        super().__init__()
-        self.layer = layer
-        self.rotary = rotary
-        self.cache_keyword = _hf_cache_keyword(layer)
-
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, cache=None) -> torch.Tensor:
-        position_ids = positions[None]                                          # (1, T)
-        cos_sin = self.rotary(x, position_ids)
-        q_len = x.shape[1]
-        kv_len = q_len + (cache.length if cache is not None else 0)
-        mask = None
-        if q_len > 1:      # explicit, bottom-right: HF's own causal shortcut assumes no cache
-            allowed = causal_mask(q_len, kv_len, device=x.device)
-            mask = torch.zeros(q_len, kv_len, device=x.device, dtype=x.dtype)
-            mask = mask.masked_fill(~allowed, torch.finfo(x.dtype).min)[None, None]
-        past = {self.cache_keyword: _HFCacheView(cache) if cache is not None else None}
-        out = self.layer(x, attention_mask=mask, position_ids=position_ids,
-                         position_embeddings=cos_sin, **past)
-        return out[0] if isinstance(out, tuple) else out
-
-
-class HFBackbone(nn.Module):
-    """A Hugging Face Llama causal LM seen through the kit's embed / blocks / norm / head.
-
-    ``ARMT.wrap(HFBackbone(hf_model), segment_size=...)`` wraps it; the HF
-    weights are shared, not copied. Only ``model_type == "llama"`` is accepted:
-    other families differ in ways an adapter would silently get wrong (scaled
-    embeddings, sliding windows, learned positions). Decoding uses kit
-    ``KVCache`` objects (``num_key_value_heads`` heads) through the one Cache
-    method the attention calls, ``update``; masks are passed explicitly
-    (additive, bottom-right causal), so eager and SDPA attention both work.
-    ``cfg`` is a ModelConfig describing the shapes (arch "dense" of the same
-    width, depth and vocabulary); ``backbone_arch`` is "hf".
-    """
-
-    backbone_arch = "hf"
-
-    def __init__(self, hf_model: nn.Module):
-        super().__init__()
-        config = getattr(hf_model, "config", None)
-        model_type = getattr(config, "model_type", None)
-        if model_type != "llama" or not hasattr(hf_model, "model"):
-            raise ValueError(f"hf_model with model_type={model_type!r} is not allowed: "
-                             "HFBackbone supports Hugging Face Llama causal LMs "
-                             "(LlamaForCausalLM) only")
-        inner = hf_model.model
-        self.embed = inner.embed_tokens
-        self.blocks = nn.ModuleList(_HFBlock(layer, inner.rotary_emb) for layer in inner.layers)
-        self.norm = inner.norm
-        self.head = hf_model.lm_head
-        self.n_kv_heads = config.num_key_value_heads
-        self.head_dim = getattr(config, "head_dim", None) or \
-            config.hidden_size // config.num_attention_heads
-        self.cfg = ModelConfig(arch="dense", vocab_size=config.vocab_size,
-                               d_model=config.hidden_size, n_layer=len(self.blocks),
-                               n_head=config.num_attention_heads,
-                               seq_len=config.max_position_embeddings,
-                               mlp_ratio=config.intermediate_size / config.hidden_size,
-                               norm_eps=config.rms_norm_eps, init_std=config.initializer_range)
-
-    def new_state(self, batch: int, max_len: int):
-        """Empty KV caches of ``max_len`` slots, one per layer (``.caches``)."""
-        p = self.embed.weight
-        return DenseState([KVCache(batch, self.n_kv_heads, max_len, self.head_dim, p.device,
-                                   p.dtype) for _ in self.blocks])
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """tokens (B, T) -> logits (B, T, V) through the adapter (equals the HF model's)."""
-        x = self.embed(tokens)
-        positions = torch.arange(tokens.shape[1], device=tokens.device)
-        for block in self.blocks:
-            x = block(x, positions, None)
-        return self.head(self.norm(x))
-
-
-# --- FLOP model ---------------------------------------------------------------------------
-
-def armt_layer_flops(d_model: int, segment_size: int, n_mem_tokens: int, d_mem: int) -> float:
-    """ARMT layer, per token:
-    ``(1 + m/S)·[24·d² + 2·d·(S + m)] + 14·d·d_mem + (m/S)·(2·d² + 26·d·d_mem)``.
-
-    m memory tokens per segment of S tokens; the read (W_Q, qᵀA with DPFP ν=3,
-    so d_key = 6·d_mem) runs for every token, the write once per memory token.
-    """
-    check_positive("segment_size", segment_size)
-    check_non_negative("n_mem_tokens", n_mem_tokens)
-    check_positive("d_mem", d_mem)
-    extra = n_mem_tokens / segment_size
-    layer = (1.0 + extra) * (layer_matmul_flops(d_model)
-                             + 2.0 * d_model * (segment_size + n_mem_tokens))
-    read = 14.0 * d_model * d_mem
-    write = extra * (2.0 * d_model * d_model + 26.0 * d_model * d_mem)
-    return layer + read + write
-
-
-def armt_decode_layer_flops(d_model: int, segment_size: int, n_mem_tokens: int,
-                            d_mem: int) -> float:
-    """ARMT layer, one decoding step, averaged over a segment of S tokens:
-    ``24·d² + 2·d·(S + 1) + 14·d·d_mem + (m/S)·[26·d² + 2·d·(2S + m + 1) + 40·d·d_mem]``.
-
-    A segment token at in-segment position p attends to p + 1 cached keys
-    (4·d each; the mean over p = 0..S-1 is 2·d·(S + 1)) and reads the memory
-    (14·d·d_mem). Once per segment the m memory tokens run through the cache
-    to write: token j sees S + j + 1 keys (mean 4·d·S + 2·d·(m + 1)), reads,
-    and writes (2·d² + 26·d·d_mem), amortised over the S tokens. This is the
-    steady state past the first segment: it does not depend on the context.
-    """
-    check_positive("d_model", d_model)
-    check_positive("segment_size", segment_size)
-    check_non_negative("n_mem_tokens", n_mem_tokens)
-    check_positive("d_mem", d_mem)
-    d, s, m = d_model, segment_size, n_mem_tokens
-    token = layer_matmul_flops(d) + 2.0 * d * (s + 1) + 14.0 * d * d_mem
-    write = 26.0 * d * d + 2.0 * d * (2 * s + m + 1) + 40.0 * d * d_mem
-    return token + (m / s) * write
-
-
-def armt_memory_flops(d_model: int, segment_size: int, n_mem_tokens: int, d_mem: int,
-                      decode: bool = False) -> float:
-    """The memory path inside ``armt_layer_flops`` (or ``armt_decode_layer_flops``), per token:
-    ``14·d·d_mem + (m/S)·(2·d² + 26·d·d_mem)`` (decode: ``40·d·d_mem`` in the write term,
-    since the m memory tokens also read). An unwrapped layer costs the ARMT layer minus this.
-    """
-    check_positive("d_model", d_model)
-    check_positive("segment_size", segment_size)
-    check_non_negative("n_mem_tokens", n_mem_tokens)
-    check_positive("d_mem", d_mem)
-    d, per_write = d_model, (40.0 if decode else 26.0) * d_model * d_mem
-    return 14.0 * d * d_mem + (n_mem_tokens / segment_size) * (2.0 * d * d + per_write)
-
-
-def flops_per_token(cfg, seq_len: int, decode: bool = False) -> float:
-    """Forward FLOPs per token: ARMT layers where memory is, plain segmented layers elsewhere
-    (no read or write), plus the head. A segment longer than the sequence is the sequence."""
-    segment = cfg.segment_size if decode else min(cfg.segment_size, seq_len)
-    args = (cfg.d_model, segment, cfg.n_mem_tokens, cfg.d_mem)
-    layer = armt_decode_layer_flops(*args) if decode else armt_layer_flops(*args)
-    wrapped = cfg.n_layer if cfg.memory_layers is None else len(cfg.memory_layers)
-    unwrapped = cfg.n_layer - wrapped
-    return (cfg.n_layer * layer - unwrapped * armt_memory_flops(*args, decode=decode)
-            + lm_head_flops(cfg.d_model, cfg.vocab_size))
-
-
-# --- bench: segment sizes, and the inference sweep over total length ------------------------
-
-SEGMENT_SIZE_OPTION = BenchOption("--segment-size", "128,256",
-                                  "segment sizes S for armt (comma-separated)")
-INFER_LEN_OPTION = BenchOption(
-    "--infer-len", "2048,8192,65536",
-    "ARMT inference sweep: prompt lengths read by ARMT.stream (constant memory) next to dense's "
-    "prefill (comma-separated; 'none' skips the sweep)")
-INFER_DENSE_MAX_OPTION = BenchOption(
-    "--infer-dense-max", "auto",
-    "longest prompt dense reads in the ARMT inference sweep (auto: every length on CUDA, "
-    "16384 elsewhere: a 65,536-token dense prefill takes minutes on a laptop CPU)")
-CPU_DENSE_INFER_MAX = 16384      # --infer-dense-max auto off CUDA
-
-
-def parse_infer_lengths(text: str) -> list[int]:
-    """'--infer-len' value -> lengths; 'none' -> [] (no sweep)."""
-    if str(text).strip().lower() == "none":
-        return []
-    return parse_int_list("--infer-len", text)
-
-
-def dense_infer_limit(text: str, device) -> int | None:
-    """'--infer-dense-max' value -> the longest dense prompt (None: no limit)."""
-    if str(text).strip().lower() == "auto":
-        return None if torch.device(device).type == "cuda" else CPU_DENSE_INFER_MAX
-    values = parse_int_list("--infer-dense-max", text)
-    if len(values) != 1:
-        fail("--infer-dense-max", text, "expected 'auto' or one integer >= 1")
-    return values[0]
-
-
-def bench_variants(options: dict) -> list[tuple[str, dict]]:
-    """``--segment-size 128,256`` -> [("S=128", {"segment_size": 128}), ...]; the sweep's own
-    options are checked here too, so they fail before any timing."""
-    parse_infer_lengths(options["infer_len"])
-    dense_infer_limit(options["infer_dense_max"], "cpu")
-    return [(f"S={n}", {"segment_size": n})
-            for n in parse_int_list("--segment-size", options["segment_size"])]
-
-
-def bench_inference(options: dict, bench) -> list[dict]:
-    """Read prompts of growing total length: ARMT (``stream``) vs dense (``prefill``).
-
-    Forward only, no grad, random (batch, T) prompts; one call = one whole prompt
-    (``metrics.make_infer_step``). Dense (while T <= ``--infer-dense-max``) and
-    ARMT with every segment size, at every length, are timed interleaved in one
-    loop, so ratios across models *and lengths* are same-run ratios. Memory per
-    entry: on CUDA the peak allocated over one call with only that model built
-    (weights included); on CPU, with the "rss" memory method, the peak RSS of a
-    fresh process reading one prompt.
-
-    Records (by increasing T): phase ``"infer"``, ``ratio_vs_dense`` (tokens/s
-    over dense's at the same T, None where dense was not run), ``state_bytes``
-    (what is kept to continue: ARMT's constant state, dense's KV cache) and
-    extra keys ``memory_vs_shortest`` / ``tokens_per_s_vs_shortest`` (this entry
-    over the same entry at the shortest length: the constant-memory and
-    flat-throughput targets), ``note`` (why dense is missing, or None) and the roofline
-    keys by the prefill traffic model (one call reads one whole prompt).
-    """
-    lengths = sorted(set(parse_infer_lengths(options["infer_len"])))
-    if not lengths:
-        return []
-    sizes = parse_int_list("--segment-size", options["segment_size"])
-    dense_max = dense_infer_limit(options["infer_dense_max"], bench.device)
-    batch = bench.batch or 1
-    runs = [(seq_len, entry) for seq_len in lengths
-            for entry in _infer_entries(bench, seq_len, sizes, dense_max)]
-    memories = [bench.infer_memory(entry.cfg, batch, seq_len) for seq_len, entry in runs]
-    models = [bench.build(entry.cfg) for _, entry in runs]
-    state_bytes: dict[int, int] = {}
-    steps = [_keeping_state_bytes(bench.infer_step(model, batch, seq_len), state_bytes, i)
-             for i, (model, (seq_len, _)) in enumerate(zip(models, runs, strict=True))]
-    bench.log(f"infer T={lengths} batch={batch}: timing {len(runs)} (model, length) pairs "
-              f"interleaved, {bench.warmup} warm-up + {bench.repeats} timed pass(es)")
-    timings = bench.time(steps, [batch * seq_len for seq_len, _ in runs])
-    dense_tps = {seq_len: timing.tokens_per_s
-                 for (seq_len, entry), timing in zip(runs, timings, strict=True)
-                 if entry.arch == BASELINE}
-    records = []
-    for i, (seq_len, entry) in enumerate(runs):
-        baseline = entry.arch == BASELINE
-        flops = bench.flops(entry.cfg, seq_len)
-        dense_flops = bench.flops(dataclasses.replace(entry.cfg, arch=BASELINE), seq_len)
-        ratio = timings[i].tokens_per_s / dense_tps[seq_len] \
-            if seq_len in dense_tps and not baseline else None
-        records.append(bench.record(
-            arch=entry.arch, variant=entry.variant, phase="infer", seq_len=seq_len, batch=batch,
-            timing=timings[i], ratio=ratio,
-            ceiling=None if baseline else bench.ceiling(dense_flops, flops), flops=flops,
-            memory=memories[i], state_bytes=state_bytes[i],
-            model_fields={k: getattr(entry.cfg, k) for k in ("d_model", "n_layer", "n_head",
-                                                              "vocab_size")},
-            params=models[i].num_params(), overrides=entry.overrides,
-            note=None if baseline else _dense_skipped_note(bench, batch, seq_len, dense_max),
-            **bench.step_cost(entry.cfg, "prefill", batch=batch, seq_len=seq_len,
-                              params=models[i].num_params(), flops_per_token=flops,
-                              state_bytes=state_bytes[i])))
-    _add_growth(records)
-    return records
-
-
-def _infer_entries(bench, seq_len: int, segment_sizes, dense_max) -> list:
-    entries = []
-    if dense_max is None or seq_len <= dense_max:
-        entries.append(bench.entry(BASELINE, seq_len))
-    for size in segment_sizes:
-        entry = bench.entry("armt", max(seq_len, size), f"S={size}", {"segment_size": size})
-        entries.append(entry)
-    return entries
-
-
-def _dense_skipped_note(bench, batch: int, seq_len: int, dense_max) -> str | None:
-    if dense_max is None or seq_len <= dense_max:
-        return None
-    width = 2 if bench.precision == "bf16" else 4
-    kv = 2 * bench.base["n_layer"] * batch * seq_len * bench.base["d_model"] * width
-    return (f"dense not run at T={seq_len} on {bench.device.type}: above --infer-dense-max="
-            f"{dense_max} (its quadratic prefill takes minutes per pass here); its KV cache "
-            f"alone would hold {human_bytes(kv)}")
-
-
-def _keeping_state_bytes(step, sizes: dict, index: int):
-    """``step`` that stores the returned state's bytes in ``sizes[index]`` (state then freed)."""
-    def run() -> None:
-        sizes[index] = step().nbytes()
-    return run
-
-
-def _add_growth(records: list[dict]) -> None:
-    """``memory_vs_shortest`` and ``tokens_per_s_vs_shortest`` per (arch, variant)."""
-    shortest: dict[tuple[str, str], dict] = {}
-    for r in records:                                      # records come by increasing length
-        first = shortest.setdefault((r["arch"], r["variant"]), r)
-        r["shortest_len"] = first["seq_len"]
-        r["tokens_per_s_vs_shortest"] = r["tokens_per_s"] / first["tokens_per_s"]
-        r["memory_vs_shortest"] = (r["memory_bytes"] / first["memory_bytes"]
-                                   if r["memory_bytes"] and first["memory_bytes"] else None)
-
-
-INFER_COLUMNS = (
-    ("arch", lambda r: r["arch"]), ("variant", lambda r: r["variant"] or "-"),
-    ("T", lambda r: str(r["seq_len"])), ("tok/s", lambda r: f"{r['tokens_per_s']:,.0f}"),
-    ("x dense", lambda r: fmt(r["ratio_vs_dense"], ".2f")),
-    ("tok/s vs shortest", lambda r: f"{r['tokens_per_s_vs_shortest']:.2f}"),
-    ("peak memory", lambda r: human_bytes(r["memory_bytes"])),
-    ("peak vs shortest", lambda r: fmt(r["memory_vs_shortest"], ".3f")),
-    ("rss delta", lambda r: human_bytes(r["rss_peak_bytes"] - r["rss_base_bytes"]
-                                        if r.get("rss_peak_bytes") is not None else None)),
-    ("state", lambda r: human_bytes(r["state_bytes"])), ("method", lambda r: r["memory_method"]),
-)
-
-
-def _infer_title(records: list[dict]) -> str:
-    return (f"ARMT inference sweep (forward, no grad, batch={records[0]['batch']}): ARMT reads "
-            "the prompt with stream() (segment by segment), dense with prefill()")
-
-
-def _infer_footer(records: list[dict]) -> list[str]:
-    longest = {(r["arch"], r["variant"]): r for r in records}        # by increasing length
-    lines = [f"ARMT {r['variant']}: peak({r['seq_len']}) / peak({r['shortest_len']}) = "
-             f"{fmt(r['memory_vs_shortest'], '.3f')} (target <= 1.1); tok/s({r['seq_len']}) / "
-             f"tok/s({r['shortest_len']}) = {r['tokens_per_s_vs_shortest']:.2f} (target: flat)"
-             for r in longest.values() if r["arch"] == "armt" and r["seq_len"] > r["shortest_len"]]
-    notes = sorted({r["note"] for r in records if r.get("note")})
-    return [*lines, *notes,
-            "peak memory: rss_subprocess = peak RSS of a fresh process incl. the interpreter+torch "
-            "baseline (rss delta = growth after import + model build); cuda_max_allocated = CUDA "
-            "peak incl. weights. state = what is kept to continue (ARMT: KV of one segment + A, z;"
-            " dense: KV cache)."]
-
-
-def state_bytes(cfg, t: int) -> float:
-    """Per wrapped layer: one cache of S + M slots (``2·(S+M)·d``) and A, z (``K·d + K``,
-    K = 6·d_mem); unwrapped layers keep the cache only (fp32). Constant in t."""
-    wrapped = cfg.n_layer if cfg.memory_layers is None else len(cfg.memory_layers)
-    key = 2 * DPFP_NU * cfg.d_mem
-    cache = 2 * (cfg.segment_size + cfg.n_mem_tokens) * cfg.d_model
-    return 4.0 * (cfg.n_layer * cache + wrapped * (key * cfg.d_model + key))
-
-
-def lab_start(cfg, trained: dict):
-    """ARMT wraps a pretrained model: the lab's trained dense model when there is one."""
-    backbone = trained.get(BASELINE)
-    if backbone is None:
-        return ARMT(cfg)
-    settings = {name: getattr(cfg, name) for name in ARMTOptions.field_names()
-                if name != "backbone"}
-    return ARMT.wrap(backbone, seq_len=cfg.seq_len, **settings)
-
-
-def flop_saving_of_a_layer_subset() -> float:
-    """1 - FLOPs(memory in 20% of the layers) / FLOPs(memory in all), on the follow-up's public
-    config (Llama-3.2-1B: d 2048, 16 layers, vocab 128,256; segment 1024, 32 memory tokens,
-    d_mem 64); the FLOP model is the kit's."""
-    shape = dict(d_model=2048, n_layer=16, n_head=32, seq_len=1024, vocab_size=128256,
-                 segment_size=1024, n_mem_tokens=32, d_mem=64)
-    every = flops_per_token(ModelConfig("armt", **shape), 1024)
-    some = flops_per_token(ModelConfig("armt", **shape, memory_layers=(6, 7, 8)), 1024)
-    return 1.0 - some / every
-
-
-PAPER = "ARMT: Associative Recurrent Memory Transformer (Rodkin, Kuratov, Bulatov, Burtsev)"
-CLAIMS = (
-    Claim("armt.babilong", PAPER, "2407.04841", "abstract",
-          "BABILong QA1 accuracy over 50M tokens", 79.9, "%", "GPT-2 backbone, segment 512, "
-          "curriculum to 32 segments", "single-fact QA over 50M tokens", comparable=False,
-          note="needs a pretrained LM and 50M-token contexts; the lab's MQAR beyond the "
-               "segment, at up to 8x the trained length (the memory-pays table), is the "
-               "nearest probe at kit scale"),
-    Claim("armt.constant_memory", PAPER, "OpenReview cWVbffpjs7", "follow-up, per the paper "
-          "summary (not verified)", "decoding state, longest over shortest length", 1.0,
-          "x", "up to 64k tokens", "a constant state (within 10%)",
-          kit=lambda r: state_growth(r, "armt"), holds=lambda growth: growth <= 1.1,
-          note="kit: the measured decoding state over the lab's lengths"),
-    Claim("armt.flop_saving", PAPER, "OpenReview cWVbffpjs7", "follow-up, per the paper "
-          "summary (not verified)", "FLOP saving with memory in ~20% of the layers", 30.0,
-          "%", "Llama-3.2-1B wrapped", "about 30% fewer FLOPs",
-          kit=lambda r: 100 * flop_saving_of_a_layer_subset(), holds=lambda saving: saving >= 25,
-          note="the kit's FLOP model on the public 1B config (memory in 3 of 16 layers)"),
-)
-
-
-def memory_slots(cfg, n_pairs: int) -> int:
-    """The slot model of the associative memory: each of a segment's M memory tokens writes
-    one key-value association, a query reads by its DPFP key, and at most K = 2 nu d_mem
-    keys stay apart (independent rows of A); so min(M, K) slots (0 with no memory layer)."""
-    if cfg.memory_layers == ():
-        return 0
-    return min(cfg.n_mem_tokens, 2 * DPFP_NU * cfg.d_mem)
-
-
-register(Mechanism(
-    name="armt", model=ARMT, options=ARMTOptions, flops=flops_per_token,
-    state_bytes=state_bytes, claims=CLAIMS,
-    lab=LabSpec(start=lab_start, local_span=lambda cfg: cfg.segment_size,
-                recall_span=lambda cfg, span: dataclasses.replace(cfg, segment_size=span),
-                twin=lambda cfg: dataclasses.replace(cfg, memory_layers=()),
-                memory_slots=memory_slots, recall_curriculum=True),
-    summary="associative recurrent memory: segments, a per-layer delta-rule memory matrix "
-            "carried across them, around a (pretrained) backbone",
-    presets={"tiny": {"segment_size": 8}, "fast": {"segment_size": 16},
-             "class": {"segment_size": 64}, "gpu": {"segment_size": 256}},
-    bench_options=(SEGMENT_SIZE_OPTION, INFER_LEN_OPTION, INFER_DENSE_MAX_OPTION),
-    bench_variants=bench_variants,
-    trace_keys=("segment*.layer*.read_query", "segment*.layer*.read", "segment*.layer*.write_key",
-                "segment*.layer*.write_value", "segment*.layer*.beta", "segment*.layer*.gamma",
-                "segment*.layer*.A", "segment*.layer*.z"),
-    boundary_fields=("segment_size",),
-    special_benches=(SpecialBench("infer", bench_inference, INFER_COLUMNS, _infer_title,
-                                  _infer_footer),)))

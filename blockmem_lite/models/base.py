@@ -117,6 +117,38 @@ class LanguageModel(nn.Module, metaclass=abc.ABCMeta):
     def step(self, token: torch.Tensor, state: State):
         """Feed one token per sequence, (B,) or (B, 1); return (logits (B, V), state)."""
 
+    # --- optional hooks: the core calls them on every model; override where it pays ----------
+    def lr_scales(self) -> dict[str, float]:
+        """{parameter-name prefix: learning-rate factor}; the Trainer gives each matching
+        parameter group that share of the lr (MoC's memory layers). Default: none."""
+        return {}
+
+    def stream(self, tokens: torch.Tensor, state: State | None = None):
+        """Read ``tokens`` (B, T) for inference: (logits of the last token (B, V), state ready
+        for ``step``). Default: ``prefill`` a fresh state of exactly T slots, or ``step`` token
+        by token through a given ``state``. A model that reads any length in constant memory
+        overrides it (ARMT, segment by segment); the inference bench calls it."""
+        if state is None:
+            logits, state = self.prefill(tokens, max_len=tokens.shape[1])
+            return logits[:, -1], state
+        logits = None
+        for token in tokens.unbind(dim=1):                     # (B,) each
+            logits, state = self.step(token, state)
+        return logits, state
+
+    def decode_tokens(self, tokens: torch.Tensor, state: State) -> torch.Tensor:
+        """The per-token part of ``step``, (B, t) -> logits (B, t, V), updating ``state`` in
+        place, without the bookkeeping that changes shape (closing a block or segment):
+        ``--compile`` compiles it alone where a model overrides it (``has_own``), else the
+        whole ``step``. Default: not split out."""
+        raise NotImplementedError(f"{type(self).__name__} does not split decode_tokens out of "
+                                  "step (compile step instead)")
+
+    @classmethod
+    def has_own(cls, hook: str) -> bool:
+        """Whether this class overrides the optional hook ``hook`` of LanguageModel."""
+        return getattr(cls, hook) is not getattr(LanguageModel, hook)
+
     # --- shared helpers ------------------------------------------------------------
     def output(self, logits: torch.Tensor, targets: torch.Tensor | None,
                aux_loss: torch.Tensor | None = None) -> ModelOutput:

@@ -4,7 +4,8 @@ Token embedding -> n_layer pre-norm Blocks (causal SDPA, RoPE, SwiGLU) ->
 RMSNorm -> untied LM head. Full causal attention costs O(T^2 d) per layer
 and its KV cache grows as 2 * t * d per layer: the costs the mechanisms
 attack. Kept strong on purpose (flash SDPA, preallocated cache), so every
-speed-up the kit reports is against a fair baseline (PERFORMANCE.md).
+speed-up the kit reports is against a fair baseline (PERFORMANCE.md). Its FLOP
+model, KV-cache size and registration as ``dense`` are in ``mechanisms/dense.py``.
 """
 
 from __future__ import annotations
@@ -12,10 +13,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from blockmem_lite.flops import dense_decode_layer_flops, dense_layer_flops, lm_head_flops
 from blockmem_lite.models.base import LanguageModel, ModelOutput, State, check_tokens
 from blockmem_lite.nn import Block, KVCache, RMSNorm, init_weights
-from blockmem_lite.registry import Mechanism, register
 from blockmem_lite.trace import record, scope
 
 
@@ -89,21 +88,3 @@ class DenseLM(LanguageModel):
         """The per-token part of ``step`` (no checks): tokens (B, r) -> logits (B, r, V)
         through the caches. What ``compiling.compile_decoding`` compiles."""
         return self._run(tokens, state.caches)
-
-
-def flops_per_token(cfg, seq_len: int, decode: bool = False) -> float:
-    """``n_layer·(24·d² + 2·T·d) + 2·d·V`` (decode: ``4·t·d`` per layer at context t)."""
-    layer = (dense_decode_layer_flops(cfg.d_model, seq_len) if decode
-             else dense_layer_flops(cfg.d_model, seq_len))
-    return cfg.n_layer * layer + lm_head_flops(cfg.d_model, cfg.vocab_size)
-
-
-def state_bytes(cfg, t: int) -> float:
-    """The KV cache: ``2·t·d`` numbers per layer (fp32)."""
-    return 4.0 * cfg.n_layer * 2 * t * cfg.d_model
-
-
-register(Mechanism(
-    name="dense", model=DenseLM, state_bytes=state_bytes,
-    summary="the GPT baseline: full causal attention (every ratio is measured against it)",
-    flops=flops_per_token, trace_keys=("layer*.hidden", "layer*.attn_weights")))

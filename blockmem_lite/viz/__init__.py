@@ -1,42 +1,67 @@
-"""Plots and the live training dashboard.
+"""Plots and the live training dashboard: ``from blockmem_lite import viz``, then ``viz.<name>``.
 
-* ``blockmem_lite.viz.figures``: plotly figure builders (masks, attention,
-  loss curves, training summary, throughput / memory vs length). They return
-  figures and never show them.
-* ``blockmem_lite.viz.live``: ``LiveDashboard``, the trainer callback that
-  draws a widget in notebooks and prints short lines in CI or scripts, and
-  ``LiveComparison``, several runs overlaid in one widget (``live.run(name)`` is each
-  run's callback), and ``LiveMonitor``, the same for any probe + figure builder
-  (routing, memory, recall).
-* ``blockmem_lite.viz.widgets``: ``slider_figure``, sliders next to a figure that
-  do nothing harmful headless.
+Every figure builder returns a plotly figure and never shows it. By topic:
 
-Importing this package is light: plotly and ipywidgets load only when a figure
-or a widget is built.
+* ``viz.mechanisms``: what the notebooks draw for each mechanism: masks and attention
+  (``mask_heatmap``, ``attention_heatmap``), BCMT's decay and summary weights and gates,
+  ARMT's memory matrices, MoC's routing.
+* ``viz.training``: ``loss_curves`` and the three-row training figure (loss, tokens/s,
+  memory: ``training_summary``, ``training_comparison``).
+* ``viz.bench``: ``throughput_vs_length``, ``memory_vs_length`` from bench records.
+* ``viz.charts``: generic charts for the notebooks' own numbers (``line_chart``,
+  ``line_panels``, ``grouped_bars``, ``scatter_points``, ``bar_compare``, ``heatmap``).
+* ``viz.common``: what they share (plotly, the palette ``color``, sizing).
+
+Live views, a widget in notebooks and short text lines in CI or scripts (the mode rule
+and the base they share are in ``viz.liveview``):
+
+* ``viz.live``: ``LiveDashboard``, the trainer callback that follows one run;
+* ``viz.comparison``: ``LiveComparison``, several runs overlaid in one widget
+  (``live.run(name)`` is each run's callback);
+* ``viz.monitor``: ``LiveMonitor``, the same for any probe + figure builder (routing,
+  memory, recall);
+* ``viz.widgets``: ``slider_figure``, sliders next to a figure that do nothing harmful
+  headless.
+
+Importing this package is light: each name loads its module (and plotly, ipywidgets)
+only when it is first used.
 """
 
 from __future__ import annotations
 
-_LIVE_NAMES = ("LiveComparison", "LiveDashboard", "LiveMonitor", "live_comparison",
-               "live_dashboard")
-_WIDGET_NAMES = ("slider_figure", "slider", "choice")
+import importlib
+
+_HOMES = {
+    "charts": ("bar_compare", "grouped_bars", "heatmap", "line_chart", "line_panels",
+               "scatter_points"),
+    "common": ("color", "memory_method_label"),
+    "mechanisms": ("attention_heatmap", "chapter_weights_bar", "decay_heatmap",
+                   "gate_histogram", "mask_grid", "mask_heatmap", "memory_matrices",
+                   "routing_decisions", "routing_heatmap", "summary_weights_heatmap"),
+    "training": ("loss_curves", "run_family", "training_comparison", "training_panels",
+                 "training_summary", "update_training_panels"),
+    "bench": ("memory_vs_length", "throughput_vs_length"),
+    "live": ("LiveDashboard", "live_dashboard"),
+    "comparison": ("LiveComparison", "live_comparison"),
+    "monitor": ("LiveMonitor",),
+    "widgets": ("choice", "slider", "slider_figure"),
+}
+_MODULES = ("bench", "charts", "common", "comparison", "live", "liveview", "mechanisms",
+            "monitor", "training", "widgets")
+_HOME_OF = {name: module for module, names in _HOMES.items() for name in names}
 
 
 def __getattr__(name):
-    if name in _LIVE_NAMES:
-        from blockmem_lite.viz import live
-
-        return getattr(live, name)
-    if name in _WIDGET_NAMES:
-        from blockmem_lite.viz import widgets
-
-        return getattr(widgets, name)
-    if name in ("figures", "live", "widgets"):
-        import importlib
-
+    if name in _HOME_OF:
+        module = importlib.import_module(f"blockmem_lite.viz.{_HOME_OF[name]}")
+        return getattr(module, name)
+    if name in _MODULES:
         return importlib.import_module(f"blockmem_lite.viz.{name}")
     raise AttributeError(f"module 'blockmem_lite.viz' has no attribute {name!r}")
 
 
-__all__ = ["LiveComparison", "LiveDashboard", "LiveMonitor", "choice", "figures", "live",
-           "live_comparison", "live_dashboard", "slider", "slider_figure", "widgets"]
+def __dir__():
+    return __all__
+
+
+__all__ = sorted([*_HOME_OF, *_MODULES])

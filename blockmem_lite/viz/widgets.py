@@ -1,11 +1,11 @@
 """Sliders next to a figure: interactive in JupyterLab, harmless headless.
 
-    slider_figure(lambda alpha: figures.decay_heatmap(decay_weights(16, alpha)),
+    slider_figure(lambda alpha: viz.decay_heatmap(decay_weights(16, alpha)),
                   alpha=slider(0.8, 0.0, 1.0, 0.05, label="decay α"))
 
 ``build(**values)`` returns what to show (a plotly figure, any displayable object)
-or None when it prints instead. Modes follow the live dashboard's rule
-(``live.resolve_mode``): widget mode in a Jupyter kernel unless
+or None when it prints instead. Modes follow the rule of every live view
+(``liveview.resolve_mode``): widget mode in a Jupyter kernel unless
 ``BLOCKMEM_HEADLESS=1``; text mode otherwise, or when ipywidgets cannot be built.
 Text mode calls ``build`` once at the default values, shows the result when a
 kernel is there to show it, and prints one line naming the values.
@@ -26,7 +26,7 @@ import html
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from blockmem_lite.viz import live
+from blockmem_lite.viz import liveview
 
 SLIDER_WIDTH = "60%"
 SLIDER_MIN_WIDTH = "360px"
@@ -124,8 +124,8 @@ class SliderView:
         self.controls: dict = {}
         self.labels: dict = {}
         self.result = None
-        self.mode, self.fallback_reason, self._announce = live.resolve_mode(mode,
-                                                                            self._build_widget)
+        self.mode, self.fallback_reason, self._announce = liveview.resolve_mode(
+            mode, self._build_widget)
 
     def _build_widget(self) -> None:
         import ipywidgets
@@ -152,7 +152,7 @@ class SliderView:
     def show_text(self) -> None:
         """Text mode: build once at the defaults; show it when a kernel can; one line."""
         self.result = self.build(**self.values)
-        if self.result is not None and live._in_notebook_kernel():
+        if self.result is not None and liveview._in_notebook_kernel():
             from IPython.display import display
 
             display(self.result)
@@ -178,7 +178,7 @@ def slider_figure(build: Callable, title: str = "", mode: str = "auto", **slider
     specs = {name: _as_slider(name, spec) for name, spec in sliders.items()}
     view = SliderView(build, specs, title or getattr(build, "__name__", "figure"), mode)
     if view.mode == "widget":
-        if live._in_notebook_kernel():
+        if liveview._in_notebook_kernel():
             from IPython.display import display
 
             display(view.widget)

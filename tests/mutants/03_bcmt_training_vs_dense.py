@@ -6,9 +6,9 @@ tests/test_mutants.py substitutes each one and proves the check cell rejects it.
 
 MUTANTS = {
     "nb03-10": [  # block_local_ceiling
-        ("calls the kit: bcmt.block_local_layer_flops for the block-local layer",
+        ("calls the kit: mechanisms.bcmt.block_local_layer_flops for the block-local layer",
          "local = n_layer * (24 * d_model**2 + 2 * block_size * d_model) + head",
-         "local = n_layer * bcmt.block_local_layer_flops(d_model, block_size) + head"),
+         "local = n_layer * mechanisms.bcmt.block_local_layer_flops(d_model, block_size) + head"),
         ("the LM head forgotten",
          "head = 2 * d_model * vocab_size", "head = 0"),
         ("ratio inverted (local / dense)",

@@ -37,10 +37,10 @@ MUTANTS = {
          "next_group = (k + 1) * width +", "next_group = k * width +"),
         ("the colleague's bug again: every token reads its own slot",
          "return torch.where(j == chunk_size - 1, next_group, own)", "return own"),
-        ("calls the kit's cat.readout_slots",
+        ("calls the kit's cat_layout.readout_slots",
          "    next_group = (k + 1) * width + (1 if separator else 0)\n"
          "    return torch.where(j == chunk_size - 1, next_group, own)\n",
-         "    return cat.readout_slots(n_chunks, chunk_size, separator, device)\n"),
+         "    return cat_layout.readout_slots(n_chunks, chunk_size, separator, device)\n"),
     ],
     "nb04-11": [  # cat_pairs + dense_pairs
         ("the closing vector slot forgotten",

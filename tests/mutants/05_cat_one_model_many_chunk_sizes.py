@@ -29,8 +29,9 @@ MUTANTS = {
          "q = self.rope(q, positions)"),
         ("heads merged without moving them next to each other",
          "y.transpose(1, 2).reshape(b, s, d)", "y.reshape(b, s, d)"),
-        ("calls the kit's cat.per_chunk_attention",
-         "y = weights @ v", "y = cat.per_chunk_attention(q, k, v, n_chunks, chunk_size, separator)"),
+        ("calls the kit's cat_attention.per_chunk_attention",
+         "y = weights @ v",
+         "y = cat_attention.per_chunk_attention(q, k, v, n_chunks, chunk_size, separator)"),
     ],
     "nb05-13": [  # val_loss_per_chunk + direction
         ("the chunk-size knob never set: every C measures the default",

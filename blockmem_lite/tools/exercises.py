@@ -92,7 +92,7 @@ def _nbformat():
 
 def notebooks_dir() -> Path:
     """The repository's ``notebooks/`` folder, next to the package (editable install)."""
-    return Path(__file__).resolve().parents[1] / "notebooks"
+    return Path(__file__).resolve().parents[2] / "notebooks"
 
 
 def solutions_dir() -> Path:

@@ -355,7 +355,8 @@ def flex_available() -> bool:
 def _flex_case(name: str, sizes: Sizes, device: torch.device, dtype: torch.dtype):
     """(q, k, v, the SDPA form, the boolean mask) of BCMT's or CAT's attention."""
     from blockmem_lite.masks import block_causal_mask, cat_mask
-    from blockmem_lite.models.cat import n_slots, per_chunk_attention
+    from blockmem_lite.ops.cat_attention import per_chunk_attention
+    from blockmem_lite.ops.cat_layout import n_slots
 
     b, h, hd, t = sizes.flex_batch, sizes.flex_heads, sizes.flex_head_dim, sizes.flex_len
     if name == "bcmt":

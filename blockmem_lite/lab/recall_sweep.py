@@ -6,7 +6,7 @@ learned" becomes "this memory holds about N pairs" or "it could hold them and di
 
 ``python -m blockmem_lite sweep --arch armt --knob n_mem_tokens`` (values default to
 ``SWEEPS``); OUT/<arch>-<knob>.json keeps every finished point, so a stopped sweep goes on
-where it stopped, and OUT/<arch>-<knob>.html draws it (``viz.lab_figures.memory_sweep``;
+where it stopped, and OUT/<arch>-<knob>.html draws it (``lab.figures.memory_sweep``;
 plotly.js beside it, so it opens offline).
 """
 
@@ -194,12 +194,12 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     path = out / f"{args.arch}-{args.knob}.json"
     try:
-        from blockmem_lite.viz import lab_figures
+        from blockmem_lite.lab import figures
     except ImportError as err:
         print(f"wrote {path} (no plot: {err})")
         return 0
     html = path.with_suffix(".html")
-    lab_figures.memory_sweep(record).write_html(html, include_plotlyjs="directory")
+    figures.memory_sweep(record).write_html(html, include_plotlyjs="directory")
     print(f"wrote {path} and {html}")
     print(summary(record))
     return 0

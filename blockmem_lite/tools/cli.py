@@ -75,8 +75,8 @@ def train_parser() -> argparse.ArgumentParser:
         prog="python -m blockmem_lite train", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Train a model from a preset; writes checkpoint.pt and history.json to --out. "
                     "Ctrl-C, SIGTERM and SIGHUP stop after the current step and save both. "
-                    "Several GPUs or nodes: start it with torchrun (README 'When you outgrow "
-                    "one GPU'); --set batch_size is then the global batch.",
+                    "Several GPUs or nodes: start it with torchrun (docs/DISTRIBUTED.md)"
+                    "; --set batch_size is then the global batch.",
         epilog="architectures and their options (--set FIELD=VALUE):\n"
                + mechanisms_help(with_options=True))
     p.add_argument("--preset", choices=PRESET_NAMES, default="class",
@@ -227,7 +227,7 @@ def _trainer(args, run_cfg: RunConfig, ckpt: dict | None) -> Trainer:
     trainer = Trainer(build_model(run_cfg), run_cfg.train, train_loader, val_loader,
                       run_cfg=run_cfg)
     if ckpt is not None:
-        trainer._restore(ckpt)
+        trainer.restore(ckpt)
     return trainer
 
 
@@ -559,7 +559,7 @@ def reproduce_main(argv: list[str] | None = None) -> int:
 def _write_plots(results: dict, out: Path) -> None:
     """The report's plots, when plotly (the notebooks extra) is installed."""
     try:
-        from blockmem_lite.viz import lab_figures
+        from blockmem_lite.lab import figures as lab_figures
     except ImportError as err:
         print(f"no plots written ({err}); the JSON and report.md are complete", file=sys.stderr)
         return

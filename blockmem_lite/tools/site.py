@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from blockmem_lite.checkpoints import atomic_write_bytes
-from blockmem_lite.exercises import ExerciseError, notebooks_dir, read_notebook
+from blockmem_lite.tools.exercises import ExerciseError, notebooks_dir, read_notebook
 
 PRESETS = ("fast", "class")
 PLOTLY_MIME = "application/vnd.plotly.v1+json"

@@ -2,8 +2,8 @@
 
 Language modelling, speed and memory against dense, the memory-pays tables (recall beyond
 the span against each twin; facts in the weights against the iso-FLOP baseline) and the
-papers' claims, as markdown tables; ``PLOTS`` names the figures ``viz.lab_figures``
-writes beside it.
+papers' claims, as markdown tables; ``PLOTS`` names the figures ``lab.figures`` writes
+beside it.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from blockmem_lite import bench
 from blockmem_lite.checkpoints import atomic_write_bytes
 from blockmem_lite.units import fmt, human_duration
 
-PLOTS = ("pareto", "state_vs_length", "recall_vs_distance",      # viz.lab_figures writes them
+PLOTS = ("pareto", "state_vs_length", "recall_vs_distance",      # lab.figures writes them
          "recall_capacity", "facts_capacity")
 
 
@@ -101,7 +101,7 @@ def report_markdown(results: dict) -> str:
 
 
 def write_report(results: dict, out: Path) -> Path:
-    """OUT/report.md (the command line adds the plots, ``viz.lab_figures.write_plots``)."""
+    """OUT/report.md (the command line adds the plots, ``lab.figures.write_plots``)."""
     path = Path(out) / "report.md"
     atomic_write_bytes(path, report_markdown(results).encode())
     return path

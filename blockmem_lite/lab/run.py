@@ -16,10 +16,10 @@ and once for all of them, in one process so the ratios are same-run ratios:
   tokens at several lengths, next to each mechanism's analytic state model.
 
 Each finished (task, entry) is stored in ``OUT/results.json`` at once (atomically), so an
-interrupted run continues where it stopped and recomputes nothing. ``report.md`` (with
-the claims table; ``lab_report``) is written at the end; the command line adds ``plots/*.html``
-(``viz.lab_figures.write_plots``). One progress line covers
-the whole plan, with an ETA.
+interrupted run continues where it stopped and recomputes nothing. The verdicts
+(``lab.verdicts``) and ``report.md`` (with the claims table; ``lab.report``) are written at
+the end; the command line adds ``plots/*.html`` (``lab.figures.write_plots``). One progress
+line covers the whole plan, with an ETA.
 
 Under torchrun (``distributed.setup``) every language model and recall model trains with
 all the processes (``train.Trainer``); rank 0 alone reads and writes ``OUT``, runs the
@@ -39,7 +39,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
-import math
 import sys
 import time
 from dataclasses import dataclass
@@ -50,11 +49,12 @@ from blockmem_lite import bench, distributed, knowledge, metrics, recall, regist
 from blockmem_lite.checkpoints import atomic_write, atomic_write_bytes, prepare_folder
 from blockmem_lite.config import PRESET_NAMES, ModelConfig, RunConfig, preset
 from blockmem_lite.corpora import load_corpus, make_loaders
-from blockmem_lite.lab_report import write_report
+from blockmem_lite.lab.report import write_report
+from blockmem_lite.lab.verdicts import claims_table, knowledge_pays, memory_pays
 from blockmem_lite.models.base import build_model
 from blockmem_lite.runtime import pick_device, seed_everything
 from blockmem_lite.train import Trainer
-from blockmem_lite.units import fmt, human_duration
+from blockmem_lite.units import human_duration
 from blockmem_lite.validation import check_choice, fail
 
 RESULTS_NAME = "results.json"
@@ -188,11 +188,11 @@ class Lab:
                  recall_seeds=None):
         if live is not None and not callable(getattr(live, "run", None)):
             raise ValueError(f"live={live!r} is not allowed: expected None or a live view with "
-                             "run(name) -> trainer callback (viz.live.LiveComparison)")
+                             "run(name) -> trainer callback (viz.comparison.LiveComparison)")
         if recall_live is not None and not callable(recall_live):
             raise ValueError(f"recall_live={recall_live!r} is not allowed: expected None or a "
                              "function (name, recipe) -> trainer callback "
-                             "(viz.lab_figures.recall_monitor)")
+                             "(lab.figures.recall_monitor)")
         self.live, self.recall_live = live, recall_live
         self.world = distributed.current()
         self.preset = preset_name
@@ -505,158 +505,18 @@ def _copies(models: dict) -> dict:
     return {label: copy.deepcopy(model) for label, model in models.items()}
 
 
-# --- claims and the memory-pays experiment ---------------------------------------------------
-def claims_table(results: dict, archs=None) -> list[dict]:
-    """For every registered claim (of ``archs``, default all): the paper's value, the kit's,
-    their ratio, the FLOP ceiling where one applies, and a verdict (reproduced / not
-    reproduced / not comparable) with a one-line reason."""
-    rows = []
-    for mechanism in registry.mechanisms():
-        if archs is None or mechanism.name in archs:
-            rows.extend(_claim_row(mechanism.name, claim, results) for claim in mechanism.claims)
-    return rows
-
-
-def results_from(val_loss: dict | None = None, bench_records=(), recall: dict | None = None,
-                 state: dict | None = None) -> dict:
-    """A lab-style result from measurements made elsewhere (e.g. in a notebook), so
-    ``claims_table`` can judge them: ``val_loss`` {label: loss or {variant: loss}},
-    ``bench_records`` from ``bench.run_bench``, ``recall`` {label: lab recall record},
-    ``state`` {label: {"t", "measured", "analytic"}}."""
-    done = {f"lm/{label}": {"val_loss": loss if isinstance(loss, dict) else {"": loss}}
-            for label, loss in (val_loss or {}).items()}
-    done.update({f"recall/{label}": record for label, record in (recall or {}).items()})
-    done["bench/*"] = {"records": list(bench_records), "state": state or {}}
-    return {"meta": {}, "done": done}
-
-
-CLAIM_COLUMNS = ("mechanism", "claim", "verdict", "why", "paper", "kit", "ceiling")
-
-
-def format_claims(rows: list[dict]) -> str:
-    """The claims table as fixed-width text (notebooks print it; the report has markdown)."""
-    return bench.text_table(list(CLAIM_COLUMNS), [
-        [r["arch"], r["quantity"], r["verdict"], r["reason"],
-         f"{fmt(r['paper_value'], '.4g')} {r['unit']}".strip(), fmt(r["kit_value"], ".3g"),
-         fmt(r["ceiling"], ".2f")] for r in rows], left_columns=4)
-
-
-def _claim_row(arch: str, claim: registry.Claim, results: dict) -> dict:
-    kit = claim.kit(results) if claim.comparable and claim.kit else None
-    ceiling = claim.ceiling(results) if claim.ceiling else None
-    ratio = kit / claim.value if kit is not None and claim.value else None
-    if not claim.comparable:
-        verdict, reason = "not comparable", claim.note
-    elif kit is None or (isinstance(kit, float) and math.isnan(kit)):
-        verdict, reason = "not comparable", "this run did not measure it"
-    elif claim.holds(kit):
-        verdict, reason = "reproduced", f"at kit scale: {claim.statement} ({kit:.3g} {claim.unit})"
-    else:
-        verdict, reason = "not reproduced", (f"at kit scale the kit measures {kit:.3g} "
-                                             f"{claim.unit}: not {claim.statement}")
-    if claim.note and claim.comparable:
-        reason += f"; {claim.note}"
-    return {"arch": arch, "key": claim.key, "paper": claim.paper, "arxiv": claim.arxiv,
-            "where": claim.where, "quantity": claim.quantity, "paper_value": claim.value,
-            "unit": claim.unit, "setting": claim.setting, "kit_value": kit, "ratio": ratio,
-            "ceiling": ceiling, "verdict": verdict, "reason": reason}
-
-
-BLIND_ATOL = 1e-4          # answer logits of a blind twin move by float32 rounding only
-
-
-def memory_pays(results: dict) -> list[dict]:
-    """Per entry with a memory-less twin, per variant: beyond-span recall of the mechanism
-    (mean over seeds, with the band of the lowest and highest seed), of its twin and of
-    dense on the same rows. "pays" when the mechanism beats its twin by more than the noise
-    of the difference of two rates on the held-out answers (2 standard errors at the widest
-    p = 1/2); ``twin_blind`` says whether the twin's answers ignored every token beyond its
-    span (``recall.blindness`` below ``BLIND_ATOL``)."""
-    rows, done = [], results["done"]
-    dense = done.get(f"recall/{registry.BASELINE}", {}).get("beyond", {}).get("", {})
-    for key, record in done.items():
-        if not key.startswith("recall/") or "twin" not in record:
-            continue
-        for variant, span in record["local_span"].items():
-            mine, twin = record["beyond"][variant], record["twin"]["beyond"][variant]
-            blind = record["twin"]["blindness"][variant]
-            rows.append({"entry": f"{key.split('/', 1)[1]} {variant}".strip(),
-                         "local_span": span, "recall_beyond": mine["mean"],
-                         "band": [mine["lo"], mine["hi"]], "local_baseline": twin["mean"],
-                         "twin_band": [twin["lo"], twin["hi"]], "dense": dense.get("mean"),
-                         "dense_band": [dense["lo"], dense["hi"]] if dense else None,
-                         "chance": record["chance"]["mqar"], "seeds": mine["n"],
-                         "stages": record.get("stages", []),
-                         "noise": recall.noise(mine["n_answers"], twin["n_answers"]),
-                         "twin_blindness": blind, "twin_blind": blind < BLIND_ATOL,
-                         "capacity": [[c["n_pairs"], c["accuracy"]]
-                                      for c in record["capacity"][variant]],
-                         "holds": recall.holds(record["capacity"][variant]),
-                         "length": [[c["factor"], c["accuracy"]]
-                                    for c in record["length"][variant]],
-                         "pays": mine["mean"] - twin["mean"] > recall.noise(
-                             mine["n_answers"], twin["n_answers"]),
-                         **_shortfall(mine, record.get("slot_model", {}).get(variant))})
-    return rows
-
-
-def _shortfall(mine: dict, slot_curve: list[dict] | None) -> dict:
-    """The slot model's accuracy at the recipe's pairs, and why the mechanism is short of
-    ``recall.TARGET`` where it is: "capacity" (the slot model is short too, and the
-    measured accuracy reaches it within the noise of its own answers), else "training" (the
-    memory could hold the pairs; the model did not learn to use it)."""
-    if not slot_curve:
-        return {"slot_model": None, "shortfall": None}
-    predicted = slot_curve[-1]["accuracy"]
-    if mine["mean"] >= recall.TARGET:
-        why = None
-    elif predicted < recall.TARGET and \
-            mine["mean"] >= predicted - recall.noise(mine["n_answers"]):
-        why = "capacity"
-    else:
-        why = "training"
-    return {"slot_model": predicted, "shortfall": why}
-
-
-def knowledge_pays(results: dict) -> list[dict]:
-    """Per mechanism with facts measured beside its iso-FLOP baseline, per table size:
-    facts recalled by each, and whether the mechanism beats the baseline by the noise."""
-    done, rows = results["done"], []
-    for key, record in done.items():
-        if not key.startswith("facts/") or not record["baseline_of"]:
-            continue
-        mine = done.get(f"facts/{record['baseline_of']}")
-        if mine is not None:
-            rows += [{"entry": record["baseline_of"], "baseline": key.split("/", 1)[1], **row}
-                     for row in knowledge.compare(mine["counts"], record["counts"])]
-    return rows
-
-
 def reproduce(preset_name: str = "fast", out="runs/reproduce", archs=None, corpus=None,
               paths=None, steps: int | None = None, progress: bool = True, live=None,
               recall_live=None, tasks=None, recall_seeds=None) -> dict:
     """Run (or continue) the lab; returns the results (also in ``out/results.json``).
 
-    ``live``: a ``viz.live.LiveComparison`` (anything with ``run(name)`` returning a trainer
+    ``live``: a ``viz.comparison.LiveComparison`` (anything with ``run(name)`` returning a trainer
     callback) that draws each language model's training as it happens; ``recall_live``:
     ``(name, recipe) -> trainer callback`` for each recall model, e.g.
-    ``viz.lab_figures.recall_monitor`` (its beyond-span accuracy against the step);
+    ``lab.figures.recall_monitor`` (its beyond-span accuracy against the step);
     ``tasks``: only these kinds of task (``TASKS``; default all); ``recall_seeds``: train
     each recall model at these seeds instead of the recipe's (a notebook's one seed)."""
     if corpus is None or isinstance(corpus, str):
         corpus = load_corpus(corpus or ("files" if paths else "offline"), paths=paths)
     return Lab(preset_name, out, archs, corpus, steps, progress, live=live,
                recall_live=recall_live, tasks=tasks, recall_seeds=recall_seeds).run()
-
-
-def summary(results: dict) -> str:
-    """A few lines for the terminal: where the report is, the verdicts, the memory result."""
-    verdicts = [r["verdict"] for r in results.get("claims", [])]
-    counts = ", ".join(f"{verdicts.count(v)} {v}" for v in
-                       ("reproduced", "not reproduced", "not comparable"))
-    pays = [r["entry"] for r in results.get("memory_pays", []) if r["pays"]]
-    pays += sorted({f"{r['entry']} (facts)" for r in results.get("knowledge", []) if r["pays"]})
-    return (f"claims: {counts}; memory pays beyond the local span for: "
-            f"{', '.join(pays) or 'none at this scale'}")
-
-

@@ -1,7 +1,7 @@
 """Figures of a comparison-lab result (``lab.reproduce``): what notebook 10 and the report show.
 
 Each builder takes the results dict (``OUT/results.json``), optionally a subset of entries
-(``labels``), and returns a plotly figure built with ``viz.figures``.
+(``labels``), and returns a plotly figure built with ``viz.charts`` and ``viz.training``.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from pathlib import Path
 import plotly.graph_objects as go
 
 from blockmem_lite import recall
-from blockmem_lite.lab_report import PLOTS
+from blockmem_lite.lab.report import PLOTS
 from blockmem_lite.labdata import bench_record
-from blockmem_lite.viz import figures
-from blockmem_lite.viz.live import LiveMonitor
+from blockmem_lite.viz import charts, common, training
+from blockmem_lite.viz.monitor import LiveMonitor
 
 
 def _lm_entries(results: dict) -> list[tuple[str, str, dict]]:
@@ -38,7 +38,7 @@ def _empty(title: str, why: str):
     fig.add_annotation(text=why, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper")
     fig.update_xaxes(visible=False)
     fig.update_yaxes(visible=False)
-    return figures._finish(fig, title)
+    return common._finish(fig, title)
 
 
 def pareto_front(points: dict) -> list[str]:
@@ -77,9 +77,9 @@ def pareto(results: dict, labels: Sequence | None = None, phase: str = "train"):
     points = pareto_points(results, labels, phase)
     if not points:
         return _empty(title, "no model has both a validation loss and a bench record")
-    fig = figures.scatter_points(points, title=title,
-                                 x_title=f"{phase} tokens/s vs dense (same run)",
-                                 y_title="validation loss (nats)")
+    fig = charts.scatter_points(points, title=title,
+                                x_title=f"{phase} tokens/s vs dense (same run)",
+                                y_title="validation loss (nats)")
     fig.update_traces(hovertemplate="<b>%{text}</b><br>%{x:.2f}x dense<br>loss %{y:.4f}"
                                     "<extra></extra>")
     front = pareto_front(points)
@@ -104,8 +104,8 @@ def state_vs_length(results: dict, labels: Sequence | None = None):
             series[name]["analytic"] = (curve["t"], [a / 1024 for a in curve["analytic"]])
     if not series:
         return _empty(title, "the decoding state was not measured in this run (no bench)")
-    fig = figures.line_chart(series, title=title, x_title="tokens in the context t",
-                             y_title="state (KiB)", log_x=True, log_y=True)
+    fig = charts.line_chart(series, title=title, x_title="tokens in the context t",
+                            y_title="state (KiB)", log_x=True, log_y=True)
     fig.for_each_trace(lambda trace: trace.update(line_dash="dot")
                        if trace.name.endswith(": analytic") else None)
     return fig
@@ -138,9 +138,9 @@ def recall_vs_distance(results: dict, labels: Sequence | None = None, task: str 
     if not series:
         return _empty(title, f"{task} recall was not measured for these models in this run")
     hlines = {"chance": chance} if chance is not None else None
-    return figures.line_chart(series, title=title, x_title="distance (tokens)",
-                              y_title="accuracy", hlines=hlines, vlines=spans,
-                              y_range=(0, 1.05))
+    return charts.line_chart(series, title=title, x_title="distance (tokens)",
+                             y_title="accuracy", hlines=hlines, vlines=spans,
+                             y_range=(0, 1.05))
 
 
 def recall_capacity(results: dict, labels: Sequence | None = None):
@@ -169,9 +169,9 @@ def recall_capacity(results: dict, labels: Sequence | None = None):
     title = "How many pairs each memory holds (MQAR beyond the span)"
     if not series:
         return _empty(title, "recall by number of pairs was not measured in this run")
-    fig = figures.line_chart(series, title=title, x_title="pairs in the first span",
-                             y_title="accuracy beyond the span", y_range=(0, 1.05),
-                             hlines={"chance": chance} if chance is not None else None)
+    fig = charts.line_chart(series, title=title, x_title="pairs in the first span",
+                            y_title="accuracy beyond the span", y_range=(0, 1.05),
+                            hlines={"chance": chance} if chance is not None else None)
     return fig.update_xaxes(dtick=1)                     # pairs are whole numbers
 
 
@@ -195,9 +195,9 @@ def facts_capacity(results: dict):
             ys.append(value)
         floors[row["n_facts"]] = row["floor"]
     series["format floor"] = (list(floors), list(floors.values()))
-    return figures.line_chart(series, title=title, x_title="facts in the table",
-                              y_title="facts recalled (every value byte right)",
-                              y_range=(0, 1.05), log_x=True, dashed=["format floor"])
+    return charts.line_chart(series, title=title, x_title="facts in the table",
+                             y_title="facts recalled (every value byte right)",
+                             y_range=(0, 1.05), log_x=True, dashed=["format floor"])
 
 
 def memory_sweep(record: dict):
@@ -215,10 +215,10 @@ def memory_sweep(record: dict):
             "measured": (values, [p["capacity"][i]["accuracy"] for p in stored]),
             "slot model": (values, [p["slot_model"][i]["accuracy"] for p in stored])}
     spread = max(values) / min(values) if min(values) > 0 else 1
-    return figures.line_chart(series, title=title, x_title=knob,
-                              y_title="accuracy beyond the span", y_range=(0, 1.05),
-                              log_x=spread >= 4 and knob != "alpha",
-                              hlines={"chance": record["chance"]})
+    return charts.line_chart(series, title=title, x_title=knob,
+                             y_title="accuracy beyond the span", y_range=(0, 1.05),
+                             log_x=spread >= 4 and knob != "alpha",
+                             hlines={"chance": record["chance"]})
 
 
 def recall_monitor(name: str, recipe: recall.RecallRecipe, every: int | None = None,
@@ -234,9 +234,9 @@ def recall_monitor(name: str, recipe: recall.RecallRecipe, every: int | None = N
 
     def figure(snapshots):
         steps, accuracy = zip(*snapshots, strict=True)
-        return figures.line_chart({name: (list(steps), list(accuracy))}, y_range=(0, 1.05),
-                                  x_title="training step", y_title="accuracy beyond the span",
-                                  hlines={"chance": chance}, title=f"recall while training: {name}")
+        return charts.line_chart({name: (list(steps), list(accuracy))}, y_range=(0, 1.05),
+                                 x_title="training step", y_title="accuracy beyond the span",
+                                 hlines={"chance": chance}, title=f"recall while training: {name}")
 
     def text(snapshots) -> str:
         return f"beyond-span accuracy {snapshots[-1][1]:.3f} (chance {chance:.3f})"
@@ -247,7 +247,7 @@ def recall_monitor(name: str, recipe: recall.RecallRecipe, every: int | None = N
 
 def training_histories(results: dict, labels: Sequence | None = None) -> dict:
     """{model label: a history dict (step, loss, val_step, val_loss)} from each trained
-    entry's stored curves, for ``figures.loss_curves`` / ``training_comparison``."""
+    entry's stored curves, for ``viz.training.loss_curves`` / ``training_comparison``."""
     out = {}
     for key, record in results["done"].items():
         if not key.startswith("lm/") or "loss_curve" not in record:
@@ -272,8 +272,8 @@ def training_curves(results: dict, labels: Sequence | None = None):
     if not histories:
         return _empty(title, "no training curves in this result")
     arch = {name: h["arch"] for name, h in histories.items()}
-    return figures.loss_curves(histories, title=title, facet=arch,
-                               reference="dense" if "dense" in histories else None)
+    return training.loss_curves(histories, title=title, facet=arch,
+                                reference="dense" if "dense" in histories else None)
 
 
 VERDICTS = ("reproduced", "not reproduced", "not comparable")
@@ -288,8 +288,8 @@ def claims_overview(rows: Sequence[dict]):
     archs = list(dict.fromkeys(r["arch"] for r in rows))
     groups = {v: {a: sum(r["arch"] == a and r["verdict"] == v for r in rows) for a in archs}
               for v in VERDICTS}
-    return figures.grouped_bars(groups, title=title, x_title="mechanism",
-                                y_title="claims", text_format="d")
+    return charts.grouped_bars(groups, title=title, x_title="mechanism",
+                               y_title="claims", text_format="d")
 
 
 def write_plots(results: dict, out) -> list[Path]:

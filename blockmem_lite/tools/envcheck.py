@@ -59,7 +59,7 @@ def _package(name: str, why: str) -> Item:
 
 def default_lock() -> Path:
     """requirements.lock of the checkout the kit is imported from (absent in a wheel)."""
-    return Path(__file__).resolve().parent.parent / LOCK_NAME
+    return Path(__file__).resolve().parents[2] / LOCK_NAME
 
 
 def normalize(name: str) -> str:

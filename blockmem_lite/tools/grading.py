@@ -33,7 +33,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from blockmem_lite.exercises import (
+from blockmem_lite.tools.exercises import (
     ExerciseError,
     add_nbgrader_metadata,
     check_cell_indices,

@@ -1,0 +1,137 @@
+"""BCMT's and HOnly's registrations: FLOP model, state size, bench variants, lab record.
+
+``models/bcmt.py`` holds what the paper defines (options, memory maths, layer, LMs,
+reference forward); this module holds what the kit needs to run, measure and compare
+them, and ends by registering both names, ``bcmt`` and its ablation ``honly``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from blockmem_lite.flops import layer_matmul_flops, lm_head_flops
+from blockmem_lite.labdata import bench_value, loss_gap, memory_ratio
+from blockmem_lite.models.bcmt import BCMTLM, BCMTOptions, HOnlyLM, HOnlyOptions
+from blockmem_lite.registry import BenchOption, Claim, LabSpec, Mechanism, register
+from blockmem_lite.validation import check_positive, parse_int_list
+
+# --- FLOP model --------------------------------------------------------------------------
+
+def block_local_layer_flops(d_model: int, block_size: int) -> float:
+    """Block-local causal layer (BCMT, HOnly): ``24·d² + 2·L·d`` per token.
+
+    The summary/decay term is negligible and left out, as in PERFORMANCE.md.
+    Per token this is also the average cost of decoding inside a block.
+    """
+    check_positive("block_size", block_size)
+    return layer_matmul_flops(d_model) + 2.0 * block_size * d_model
+
+
+def bcmt_layer_flops(d_model: int, block_size: int, seq_len: int) -> float:
+    """BCMT layer: block-local attention plus the memory path, per token.
+
+    ``24·d² + 2·L·d`` (block-local) ``+ 2·d²`` (gate on U; the gate's P half, the
+    memory projection W_p and the summary pooling cost ``4·d²/L + 4·d`` per token)
+    ``+ 2·N·d/L`` (the N x N decay mix over N = T/L summaries). The gate is not
+    negligible: it is the kit's design choice (MECHANISMS.md 1.2 step 6) and
+    costs about 8% of the layer, which lowers BCMT's ceiling below block-local's.
+    """
+    local = block_local_layer_flops(d_model, block_size)
+    check_positive("seq_len", seq_len)
+    n_blocks = -(-seq_len // block_size)
+    memory_path = (2.0 * d_model ** 2 + 4.0 * d_model ** 2 / block_size + 4.0 * d_model
+                   + 2.0 * n_blocks * d_model / block_size)
+    return local + memory_path
+
+
+def flops_per_token(cfg, seq_len: int, decode: bool = False) -> float:
+    """Forward FLOPs per token of a BCMT / HOnly config (decoding costs the same per token:
+    a block of cache at most). A block longer than the sequence is the whole sequence."""
+    block = min(cfg.block_size, seq_len)
+    with_memory = getattr(cfg, "memory", False)
+    layer = (bcmt_layer_flops(cfg.d_model, block, seq_len) if with_memory
+             else block_local_layer_flops(cfg.d_model, block))
+    return cfg.n_layer * layer + lm_head_flops(cfg.d_model, cfg.vocab_size)
+
+
+# --- bench variants, presets, decoding state ---------------------------------------------
+
+BLOCK_SIZE_OPTION = BenchOption("--block-size", "64,128",
+                                "block sizes L for bcmt / honly (comma-separated)")
+
+
+def bench_variants(options: dict) -> list[tuple[str, dict]]:
+    """``--block-size 64,128`` -> [("L=64", {"block_size": 64}), ...]."""
+    return [(f"L={n}", {"block_size": n})
+            for n in parse_int_list("--block-size", options["block_size"])]
+
+
+PRESET_SIZES = {"tiny": {"block_size": 8}, "fast": {"block_size": 16},
+                "class": {"block_size": 64}, "gpu": {"block_size": 128}}
+
+
+def state_bytes(cfg, t: int) -> float:
+    """Per layer: at most one block of KV (``2·L·d``) plus the memory state (the open block's
+    U, ``L·d``, and num, den, P, the gate's P half, about ``3·d``) (fp32); BCMT's does not
+    grow with t."""
+    memory = (cfg.block_size + 3) * cfg.d_model if getattr(cfg, "memory", False) else 0
+    return 4.0 * cfg.n_layer * (2 * cfg.block_size * cfg.d_model + memory)
+
+
+# --- the lab's record: claims and recipe (moves to the lab layer) ---
+
+def _at_block_size(cfg, span: int):
+    """The recall experiment's config: blocks of ``span`` tokens."""
+    return dataclasses.replace(cfg, block_size=span)
+
+
+def memory_slots(cfg, n_pairs: int) -> int:
+    """The slot model of the block memory: one slot. The memory is a decayed mean of block
+    summaries, added to every token through a gate, never addressed by the query's key; so
+    all the pairs share it (0 slots without the memory)."""
+    return 1 if cfg.memory else 0
+
+
+PAPER = "BCMT: Blockwise Causal Memory Transformer (Arezki, 2026)"
+CLAIMS = (
+    Claim("bcmt.loss_vs_dense", PAPER, "2608.13578", "paper summary; third-party review "
+          "(Table 2)", "validation loss, BCMT-256 minus dense", 4.5931 - 4.5752, "nats",
+          "context 1024, WikiText-103 (dense 4.5752, BCMT-256 4.5931; model size not stated)",
+          "within 0.05 nats of dense", kit=lambda r: loss_gap(r, "bcmt", "dense"),
+          holds=lambda gap: gap <= 0.05),
+    Claim("bcmt.train_speed", PAPER, "2608.13578", "paper summary (not verified)",
+          "training throughput, BCMT-128 over dense", 204.2 / 119.9, "x dense",
+          "204.2K vs 119.9K tokens/s on a GPU, context 1024", "faster than dense in training",
+          kit=lambda r: bench_value(r, "bcmt", "train", "ratio_vs_dense"),
+          holds=lambda ratio: ratio > 1.0,
+          ceiling=lambda r: bench_value(r, "bcmt", "train", "flop_ceiling")),
+    Claim("bcmt.train_memory", PAPER, "2608.13578", "paper summary (not verified)",
+          "training memory, dense over BCMT-128", 14.37 / 10.48, "x less",
+          "peak GPU memory 14.37 vs 10.48 GB, context 1024", "less memory than dense in training",
+          kit=lambda r: memory_ratio(r, "bcmt", "train"), holds=lambda ratio: ratio > 1.0,
+          note="kit memory: bytes saved for backward, same run"),
+    Claim("bcmt.honly_worse", PAPER, "2608.13578", "paper summary and review",
+          "validation loss, HOnly minus BCMT", None, "nats", "HOnly = BCMT without the memory",
+          "the memory helps (HOnly's loss is higher)", kit=lambda r: loss_gap(r, "honly", "bcmt"),
+          holds=lambda gap: gap > 0.0),
+)
+
+register(Mechanism(
+    name="bcmt", model=BCMTLM, options=BCMTOptions, flops=flops_per_token,
+    state_bytes=state_bytes, claims=CLAIMS,
+    lab=LabSpec(local_span=lambda cfg: cfg.block_size, recall_span=_at_block_size,
+                twin=lambda cfg: dataclasses.replace(cfg, memory=False),
+                memory_slots=memory_slots),
+    summary="blockwise causal memory: block-local attention + a decayed memory of block "
+            "summaries, shifted one block and gated into every token",
+    presets=PRESET_SIZES, bench_options=(BLOCK_SIZE_OPTION,), bench_variants=bench_variants,
+    trace_keys=("layer*.attn_weights", "layer*.decay_weights", "layer*.summary_weights",
+                "layer*.memory", "layer*.gate"), boundary_fields=("block_size",)))
+register(Mechanism(
+    name="honly", model=HOnlyLM, options=HOnlyOptions, flops=flops_per_token,
+    state_bytes=state_bytes, lab=LabSpec(local_span=lambda cfg: cfg.block_size,
+                                         recall_span=_at_block_size,
+                                         memory_slots=lambda cfg, n_pairs: 0),
+    summary="the HOnly ablation of BCMT: block-local attention, no memory between blocks",
+    presets=PRESET_SIZES, bench_options=(BLOCK_SIZE_OPTION,), bench_variants=bench_variants,
+    trace_keys=("layer*.attn_weights",), boundary_fields=("block_size",)))

@@ -1,0 +1,420 @@
+"""The Trainer: its fit / step loop, the main entry point of every notebook, benchmark and
+CLI run.
+
+The update itself is the one of ``train.simple.train_simple``, the loop notebook 01
+builds: AdamW (weight decay on matrices only), linear warmup then cosine decay
+(``optim.lr_at``), global-norm gradient clipping. Around it the Trainer does what long runs
+need; each piece has its own module beside this one:
+
+* the batch stream and evaluation: ``data``; checkpoints, resume and RNG states:
+  ``resume``; the stop button and the clock: ``stopping``; the History and callbacks
+  (``on_step`` / ``on_eval`` / ``on_end``): ``callbacks``; the optimiser: ``optim``.
+* Device: ``runtime.pick_device`` (cuda > mps > cpu); bf16 autocast only on CUDA.
+* Several processes (``torchrun``, ``distributed.setup``): the model trains inside DDP;
+  each process takes ``batch_size / W`` rows of the same global batch, the loss is
+  weighted by each process's share of the target tokens, so the gradient and the logged
+  loss are the single process's (to float rounding); evaluation and the stop flag are
+  all-reduced; rank 0 alone takes the folder lock, writes and runs the callbacks (the
+  default printer included). ``save_checkpoint`` is then called on every process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import signal
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+from blockmem_lite import distributed
+from blockmem_lite.checkpoints import (
+    CHECKPOINT_FORMAT,
+    CHECKPOINT_NAME,
+    is_disk_full,
+    load_checkpoint_file,
+)
+from blockmem_lite.compiling import compile_training
+from blockmem_lite.config import RunConfig, TrainConfig
+from blockmem_lite.models.base import IGNORE_INDEX, build_model
+from blockmem_lite.runtime import (
+    autocast_context,
+    peak_memory,
+    reset_peak_memory,
+    seed_everything,
+    synchronize,
+    usable_workers,
+)
+from blockmem_lite.train import resume
+from blockmem_lite.train.callbacks import History, PrintProgress, check_callbacks, emit
+from blockmem_lite.train.data import BatchStream, as_dataset, evaluate
+from blockmem_lite.train.optim import lr_at, make_optimizer
+from blockmem_lite.train.resume import CheckpointNotSaved
+from blockmem_lite.train.stopping import Clock, StopButton, agreed_stop
+
+
+class Trainer:
+    """Train ``model`` on ``train_data`` with ``cfg``; see the module docstring.
+
+    ``train_data``: a map-style Dataset of (x (T,), y (T,)), a DataLoader over one (its
+    dataset is used; batch size and order come from ``cfg``), or an object with
+    ``.dataset()`` (e.g. ``tasks.TaskBatch``). ``val_data`` likewise (optional).
+    ``callbacks``: ``Callback`` objects or anything with on_step / on_eval / on_end; with
+    none, the Trainer prints throttled progress lines itself.
+    Under ``distributed.setup`` (torchrun) the Trainer trains with every process of the
+    run (see the module docstring); callbacks then run on rank 0 only, and a
+    KeyboardInterrupt they raise stops every process after the current step.
+    """
+
+    def __init__(self, model: torch.nn.Module, cfg: TrainConfig, train_data, val_data=None,
+                 callbacks=(), run_cfg: RunConfig | None = None):
+        if isinstance(cfg, RunConfig):
+            run_cfg, cfg = run_cfg or cfg, cfg.train
+        if not isinstance(cfg, TrainConfig):
+            raise ValueError(f"cfg of type {type(cfg).__name__} is not allowed: expected a "
+                             "TrainConfig (or a RunConfig)")
+        if not isinstance(model, torch.nn.Module):
+            raise ValueError(f"model of type {type(model).__name__} is not allowed: expected a "
+                             "torch.nn.Module (e.g. build_model(cfg))")
+        self.cfg = cfg
+        self.run_cfg = run_cfg
+        self.world = distributed.current()
+        distributed.check_batch_size(cfg.batch_size, self.world.world_size)
+        self.device = distributed.joined_device(cfg.device, self.world)
+        autocast_context(self.device, cfg.precision)   # fails early for bf16 off CUDA
+        self.model = model.to(self.device)
+        if cfg.compile:                                # forward + backward compiled in place
+            compile_training(self.model)
+        self.train_dataset = as_dataset(train_data, "train_data")
+        self.val_dataset = as_dataset(val_data, "val_data") if val_data is not None else None
+        callbacks = check_callbacks(callbacks) or [PrintProgress(cfg.log_every)]
+        self.callbacks = callbacks if self.world.is_main else []
+        self.optimizer = make_optimizer(self.model, cfg)
+        self.history = History()
+        self.step = 0
+        self._stream = BatchStream(self.train_dataset, cfg.batch_size, cfg.seed,
+                                   usable_workers(cfg.num_workers), pin_memory=self.device.type == "cuda",
+                                   shard=(self.world.rank, self.world.world_size))
+        self._params = [p for p in self.model.parameters() if p.requires_grad]
+        self._train_model = distributed.wrap(self.model, self.world)   # DDP, or the model
+        self._stop_code = 0                 # W > 1: a stop a callback asked for (SIGINT's number)
+        self._seeded = False
+        self._mid_update = False
+        self._saved_step: int | None = None           # step of the last checkpoint written here
+
+    # --- public API ---------------------------------------------------------------------------
+    def fit(self, steps: int | None = None) -> History:
+        """Train until ``steps`` optimizer steps are done in total (default ``cfg.steps``).
+
+        The LR schedule spans ``steps``. Returns the history, also after an interrupt.
+        """
+        total = self.cfg.steps if steps is None else steps
+        if isinstance(total, bool) or not isinstance(total, int) or total < 1:
+            raise ValueError(f"steps={steps!r} is not allowed: expected None or an integer >= 1")
+        if total < self.step:
+            raise ValueError(f"steps={total} is not allowed: this trainer is already at step "
+                             f"{self.step}; expected at least {self.step}")
+        with resume.run_folder(self.cfg.checkpoint_dir, self.checkpoint_bytes, self.world):
+            return self._fit(total)
+
+    def _fit(self, total: int) -> History:
+        if not self._seeded:
+            seed_everything(self.cfg.seed)
+            distributed.seed_rank(self.cfg.seed, self.world)   # other dropout masks on other rows
+            self._seeded = True
+        self.history.total_steps = total
+        self.history.interrupted = False
+        self.history.stopped_by = ""
+        self.model.train()
+        reset_peak_memory(self.device)
+        clock = Clock(self.history.elapsed_s[-1] if self.history.elapsed_s else 0.0, self.step)
+        self._stop_code = 0
+        with StopButton() as stop:
+            agreed = None                              # W > 1: the stop every process agreed on
+            try:
+                while self.step < total:
+                    if not self.world.distributed:
+                        if stop.requested:
+                            break
+                    else:
+                        agreed = agreed_stop(stop, self.world, self._stop_code)
+                        if agreed:
+                            break
+                    self._step_with_rollback(total, clock)
+                    self._after_step(total, clock)
+                interrupted = stop.requested if agreed is None else bool(agreed)
+            except KeyboardInterrupt:
+                interrupted = True
+            finally:
+                self._stream.close()
+            name = signal.Signals(agreed).name if agreed else stop.signal_name
+            self.history.stopped_by = name or ("SIGINT" if interrupted else "")
+            if interrupted:
+                self._end_interrupted(total)
+            else:
+                self._end_finished(total, clock)
+        return self.history
+
+    def evaluate(self, max_batches: int | None = None) -> float:
+        """Mean validation CE over ``max_batches`` (default ``cfg.eval_batches``) batches
+        (with several processes: all-reduced, call it on every one)."""
+        if self.val_dataset is None:
+            raise ValueError("val_data is None: pass val_data to the Trainer to evaluate")
+        return evaluate(self.model, self.val_dataset, max_batches or self.cfg.eval_batches,
+                        self.device, batch_size=self.cfg.batch_size, precision=self.cfg.precision,
+                        world=self.world)
+
+    # --- checkpoints (the work is done in ``resume``) -----------------------------------------
+    def checkpoint_path(self) -> Path | None:
+        """``<checkpoint_dir>/checkpoint.pt``, or None without a checkpoint_dir."""
+        return Path(self.cfg.checkpoint_dir) / CHECKPOINT_NAME if self.cfg.checkpoint_dir else None
+
+    def save_checkpoint(self, path=None) -> Path:
+        """Write everything needed to resume exactly (atomically); returns the path.
+
+        Refuses (FloatingPointError) to write weights that are not finite, so a
+        checkpoint on disk is always a good state. With several processes, call it on
+        every one: rank 0 writes (with every process's RNG state), the others wait.
+        """
+        path = Path(path) if path is not None else self.checkpoint_path()
+        if path is None:
+            raise ValueError("path=None is not allowed when cfg.checkpoint_dir is None: pass a "
+                             "path or set checkpoint_dir")
+        broken = resume.non_finite_tensors(self.model)
+        if broken:
+            raise FloatingPointError(f"not saving a checkpoint at step {self.step}: {broken} of "
+                                     "the model's tensors are not finite")
+        resume.write_checkpoint(path, self._checkpoint_state, self.device, self.world)
+        self._saved_step = self.step
+        return path
+
+    def checkpoint_bytes(self) -> int:
+        """About the size of one checkpoint: the weights and AdamW's two moments."""
+        return resume.checkpoint_bytes(self.model)
+
+    def load_checkpoint(self, path) -> None:
+        """Restore model, optimizer, step, data position, history and RNG states (with
+        several processes: rank 0 reads the file and hands it to the others)."""
+        self.restore(self.world.on_main(lambda: load_checkpoint_file(path)))
+
+    def restore(self, ckpt: dict) -> None:
+        """``load_checkpoint`` with the checkpoint already read (``load_checkpoint_file``)."""
+        self.model.load_state_dict(ckpt["model"])
+        self.optimizer.load_state_dict(ckpt["optimizer"])
+        self.step = int(ckpt["step"])
+        self._stream.seek(int(ckpt["epoch"]), int(ckpt["position"]))
+        self.history = History.from_dict(ckpt["history"])
+        resume.check_data_size(ckpt, len(self.train_dataset))
+        resume.restore_rng(ckpt, self.world, self.cfg.seed + self.step)
+        self._seeded = True
+
+    @classmethod
+    def from_checkpoint(cls, path, train_data, val_data=None, callbacks=(), *,
+                        model: torch.nn.Module | None = None, device: str | None = None,
+                        checkpoint_dir: str | None = None) -> Trainer:
+        """A Trainer restored from ``path``; the model is rebuilt from the stored run config
+        unless ``model`` is given. ``device`` overrides the stored one (e.g. "cpu").
+        Later checkpoints go beside ``path`` (the folder it was loaded from, wherever it was
+        moved to), or to ``checkpoint_dir``."""
+        ckpt = distributed.current().on_main(lambda: load_checkpoint_file(path))
+        run_cfg, train_cfg = resume.configs_to_resume(ckpt, path, model_given=model is not None,
+                                                      device=device, checkpoint_dir=checkpoint_dir)
+        trainer = cls(model if model is not None else build_model(run_cfg), train_cfg,
+                      train_data, val_data, callbacks, run_cfg=run_cfg)
+        trainer.restore(ckpt)
+        return trainer
+
+    def _checkpoint_state(self) -> dict:
+        epoch, position = self._stream.tell()
+        state = {"format": CHECKPOINT_FORMAT, "torch_version": str(torch.__version__),
+                 "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                 "step": self.step, "epoch": epoch, "position": position,
+                 "data_size": len(self.train_dataset), "history": self.history.to_dict(),
+                 "rng": resume.rng_state(self.device), "train_config": dataclasses.asdict(self.cfg)}
+        run_dict = resume.run_config_dict(self.model, self.cfg, self.run_cfg)
+        if run_dict is not None:
+            state["run_config"] = run_dict
+        return state
+
+    # --- one step -----------------------------------------------------------------------------
+    def _step_with_rollback(self, total: int, clock: Clock) -> None:
+        """One step; an interrupt before the update puts the batch back (exact resume)."""
+        mark = self._stream.tell()
+        step_before = self.step
+        try:
+            self._train_step(total, clock)
+        except KeyboardInterrupt:
+            if self.step == step_before and not self._mid_update:
+                self._stream.seek(*mark)
+            raise
+
+    def _train_step(self, total: int, clock: Clock) -> None:
+        start = time.perf_counter()
+        x, y = self._stream.next_batch()                                   # (B, T) each
+        x = x.to(self.device, non_blocking=True)
+        y = y.to(self.device, non_blocking=True)
+        lr = lr_at(self.step, self.cfg, total)
+        if not math.isfinite(lr):
+            raise FloatingPointError(f"the learning rate of step {self.step + 1} is {lr}: check "
+                                     f"lr={self.cfg.lr}, min_lr_ratio={self.cfg.min_lr_ratio}, "
+                                     f"warmup_steps={self.cfg.warmup_steps}")
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr * group.get("lr_scale", 1.0)
+        with autocast_context(self.device, self.cfg.precision):
+            out = self._train_model(x, y)
+        if out.loss is None:
+            raise ValueError("the model returned loss=None: its forward(tokens, targets) must "
+                             "return a ModelOutput with a loss")
+        self.optimizer.zero_grad(set_to_none=True)
+        ce = out.ce_loss if out.ce_loss is not None else out.loss
+        aux = out.aux_loss if out.aux_loss is not None else torch.zeros_like(out.loss)
+        extras = out.extras or {}
+        if self.world.distributed:
+            loss_v, ce_v, aux_v, norm_v, extra_v = self._distributed_backward(out, ce, aux, y)
+        else:
+            out.loss.backward()
+            grad_norm = self._clip_gradients()
+            loss_v, ce_v, aux_v, norm_v, *extra_v = torch.stack(
+                [out.loss.detach().float(), ce.detach().float(), aux.detach().float(),
+                 grad_norm.float(), *(torch.as_tensor(v, device=out.loss.device).detach().float()
+                                      for v in extras.values())]).tolist()     # one host sync
+        if not (math.isfinite(loss_v) and math.isfinite(norm_v)):
+            self._fail_non_finite(loss_v, norm_v, total)
+        self._mid_update = True
+        self.optimizer.step()
+        self.step += 1
+        self._mid_update = False
+        synchronize(self.device)
+        seconds = time.perf_counter() - start
+        memory, method = peak_memory(self.device)
+        rec = {"step": self.step, "total_steps": total, "loss": loss_v, "ce_loss": ce_v,
+               "aux_loss": aux_v, "lr": lr, "grad_norm": norm_v,
+               "tokens_per_s": x.numel() * self.world.world_size / seconds,
+               "memory_bytes": memory,
+               "memory_method": method, "elapsed_s": clock.elapsed(),
+               "eta_s": clock.eta(self.step, total),
+               "extras": dict(zip(extras, extra_v, strict=True))}
+        self.history.append_step(rec)
+        self._emit("on_step", rec)
+
+    def _distributed_backward(self, out, ce, aux, y) -> tuple:
+        """W > 1: backward through DDP (which averages the gradients over the processes),
+        clip, and the step's global figures, the same on every process.
+
+        The cross-entropy is weighted by this process's share of the target tokens
+        (``World.loss_share``, exactly 1 for full LM windows), which makes the gradient
+        and the logged loss those of one process on the whole batch. The auxiliary terms
+        are per-batch averages and are averaged as they are.
+        """
+        share = self.world.loss_share((y != IGNORE_INDEX).sum()).to(ce.dtype)
+        if out.ce_loss is None:              # only the total is known: weight all of it
+            rest = torch.zeros_like(ce)
+        else:                                # the loss beyond the cross-entropy
+            rest = aux if out.aux_loss is not None else out.loss - ce
+        (ce * share + rest).backward()                # out.loss's own graph when share = 1
+        grad_norm = self._clip_gradients()                        # of the averaged gradients
+        extras = out.extras or {}
+        local = torch.stack([(ce * share).detach().float(), rest.detach().float(),
+                             aux.detach().float(),
+                             *(torch.as_tensor(v, device=out.loss.device).detach().float()
+                               for v in extras.values())])
+        ce_v, rest_v, aux_v, *extra_v = self.world.all_reduce_mean(local).tolist()
+        return ce_v + rest_v, ce_v, aux_v, float(grad_norm), extra_v
+
+    def _clip_gradients(self) -> torch.Tensor:
+        """Global grad norm before clipping; clips to ``cfg.grad_clip`` when it is > 0."""
+        if self.cfg.grad_clip > 0:
+            return torch.nn.utils.clip_grad_norm_(self._params, self.cfg.grad_clip)
+        norms = [torch.linalg.vector_norm(p.grad) for p in self._params if p.grad is not None]
+        return torch.linalg.vector_norm(torch.stack(norms))
+
+    def _fail_non_finite(self, loss: float, grad_norm: float, total: int) -> None:
+        broken = resume.non_finite_tensors(self.model)
+        if broken:
+            last = (f"the checkpoint of step {self._saved_step} in {self.cfg.checkpoint_dir} is "
+                    "the last good state" if self._saved_step is not None
+                    else "no checkpoint was written in this run")
+            saved = (f" The weights themselves are no longer finite ({broken} tensors: an "
+                     f"earlier update broke them), so nothing was saved; {last}.")
+        elif self.cfg.checkpoint_dir:
+            saved = f" The last good state was saved to {self.save_checkpoint()}."
+        else:
+            saved = ""
+        raise FloatingPointError(
+            f"non-finite training signal at step {self.step + 1}/{total} (loss={loss}, "
+            f"grad_norm={grad_norm}); the weights were not updated by it.{saved} Try a lower lr "
+            f"(now {self.cfg.lr}), grad_clip > 0 (now {self.cfg.grad_clip}) or precision='fp32'.")
+
+    def _after_step(self, total: int, clock: Clock) -> None:
+        if self.val_dataset is not None and self.step % self.cfg.eval_every == 0:
+            self._run_eval(total, clock)
+        if self.cfg.checkpoint_every and self.step % self.cfg.checkpoint_every == 0 \
+                and self.cfg.checkpoint_dir and self.step < total:
+            try:
+                self.save_checkpoint()
+            except (OSError, RuntimeError) as err:          # a full disk must not end the run
+                if not is_disk_full(err):
+                    raise
+                if self.world.is_main:
+                    warnings.warn(f"the checkpoint of step {self.step} was not written: "
+                                  f"{self._disk_full_advice()}; training goes on", stacklevel=2)
+
+    def _run_eval(self, total: int, clock: Clock) -> None:
+        rec = {"step": self.step, "total_steps": total, "val_loss": self.evaluate(),
+               "elapsed_s": clock.elapsed()}
+        self.history.append_eval(rec)
+        self._emit("on_eval", rec)
+
+    # --- endings ------------------------------------------------------------------------------
+    def _end_finished(self, total: int, clock: Clock) -> None:
+        last_eval = self.history.val_step[-1] if self.history.val_step else None
+        if self.val_dataset is not None and last_eval != self.step:
+            self._run_eval(total, clock)
+        failure = self._save_at_end() if self.cfg.checkpoint_dir else None
+        self._emit("on_end", self.history)
+        if failure:
+            raise failure
+
+    def _end_interrupted(self, total: int) -> None:
+        self.history.interrupted = True
+        failure = self._save_at_end() if self.cfg.checkpoint_dir else None
+        where = ("not written (see below)" if failure else self.checkpoint_path()) \
+            if self.cfg.checkpoint_dir else "none (no checkpoint_dir)"
+        note = " (the interrupt hit an optimizer update: weights may mix two steps)" \
+            if self._mid_update else ""
+        self._mid_update = False
+        if self.world.is_main:
+            print(f"stopped by {self.history.stopped_by} at step {self.step}/{total}; model and "
+                  f"history kept; checkpoint: {where}{note}", flush=True)
+        self._emit("on_end", self.history)
+        if failure:
+            raise failure
+
+    def _save_at_end(self) -> CheckpointNotSaved | None:
+        """Save the final checkpoint; a full disk or broken weights come back as the error to
+        raise once the callbacks have seen the end (the model stays in memory)."""
+        try:
+            self.save_checkpoint()
+        except FloatingPointError as err:
+            return CheckpointNotSaved(f"{err}; {resume.last_good(self._saved_step)}")
+        except (OSError, RuntimeError) as err:
+            if not is_disk_full(err):
+                raise
+            return CheckpointNotSaved(f"the checkpoint of step {self.step} was not written: "
+                                      f"{self._disk_full_advice()}; the model and history are "
+                                      f"still in memory (save_checkpoint() once there is room); "
+                                      f"{resume.last_good(self._saved_step)}")
+        return None
+
+    def _disk_full_advice(self) -> str:
+        return resume.disk_full_advice(self.cfg.checkpoint_dir, self.checkpoint_bytes())
+
+    def _emit(self, event: str, payload) -> None:
+        try:
+            emit(self.callbacks, self, event, payload)
+        except KeyboardInterrupt:
+            if not self.world.distributed or event == "on_end":
+                raise
+            self._stop_code = int(signal.SIGINT)      # every process stops after this step

@@ -1,0 +1,198 @@
+"""Checkpoints of a Trainer run and resuming from them: the RNG states a checkpoint
+captures and restores, the run folder a fit locks, writing (rank 0 alone under torchrun),
+the configs and the model a checkpoint rebuilds.
+
+A checkpoint records the weights, AdamW's state, the step, the data position
+``(epoch, position)``, the history and every RNG state, so a resumed run continues the
+*same* loss curve. It holds only tensors, numbers, strings, lists and dicts, so it loads
+with ``torch.load(path, weights_only=True)``; it is written atomically (temp file in the
+same folder, fsync, ``os.replace``: ``checkpoints.atomic_write``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import random
+import shutil
+import warnings
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from blockmem_lite import distributed
+from blockmem_lite.checkpoints import (
+    RunLock,
+    atomic_write,
+    load_checkpoint_file,
+    prepare_folder,
+)
+from blockmem_lite.config import ModelConfig, RunConfig, TrainConfig
+from blockmem_lite.models.base import build_model
+from blockmem_lite.runtime import pick_device
+
+
+class CheckpointNotSaved(OSError):
+    """The end-of-run checkpoint could not be written (the model is still in memory)."""
+
+
+# --- RNG states ------------------------------------------------------------------------------
+def rng_state(device: torch.device) -> dict:
+    """Torch's, Python's and (on ``device``) CUDA's or MPS's generator states."""
+    version, internal, gauss_next = random.getstate()
+    state = {"torch": torch.get_rng_state(),
+             "python": {"version": version, "state": list(internal), "gauss_next": gauss_next}}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    if device.type == "mps":
+        state["mps"] = torch.mps.get_rng_state()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    """Inverse of ``rng_state``."""
+    torch.set_rng_state(state["torch"])
+    py = state["python"]
+    random.setstate((py["version"], tuple(py["state"]), py["gauss_next"]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    if "mps" in state and torch.backends.mps.is_available():
+        torch.mps.set_rng_state(state["mps"])
+
+
+def restore_rng(ckpt: dict, world: distributed.World, seed: int) -> None:
+    """This process's RNG states from ``ckpt``: its own when the checkpoint holds one per
+    process of a run of as many processes, else rank 0's (a single process's), with torch
+    reseeded from ``seed`` on the other ranks."""
+    ranks = ckpt.get("rng_ranks")
+    if world.distributed and ranks is not None and len(ranks) == world.world_size:
+        set_rng_state(ranks[world.rank])                  # every process's own stream
+    else:
+        set_rng_state(ckpt["rng"])                        # rank 0's (a single process's)
+        distributed.seed_rank(seed, world)
+
+
+# --- what a checkpoint holds -------------------------------------------------------------------
+def checkpoint_bytes(model: torch.nn.Module) -> int:
+    """About the size of one checkpoint: the weights and AdamW's two moments."""
+    return 3 * sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def non_finite_tensors(model: torch.nn.Module) -> str:
+    """'3/17' when 3 of the 17 floating-point tensors of the model are not finite, else ''."""
+    tensors = [t for t in model.state_dict().values() if t.is_floating_point()]
+    bad = sum(not bool(torch.isfinite(t).all()) for t in tensors)
+    return f"{bad}/{len(tensors)}" if bad else ""
+
+
+def run_config_dict(model: torch.nn.Module, cfg: TrainConfig,
+                    run_cfg: RunConfig | None) -> dict | None:
+    """The run config a checkpoint stores to rebuild the model (None: it cannot be rebuilt)."""
+    if run_cfg is not None:
+        return {**run_cfg.to_dict(), "train": dataclasses.asdict(cfg)}
+    model_cfg = getattr(model, "cfg", None)
+    if isinstance(model_cfg, ModelConfig):
+        return {"preset": "custom", "model": model_cfg.to_dict(),
+                "train": dataclasses.asdict(cfg)}
+    return None
+
+
+def check_data_size(ckpt: dict, data_size: int) -> None:
+    """Warn when the checkpoint was trained on another number of examples."""
+    if ckpt["data_size"] != data_size:
+        warnings.warn(f"the checkpoint was trained on {ckpt['data_size']} examples, "
+                      f"train_data has {data_size}: the batch order will "
+                      "differ from the original run", stacklevel=4)
+
+
+# --- writing -------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def run_folder(folder: str | None, need_bytes: Callable[[], int], world: distributed.World):
+    """During one fit: ``folder`` prepared (``need_bytes()`` free) and locked against a second
+    run writing into it; rank 0 alone does both under torchrun, and its error reaches every
+    process. Nothing without a folder."""
+    if not world.distributed:
+        if folder:
+            prepare_folder(folder, need_bytes())
+        with RunLock(folder) if folder else contextlib.nullcontext():
+            yield
+        return
+    lock = RunLock(folder) if folder and world.is_main else None
+
+    def claim():                                    # rank 0 alone writes into the folder
+        if lock is not None:
+            prepare_folder(folder, need_bytes())
+            lock.acquire()
+
+    world.on_main(claim)
+    try:
+        yield
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def write_checkpoint(path: Path, state: Callable[[], dict], device: torch.device,
+                     world: distributed.World) -> None:
+    """Write ``state()`` to ``path`` atomically. Under torchrun call it on every process:
+    rank 0 writes (with every process's RNG state as ``rng_ranks``), the others wait for
+    the file and share its error."""
+    if not world.distributed:
+        snapshot = state()
+        atomic_write(path, lambda f: torch.save(snapshot, f))
+        return
+    rngs = world.gather_objects(rng_state(device))
+
+    def write():
+        snapshot = {**state(), "rng_ranks": rngs}
+        atomic_write(path, lambda f: torch.save(snapshot, f))
+
+    world.on_main(write)      # the others wait for the file, and share its error
+
+
+def last_good(saved_step: int | None) -> str:
+    """What is left on disk when a checkpoint could not be written."""
+    if saved_step is None:
+        return "no checkpoint was written in this run"
+    return f"the checkpoint on disk (step {saved_step}) is intact"
+
+
+def disk_full_advice(folder, need_bytes: int) -> str:
+    """What to free when a checkpoint of about ``need_bytes`` did not fit into ``folder``."""
+    folder = Path(folder)
+    free = shutil.disk_usage(folder).free if folder.exists() else 0
+    return (f"the disk is full ({free / 2**20:.0f} MiB free in {folder}; a checkpoint needs "
+            f"about {need_bytes / 2**20:.0f} MiB): free that much space")
+
+
+# --- reading back ------------------------------------------------------------------------------
+def configs_to_resume(ckpt: dict, path, *, model_given: bool, device: str | None,
+                      checkpoint_dir: str | None) -> tuple[RunConfig | None, TrainConfig]:
+    """The run config (None when the checkpoint stores none) and the TrainConfig a Trainer
+    resumed from ``ckpt`` (read from ``path``) takes: later checkpoints go beside ``path``,
+    or to ``checkpoint_dir``; ``device`` overrides the stored one."""
+    run_dict = ckpt.get("run_config")
+    run_cfg = RunConfig.from_dict(run_dict) if run_dict is not None else None
+    if not model_given and run_cfg is None:
+        raise ValueError(f"model=None is not allowed: checkpoint {path} stores no run config "
+                         "to rebuild the model from; pass model=")
+    train_cfg = run_cfg.train if run_cfg is not None else TrainConfig(**ckpt["train_config"])
+    folder = str(checkpoint_dir if checkpoint_dir is not None else Path(path).parent)
+    train_cfg = dataclasses.replace(train_cfg, checkpoint_dir=folder,
+                                    **({"device": device} if device is not None else {}))
+    run_cfg = dataclasses.replace(run_cfg, train=train_cfg) if run_cfg else None
+    return run_cfg, train_cfg
+
+
+def load_model(path, device: str | None = None) -> torch.nn.Module:
+    """The model stored in a Trainer checkpoint at ``path``, rebuilt from its run config and
+    with its weights loaded (e.g. to wrap a pretrained dense model: ``ARMT.wrap(load_model(p))``)."""
+    ckpt = load_checkpoint_file(path)
+    run = ckpt.get("run_config")
+    if run is None:
+        raise ValueError(f"checkpoint {path} stores no run config, so its model cannot be "
+                         "rebuilt: build the model yourself, then load_state_dict(ckpt['model'])")
+    model = build_model(ModelConfig.from_dict(run["model"]))
+    model.load_state_dict(ckpt["model"])
+    return model.to(pick_device(device)) if device else model
