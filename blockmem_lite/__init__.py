@@ -6,8 +6,8 @@ Public API (light imports only; plotting, widgets and datasets load lazily)::
 
 A mechanism of your own plugs in like the built-in ones::
 
-    from blockmem_lite import Mechanism, Options, register_mechanism
-    register_mechanism(Mechanism(name="swa", model=MyModel, summary="..."))
+    from blockmem_lite import Mechanism, Options, knob, register_mechanism
+    register_mechanism(Mechanism(name="swa", model=MyModel, options=MyOptions, summary="..."))
     # or, from a file: load_plugin("my_mechanism.py")  /  --plugin my_mechanism.py
 """
 
@@ -22,7 +22,14 @@ from blockmem_lite.config import (
     preset,
 )
 from blockmem_lite.models import LanguageModel, ModelOutput, State, available_archs, build_model
-from blockmem_lite.registry import BenchOption, Mechanism, Options, SpecialBench, load_plugin
+from blockmem_lite.registry import (
+    BenchOption,
+    Mechanism,
+    Options,
+    SpecialBench,
+    knob,
+    load_plugin,
+)
 from blockmem_lite.registry import register as register_mechanism
 from blockmem_lite.trace import trace
 
@@ -40,5 +47,5 @@ def __getattr__(name):
 
 __all__ = ["PRESET_NAMES", "BenchOption", "LanguageModel", "Mechanism", "ModelConfig",
            "ModelOutput", "Options", "RunConfig", "SpecialBench", "State", "TrainConfig",
-           "Trainer", "available_archs", "build_model", "fast_mode", "load_plugin",
+           "Trainer", "available_archs", "build_model", "fast_mode", "knob", "load_plugin",
            "notebook_config", "preset", "register_mechanism", "trace", "__version__"]

@@ -115,24 +115,10 @@ def resolve_archs(names) -> list[str]:
     return resolved
 
 
-def shared_options() -> dict[str, tuple[registry.BenchOption, list[str]]]:
-    """Each mechanism bench option once (several may share one, e.g. --block-size), with users."""
-    out: dict[str, tuple[registry.BenchOption, list[str]]] = {}
-    for mechanism in registry.mechanisms():
-        for opt in mechanism.bench_options:
-            out.setdefault(opt.flag, (opt, []))[1].append(mechanism.name)
-    return out
-
-
-def default_options() -> dict:
-    """Every registered bench option's default value, by ``dest``."""
-    return {opt.dest: opt.default for opt, _ in shared_options().values()}
-
-
 def special_benches(archs) -> dict[str, tuple[str, registry.SpecialBench]]:
     """phase name -> (arch, SpecialBench) for the special benchmarks of ``archs``."""
     return {special.name: (arch, special) for arch in archs
-            for special in registry.get(arch).special_benches}
+            for special in registry.bench_spec(arch).specials}
 
 
 def resolve_phases(phases, archs: list[str]) -> tuple[str, ...]:
@@ -204,7 +190,7 @@ class BenchContext:
         for arch in archs:
             if arch == registry.BASELINE:
                 continue
-            for label, overrides in registry.get(arch).bench_variants(options):
+            for label, overrides in registry.bench_variants(arch, options):
                 entries.append(self.entry(arch, seq_len, label, overrides))
         return entries
 
@@ -410,10 +396,10 @@ def bench_phase(ctx: BenchContext, entries: list[Entry], phase: str, seq_len: in
 
 
 def boundary_span(cfg: ModelConfig) -> int:
-    """Tokens between the mechanism's boundaries (block, segment: its ``boundary_fields``), 0
+    """Tokens between the mechanism's boundaries (block, segment: its ``boundary`` knobs), 0
     for none: decoding runs another code path once per span."""
     values = []
-    for name in registry.get(cfg.arch).boundary_fields:
+    for name in registry.boundary_fields(cfg.arch):
         value = getattr(cfg, name)                      # an int, or a tuple (CAT's chunk_sizes)
         values.extend(value if isinstance(value, (tuple, list)) else [value])
     return max((int(v) for v in values if v is not None), default=0)
@@ -500,7 +486,7 @@ def run_bench(archs=("dense",), seq_lens=DEFAULT_SEQ_LENS, *, batch: int | None 
     ``phases``: None = train, decode and the special benches of ``archs``. ``batch``
     None: train ``max(1, 4096 // T)``, decode 1. ``memory``: any of "saved", "rss",
     or "none" (see the module docstring). ``options``: mechanism bench options by
-    ``dest`` (defaults from the registry). ``compile``: torch.compile every model of
+    ``dest``, typed (``{"block_size": [64, 128]}``; defaults from the registry). ``compile``: torch.compile every model of
     the train / decode phases first (module docstring). ``roofline_seconds``: how long
     each of the two machine probes runs (``roofline.measure_peaks``; None: no probes, the
     roofline keys are None). Every argument is checked before any timing starts. Progress
@@ -514,11 +500,7 @@ def run_bench(archs=("dense",), seq_lens=DEFAULT_SEQ_LENS, *, batch: int | None 
         fail("compile", compile, "expected True or False")
     dev = pick_device(device)
     precision = resolve_dtype(dtype, dev)
-    unknown = set(options or {}) - set(default_options())
-    if unknown:
-        fail("options", sorted(unknown), f"expected bench options among "
-                                         f"{', '.join(sorted(default_options()))}")
-    opts = {**default_options(), **(options or {})}
+    opts = registry.checked_bench_options(options)
     base = dict(d_model=d_model, n_layer=n_layer, n_head=n_head, vocab_size=vocab_size)
     with metrics.pinned_threads(threads) as n_threads:
         ctx = BenchContext(base, seq_lens, batch, dev, precision, n_threads, warmup, repeats,

@@ -463,13 +463,13 @@ def check_plugged_in(make_model: Callable, plug_in: Callable, batches, name: str
 
 
 def _block_sizes(model, block_sizes) -> list[int]:
-    """The lengths whose boundaries to probe: given, or the mechanism's ``boundary_fields``."""
+    """The lengths whose boundaries to probe: given, or the mechanism's ``boundary`` knobs."""
     if block_sizes is not None:
         return _int_list("block_sizes", block_sizes, minimum=1)
     cfg = getattr(model, "cfg", None)
     arch = getattr(cfg, "arch", None)
-    fields = registry.get(arch).boundary_fields if arch in registry.names() else \
-        {f for m in registry.mechanisms() for f in m.boundary_fields}    # a duck-typed model
+    fields = registry.boundary_fields(arch) if arch in registry.names() else \
+        {f for name in registry.names() for f in registry.boundary_fields(name)}   # duck-typed
     found = [getattr(cfg, f) for f in sorted(fields) if hasattr(cfg, f)]
     return [int(s) for v in found for s in (v if isinstance(v, (list, tuple)) else [v]) if s]
 

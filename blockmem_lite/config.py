@@ -41,12 +41,13 @@ class ModelConfig:
 
     The common backbone (kit decision): pre-norm blocks, RMSNorm, RoPE, SwiGLU
     MLP, no biases, untied LM head. Everything else belongs to the mechanism
-    named by ``arch`` and is declared in its module (an ``Options`` dataclass,
-    held in ``options``). Its fields read and write like the shared ones
-    (``cfg.block_size``) and are given flat: ``ModelConfig(arch="bcmt",
-    block_size=32)``, ``dataclasses.replace(cfg, block_size=16)``, ``--set
-    block_size=16``. Changing ``arch`` keeps the options both mechanisms share
-    by name (bcmt -> honly keeps ``block_size``) and drops the others.
+    named by ``arch`` and is declared in its module (an ``Options`` dataclass).
+    ``ModelConfig(arch="bcmt", block_size=32)`` is an instance of ``BCMTConfig``, a
+    subclass whose dataclass fields are the shared ones plus BCMT's options, so
+    ``dataclasses.fields(cfg)``, ``cfg.block_size`` and tab completion show them; they
+    are given flat: ``dataclasses.replace(cfg, block_size=16)``, ``--set block_size=16``.
+    Changing ``arch`` keeps the options both mechanisms share by name (bcmt -> honly
+    keeps ``block_size``) and drops the others.
     """
 
     arch: str = "dense"
@@ -60,38 +61,33 @@ class ModelConfig:
     norm_eps: float = 1e-5
     dropout: float = 0.0
     init_std: float = 0.02
-    options: Options = None          # the mechanism's own fields (see its module)
 
-    def __init__(self, arch: str = "dense", *, options=None, **values):
-        mechanism = registry.get(arch)
-        option_names = mechanism.options.field_names()
+    def __new__(cls, arch: str = "dense", **values):
+        target = config_class(arch)
+        config = object.__new__(target)
+        if not isinstance(config, cls):       # dataclasses.replace(cfg, arch=other): Python
+            config.__init__(arch, **_keep_shared(cls, target, values))  # skips __init__ then
+        return config
+
+    def __init__(self, arch: str = "dense", **values):
+        option_names = registry.get(arch).options.field_names()
         values = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
         for name in values:
             if name not in SHARED_FIELDS and name not in option_names:
                 fail(name, values[name], unknown_field_help(name, arch))
-        inherited = _inherited_options(options, option_names)
+        defaults = {f.name: (f.default if f.default is not dataclasses.MISSING
+                             else f.default_factory()) for f in fields(type(self))}
         object.__setattr__(self, "arch", arch)
-        for name, default in SHARED_FIELDS.items():
-            object.__setattr__(self, name, values.get(name, default))
-        object.__setattr__(self, "options", mechanism.options(
-            **{**inherited, **{k: v for k, v in values.items() if k in option_names}}))
+        for name in (*SHARED_FIELDS, *option_names):
+            object.__setattr__(self, name, values.get(name, defaults[name]))
         self.validate()
 
-    # --- the options read like fields --------------------------------------------------------
-    def __getattr__(self, name: str):
-        options = self.__dict__.get("options")
-        if options is not None and name in options.field_names():
-            return getattr(options, name)
+    def __getattr__(self, name: str):       # only for names it does not have: a clear error
         raise AttributeError(f"ModelConfig of arch={self.__dict__.get('arch')!r} has no field "
                              f"{name!r}" + _owners_hint(name))
 
-    def __setattr__(self, name: str, value) -> None:
-        options = self.__dict__.get("options")
-        if name not in SHARED_FIELDS and name not in ("arch", "options") and options is not None \
-                and name in options.field_names():
-            setattr(options, name, value)
-        else:
-            object.__setattr__(self, name, value)
+    def __reduce__(self):                   # the subclass is made at run time: pickle by value
+        return (ModelConfig.from_dict, (self.to_dict(),))
 
     def __repr__(self) -> str:
         return f"ModelConfig({', '.join(f'{k}={v!r}' for k, v in self.to_dict().items())})"
@@ -103,24 +99,29 @@ class ModelConfig:
     @property
     def option_names(self) -> tuple[str, ...]:
         """The fields of this config's mechanism (``cfg.options``)."""
-        return self.options.field_names()
+        return registry.get(self.arch).options.field_names()
+
+    @property
+    def options(self) -> Options:
+        """This config's mechanism options as their own ``Options`` dataclass (a copy)."""
+        return registry.get(self.arch).options(**{n: getattr(self, n) for n in self.option_names})
 
     def to_dict(self) -> dict:
         """One flat dict: the shared fields, then the mechanism's options (JSON-ready)."""
-        shared = {name: getattr(self, name) for name in ("arch", *SHARED_FIELDS)}
-        return {**shared, **dataclasses.asdict(self.options)}
+        return {name: getattr(self, name) for name in ("arch", *SHARED_FIELDS, *self.option_names)}
 
     @classmethod
     def from_dict(cls, d: dict) -> ModelConfig:
         """Inverse of ``to_dict``; also reads the flat dicts of earlier releases, which held
-        every mechanism's fields (the ones of other mechanisms are dropped)."""
+        every mechanism's fields (the ones of other mechanisms are dropped), and nested ones
+        (``options``: {...})."""
         d = dict(d)
         nested = d.pop("options", None) or {}
         arch = d.pop("arch", "dense")
         own = registry.get(arch).options.field_names()
         foreign = {n for m in registry.mechanisms() for n in m.options.field_names()} - set(own)
         values = {k: v for k, v in {**d, **nested}.items() if k not in foreign}
-        return cls(arch, **values)
+        return ModelConfig(arch, **values)
 
     def validate(self) -> None:
         check_int("vocab_size", self.vocab_size, 2)
@@ -142,16 +143,33 @@ class ModelConfig:
         self.options.validate(self)
 
 
-SHARED_FIELDS = {f.name: f.default for f in fields(ModelConfig) if f.name not in ("arch", "options")}
+SHARED_FIELDS = {f.name: f.default for f in fields(ModelConfig) if f.name != "arch"}
+_CONFIG_CLASSES: dict[tuple[str, type], type] = {}
 
 
-def _inherited_options(options, option_names: tuple[str, ...]) -> dict:
-    """The values of ``options`` (an Options instance or a dict) that ``option_names`` share."""
-    if options is None:
-        return {}
-    values = dataclasses.asdict(options) if dataclasses.is_dataclass(options) else dict(options)
-    return {k: tuple(v) if isinstance(v, list) else v
-            for k, v in values.items() if k in option_names}
+def config_class(arch: str) -> type:
+    """The ModelConfig subclass of ``arch``: the shared fields plus its options as dataclass
+    fields (``BCMTConfig``), made once per (arch, Options class)."""
+    options = registry.get(arch).options
+    key = (arch, options)
+    if key not in _CONFIG_CLASSES:
+        own = [(f.name, f.type, dataclasses.field(default=f.default, default_factory=f.default_factory,
+                                                  metadata=f.metadata))
+               for f in fields(options)]
+        name = options.__name__.removesuffix("Options") or arch.capitalize()
+        _CONFIG_CLASSES[key] = dataclasses.make_dataclass(
+            f"{name}Config", own,
+            bases=(ModelConfig,), init=False, repr=False, namespace={"__module__": __name__})
+    return _CONFIG_CLASSES[key]
+
+
+def _keep_shared(previous, target, values: dict) -> dict:
+    """``values`` without the options of ``previous`` (a config class) that ``target``
+    lacks: what ``dataclasses.replace(cfg, arch=other)`` passes along."""
+    if previous is ModelConfig or previous is target:
+        return values
+    mine = {f.name for f in fields(previous)} - {f.name for f in fields(target)}
+    return {k: v for k, v in values.items() if k not in mine}
 
 
 def _owners_hint(name: str) -> str:
@@ -256,7 +274,7 @@ class RunConfig:
             if key not in SHARED_FIELDS and key not in mechanism.options.field_names():
                 fail(key, value, unknown_field_help(key, arch, train_names))
         if arch != self.model.arch:
-            model_kw = {**mechanism.presets.get(self.preset, {}), **model_kw}
+            model_kw = {**registry.preset_values(arch, self.preset), **model_kw}
         return RunConfig(
             model=dataclasses.replace(self.model, arch=arch, **model_kw),
             train=dataclasses.replace(self.train, **train_kw),
@@ -274,7 +292,7 @@ class RunConfig:
 
 
 # preset name -> (shared ModelConfig fields, TrainConfig fields). Each mechanism sizes its own
-# options per preset (``Mechanism.presets``: BCMT blocks, ARMT segments, MoC banks...).
+# options per preset (their knobs' ``presets``: BCMT blocks, ARMT segments, MoC banks...).
 _PRESETS = {
     "tiny": (dict(d_model=32, n_layer=2, n_head=2, seq_len=32),
              dict(steps=20, batch_size=4, lr=3e-3, warmup_steps=2, eval_every=10,
@@ -302,7 +320,7 @@ def preset(name: str, **overrides) -> RunConfig:
         fail("preset", name, f"expected one of {', '.join(PRESET_NAMES)}")
     model_kw, train_kw = _PRESETS[name]
     arch = overrides.pop("arch", registry.BASELINE)
-    sizes = registry.get(arch).presets.get(name, {})
+    sizes = registry.preset_values(arch, name)
     cfg = RunConfig(model=ModelConfig(arch, **model_kw, **sizes), train=TrainConfig(**train_kw),
                     preset=name)
     return cfg.replace(**overrides) if overrides else cfg

@@ -104,7 +104,7 @@ class RecallRecipe:
         sized = dataclasses.replace(cfg, seq_len=self.seq_len, vocab_size=self.vocab_size,
                                     d_model=self.d_model, n_layer=self.n_layer,
                                     n_head=self.n_head)
-        spec = registry.get(cfg.arch).lab
+        spec = registry.lab_spec(cfg.arch)
         return spec.recall_span(sized, self.span) if spec.recall_span else sized
 
     def seeds_of(self, role: str) -> tuple:
@@ -324,7 +324,7 @@ def slot_curve(cfg: ModelConfig, recipe: RecallRecipe) -> list[dict] | None:
     """The slot model's accuracy with 1 ... ``n_pairs`` pairs for ``cfg`` (None where its
     mechanism declares no ``LabSpec.memory_slots``): the analytic line of the capacity
     figure."""
-    slots_of = registry.get(cfg.arch).lab.memory_slots
+    slots_of = registry.lab_spec(cfg.arch).memory_slots
     if slots_of is None:
         return None
     out = []

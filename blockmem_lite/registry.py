@@ -1,10 +1,21 @@
 """The mechanism registry: every architecture the kit knows, built in or plugged in.
 
-A mechanism is one module that declares everything about itself and ends with::
+A mechanism declares its knobs once, on its options (``knob``: default, help, bench
+symbol and sweep, per-preset values, whether it sets the local span), and registers
+a six-field record::
 
-    register(Mechanism(name="bcmt", model=BCMTLM, summary="...", options=BCMTOptions,
-                       flops=flops_per_token, presets={...}, bench_options=(...),
-                       bench_variants=..., trace_keys=(...)))
+    @dataclass
+    class BCMTOptions(Options):
+        block_size: int = knob(64, help="L: tokens per block", symbol="L", sweep=(64, 128),
+                               presets={"tiny": 8, "fast": 16}, span=True)
+
+    register(Mechanism(name="bcmt", model=BCMTLM, options=BCMTOptions,
+                       flops=flops_per_token, state_bytes=state_bytes, summary="..."))
+
+The bench flag (``--block-size``), the variants and their labels (``L=64``), the presets,
+the boundaries ``check_causal`` probes and the local span all derive from the knobs.
+Two optional records sit beside it: ``register_bench`` (bench options of its own,
+variants, special benches) and ``register_lab`` (how the lab runs it, its claims).
 
 The core (config, train, metrics, bench, viz, tasks, corpora, the CLI) asks
 this registry and never names a mechanism; the only name it knows is the
@@ -28,6 +39,7 @@ import contextlib
 import dataclasses
 import hashlib
 import importlib.util
+import itertools
 import re
 import sys
 import warnings
@@ -35,7 +47,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from blockmem_lite.validation import fail
+from blockmem_lite.validation import fail, parse_int_list
 
 BASELINE = "dense"                       # the architecture every ratio is measured against
 ENTRY_POINT_GROUP = "blockmem_lite.mechanisms"
@@ -73,16 +85,85 @@ class Options:
 
 
 @dataclass(frozen=True)
+class Knob:
+    """What the kit derives from one option field, declared once on the field (``knob``).
+
+    * ``symbol``: the letter of bench labels (``"L"`` -> ``L=64``);
+    * ``sweep``: the values ``bench`` times by default; the field then has a bench flag
+      (``block_size`` -> ``--block-size 64,128``) and each value is a variant;
+    * ``presets``: {preset name: value}, its size per preset (``config.preset``);
+    * ``span``: its value is the local span (a block, segment or chunk: how far back a
+      token sees exactly); the recall experiment sets it and ``check_causal`` probes it;
+    * ``boundary``: a length whose boundaries ``check_causal`` probes (``span`` is one).
+    """
+
+    symbol: str | None = None
+    sweep: tuple = ()
+    presets: Mapping[str, object] = field(default_factory=dict)
+    span: bool = False
+    boundary: bool = False
+
+
+def knob(default=dataclasses.MISSING, *, help: str, symbol: str | None = None,  # noqa: A002
+         sweep=(), presets: Mapping[str, object] | None = None, span: bool = False,
+         boundary: bool = False):
+    """An ``Options`` field with its help and the ``Knob`` metadata the registry derives the
+    bench flag, variants, presets, boundaries and local span from::
+
+        block_size: int = knob(64, help="L: tokens per block", symbol="L", sweep=(64, 128),
+                               presets={"tiny": 8, "fast": 16}, span=True)
+    """
+    meta = Knob(symbol, tuple(sweep), dict(presets or {}), span, boundary or span)
+    return field(default=default, metadata={"help": help, "knob": meta})
+
+
+def knobs_of(options: type) -> dict[str, Knob]:
+    """{field name: Knob} of an Options class (fields declared without ``knob``: a plain Knob)."""
+    return {f.name: f.metadata.get("knob", Knob()) for f in dataclasses.fields(options)}
+
+
+def check_int_list(name: str, values, allow_empty: bool = False) -> None:
+    """A typed bench value: a list or tuple of ints >= 1 (non-empty unless ``allow_empty``)."""
+    if not isinstance(values, (list, tuple)) or (not values and not allow_empty) or any(
+            isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in values):
+        fail(name, values, "expected a list of integers >= 1, e.g. [16, 32]")
+
+
+def int_list(flag: str):
+    """The parser of a comma-separated list of positive ints, for option ``flag``."""
+    return lambda text: parse_int_list(flag, text)
+
+
+@dataclass(frozen=True)
 class BenchOption:
-    """A ``bench`` command-line option a mechanism adds, e.g. ``--block-size 64,128``."""
+    """A ``bench`` option beyond the swept knobs (e.g. MoC's ``--bank-tokens 512,8192``).
+
+    ``default`` is a typed value, as the Python API (``bench.run_bench(options=...)``)
+    takes it; ``parse(text) -> value`` reads the command line's string (default: a
+    comma-separated list of positive ints).
+    """
 
     flag: str
-    default: str
+    default: object
     help: str
+    parse: Callable[[str], object] | None = None
+    check: Callable[[object], object] | None = None
+
+    def validate(self, value) -> None:
+        """Refuse a bad typed value (a ValueError naming the option) before any timing;
+        a string is the command line's form, read by ``read``."""
+        if isinstance(value, str) and self.parse is None:
+            fail(self.dest, value, f"expected a list of values, e.g. {self.default!r} "
+                                   f"(a string is the command line's form: {self.flag} TEXT)")
+        (self.check or (lambda v: check_int_list(self.dest, v)))(value)
 
     @property
     def dest(self) -> str:
         return self.flag.lstrip("-").replace("-", "_")
+
+    def read(self, text: str):
+        """The typed value of the command line's ``text``."""
+        return (self.parse or int_list(self.flag))(text)
 
 
 @dataclass(frozen=True)
@@ -158,7 +239,11 @@ class LabSpec:
       model (``recall.slot_accuracy``): how many slots a query can address when ``n_pairs``
       key-value pairs sit at the start of the row (0 for a twin: it has no memory);
     * ``recall_curriculum``: train the recall models (mechanism and twin) in the stages of
-      ``recall.curriculum``, short rows first (ARMT's segment curriculum).
+      ``recall.curriculum``, short rows first (ARMT's segment curriculum);
+    * ``claims``: its paper's headline figures (``Claim``) and how the kit answers them.
+
+    ``local_span`` and ``recall_span`` default to the option declared with
+    ``knob(..., span=True)``, where there is one (``lab_spec``).
     """
 
     config: Callable | None = None
@@ -171,11 +256,23 @@ class LabSpec:
     twin: Callable | None = None
     memory_slots: Callable | None = None
     recall_curriculum: bool = False
+    claims: tuple[Claim, ...] = ()
 
 
-def single_variant(options: dict) -> list[tuple[str, dict]]:
-    """The bench variants of a mechanism without sweep options: itself, unlabelled."""
-    return [("", {})]
+@dataclass(frozen=True)
+class BenchSpec:
+    """What ``bench`` runs of a mechanism beyond its swept knobs (optional, ``register_bench``):
+
+    * ``options``: bench options of its own (``BenchOption``), e.g. MoC's bank sizes;
+    * ``variants(values) -> [(label, overrides)]``: the configs one bench run times, from
+      every bench option's typed value (``values`` maps ``dest`` -> value); default: every
+      combination of the swept knobs, labelled by their symbols (``C=16 w=2``);
+    * ``specials``: benchmarks of its own beyond train and decode (``SpecialBench``).
+    """
+
+    options: tuple[BenchOption, ...] = ()
+    variants: Callable[[dict], list[tuple[str, dict]]] | None = None
+    specials: tuple[SpecialBench, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -183,44 +280,27 @@ class Mechanism:
     """Everything the kit needs to know about one architecture.
 
     * ``model(cfg) -> LanguageModel``; ``summary``: one line for ``--help``;
-    * ``options``: its config fields (an ``Options`` dataclass), validated there;
+    * ``options``: its config fields (an ``Options`` dataclass), validated there; their
+      ``knob`` metadata gives the bench flags and variants, the presets, the boundaries
+      ``checks.check_causal`` probes and the local span;
     * ``flops(cfg, seq_len, decode) -> forward FLOPs per token`` (LM head
       included; ``decode=True``: one decoding step at context ``seq_len``),
       or None where no model exists; the bench prints ceilings from it;
     * ``state_bytes(cfg, t) -> bytes``: the analytic size of the decoding state after t
-      tokens (fp32), drawn beside the measured one;
-    * ``presets``: {preset name: {option: value}}, its sizes per preset;
-    * ``bench_options`` and ``bench_variants(options) -> [(label, overrides)]``:
-      how a sweep value becomes a config and a label;
-    * ``trace_keys``: the names it records under ``trace`` (glob patterns
-      after the ``layer{i}.`` style scopes, e.g. ``"layer*.gate"``);
-    * ``boundary_fields``: options whose values are block / segment / chunk
-      lengths; ``checks.check_causal`` probes their boundaries, where causal
-      mechanisms most often leak;
-    * ``special_benches``: benchmarks of its own (``SpecialBench``);
-    * ``claims``: the paper's headline figures (``Claim``) and how the kit answers them;
-    * ``lab``: how the comparison lab runs it (``LabSpec``; default: train and measure).
+      tokens (fp32), drawn beside the measured one.
 
-    ``source`` is filled in by ``register``: "builtin", the plugin file, or
-    "entry point NAME"; "" for one defined in a notebook or an interactive
-    session (fine everywhere except measurements in a fresh process).
+    Beside it, optional: ``register_bench(name, BenchSpec(...))`` (bench options of its
+    own, variants, special benches) and ``register_lab(name, LabSpec(...))`` (how the lab
+    runs it, its paper's claims). The names it records under ``trace`` are its model's
+    ``trace_keys``.
     """
 
     name: str
     model: Callable
-    summary: str
     options: type = Options
     flops: Callable | None = None
     state_bytes: Callable | None = None
-    presets: Mapping[str, Mapping] = field(default_factory=dict)
-    bench_options: tuple[BenchOption, ...] = ()
-    bench_variants: Callable[[dict], list[tuple[str, dict]]] = single_variant
-    trace_keys: tuple[str, ...] = ()
-    boundary_fields: tuple[str, ...] = ()
-    special_benches: tuple[SpecialBench, ...] = ()
-    claims: tuple[Claim, ...] = ()
-    lab: LabSpec = field(default_factory=LabSpec)
-    source: str = ""
+    summary: str = ""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME.match(self.name):
@@ -231,20 +311,141 @@ class Mechanism:
         if not (isinstance(self.options, type) and issubclass(self.options, Options)
                 and dataclasses.is_dataclass(self.options)):
             fail("options", self.options, "expected a dataclass subclassing registry.Options")
-        for preset_name, values in self.presets.items():
-            if preset_name not in PRESET_NAMES:
-                fail("presets", preset_name, f"expected preset names among {', '.join(PRESET_NAMES)}")
-            unknown = set(values) - set(self.options.field_names())
+        for name, meta in knobs_of(self.options).items():
+            unknown = set(meta.presets) - set(PRESET_NAMES)
             if unknown:
-                fail("presets", dict(values), f"{', '.join(sorted(unknown))} are not fields of "
-                                              f"{self.options.__name__}")
-        unknown = set(self.boundary_fields) - set(self.options.field_names())
-        if unknown:
-            fail("boundary_fields", self.boundary_fields,
-                 f"{', '.join(sorted(unknown))} are not fields of {self.options.__name__}")
+                fail(f"{self.options.__name__}.{name} presets", dict(meta.presets),
+                     f"expected preset names among {', '.join(PRESET_NAMES)}")
+        spans = [name for name, meta in knobs_of(self.options).items() if meta.span]
+        if len(spans) > 1:
+            fail(f"{self.options.__name__} span knobs", spans, "expected at most one field "
+                 "declared with span=True (the local span)")
+
+
+# --- what the registry derives from the knobs ------------------------------------------------
+
+def preset_values(name: str, preset_name: str) -> dict:
+    """{option: value} of mechanism ``name`` at preset ``preset_name`` (its knobs' presets)."""
+    return {f: meta.presets[preset_name] for f, meta in knobs_of(get(name).options).items()
+            if preset_name in meta.presets}
+
+
+def boundary_fields(name: str) -> tuple[str, ...]:
+    """Options of ``name`` whose values are block / segment / chunk lengths."""
+    return tuple(f for f, meta in knobs_of(get(name).options).items() if meta.boundary)
+
+
+def span_field(name: str) -> str | None:
+    """The option of ``name`` that sets its local span (``knob(..., span=True)``), if any."""
+    return next((f for f, meta in knobs_of(get(name).options).items() if meta.span), None)
+
+
+def swept_knobs(name: str) -> dict[str, Knob]:
+    """{option: Knob} of the knobs of ``name`` that ``bench`` sweeps."""
+    return {f: meta for f, meta in knobs_of(get(name).options).items() if meta.sweep}
+
+
+def knob_option(name: str, field_name: str) -> BenchOption:
+    """The bench flag of a swept knob: ``block_size`` -> ``--block-size``, its sweep the default."""
+    f = next(f for f in dataclasses.fields(get(name).options) if f.name == field_name)
+    flag = "--" + field_name.replace("_", "-")
+    return BenchOption(flag, list(f.metadata["knob"].sweep), f.metadata.get("help", ""))
+
+
+def knob_variants(name: str, values: dict) -> list[tuple[str, dict]]:
+    """Every combination of the swept knobs' ``values`` (first knob fastest), labelled by
+    their symbols: [("C=16 w=2", {"chunk_size": 16, "decoder_width": 2}), ...]."""
+    swept = swept_knobs(name)
+    if not swept:
+        return [("", {})]
+    grid = [[(f, v) for v in values[f]] for f in reversed(list(swept))]
+    combos = [tuple(reversed(c)) for c in itertools.product(*grid)]
+    return [(" ".join(f"{swept[f].symbol or f}={v}" for f, v in combo), dict(combo))
+            for combo in combos]
+
+
+_BENCH: dict[str, BenchSpec] = {}
+_LAB: dict[str, LabSpec] = {}
+
+
+def register_bench(name: str, spec: BenchSpec) -> BenchSpec:
+    """Give mechanism ``name`` bench options, variants or special benches of its own."""
+    if not isinstance(spec, BenchSpec):
+        fail("spec", spec, "expected a registry.BenchSpec(...)")
+    _BENCH[name] = spec
+    return spec
+
+
+def bench_spec(name: str) -> BenchSpec:
+    """The ``BenchSpec`` of ``name`` (an empty one where none was registered)."""
+    get(name)
+    return _BENCH.get(name, BenchSpec())
+
+
+def bench_options(name: str) -> tuple[BenchOption, ...]:
+    """The bench options of ``name``: a flag per swept knob, then its ``BenchSpec``'s own."""
+    return (*(knob_option(name, f) for f in swept_knobs(name)), *bench_spec(name).options)
+
+
+def bench_variants(name: str, values: dict) -> list[tuple[str, dict]]:
+    """[(label, overrides)] one bench run times for ``name`` at the typed option ``values``
+    (by ``dest``): its ``BenchSpec.variants``, else every combination of its swept knobs."""
+    variants = bench_spec(name).variants
+    return variants(values) if variants else knob_variants(name, values)
+
+
+def shared_bench_options() -> dict[str, tuple[BenchOption, list[str]]]:
+    """Each mechanism bench option once (several may share one, e.g. --block-size), with users."""
+    out: dict[str, tuple[BenchOption, list[str]]] = {}
+    for name in names():
+        for opt in bench_options(name):
+            out.setdefault(opt.flag, (opt, []))[1].append(name)
+    return out
+
+
+def default_bench_options() -> dict:
+    """Every registered bench option's default (typed) value, by ``dest``."""
+    return {opt.dest: opt.default for opt, _ in shared_bench_options().values()}
+
+
+def checked_bench_options(options: dict | None) -> dict:
+    """The defaults updated with ``options`` (typed values by ``dest``, e.g.
+    ``{"window": [16, 32]}``; one int stands for a list of one), each checked before any
+    timing; an unknown name is refused with the known ones."""
+    known = {opt.dest: opt for opt, _ in shared_bench_options().values()}
+    values = default_bench_options()
+    for name, value in (options or {}).items():
+        if name not in known:
+            fail("options", name, f"expected bench options among {', '.join(sorted(known))}")
+        if isinstance(known[name].default, list) and isinstance(value, int) \
+                and not isinstance(value, bool):
+            value = [value]
+        known[name].validate(value)
+        values[name] = list(value) if isinstance(value, tuple) else value
+    return values
+
+
+def register_lab(name: str, spec: LabSpec) -> LabSpec:
+    """Tell the comparison lab how to run mechanism ``name`` and which claims it answers."""
+    if not isinstance(spec, LabSpec):
+        fail("spec", spec, "expected a registry.LabSpec(...)")
+    _LAB[name] = spec
+    return spec
+
+
+def lab_spec(name: str) -> LabSpec:
+    """The ``LabSpec`` of ``name``, its local span and recall span defaulting to the span knob."""
+    spec = _LAB.get(name, LabSpec())
+    span = span_field(name)
+    if span is None:
+        return spec
+    return dataclasses.replace(
+        spec, local_span=spec.local_span or (lambda cfg: getattr(cfg, span)),
+        recall_span=spec.recall_span or (lambda cfg, n: dataclasses.replace(cfg, **{span: n})))
 
 
 _REGISTRY: dict[str, Mechanism] = {}
+_SOURCES: dict[str, str] = {}            # name -> "builtin", the plugin file, "entry point X", ""
 _loading: list[str] = []                 # the plugin file or entry point being imported
 _entry_points_loaded = False
 
@@ -261,26 +462,34 @@ def _source_of(mechanism: Mechanism) -> str:
 
 
 def register(mechanism: Mechanism) -> Mechanism:
-    """Make the kit know ``mechanism`` by its name; returns it with ``source`` filled in.
+    """Make the kit know ``mechanism`` by its name; returns it.
 
     Registering a name again replaces a plugin's entry (re-running a notebook
-    cell is fine) but never a built-in one.
+    cell is fine) but never a built-in one. ``source(name)`` says where it came from.
     """
     if not isinstance(mechanism, Mechanism):
         fail("mechanism", mechanism, "expected a registry.Mechanism(...)")
-    mechanism = dataclasses.replace(mechanism, source=_source_of(mechanism))
-    old = _REGISTRY.get(mechanism.name)
-    if old is not None and old.source == BUILTIN and mechanism.source != BUILTIN:
+    origin = _source_of(mechanism)
+    if _SOURCES.get(mechanism.name) == BUILTIN and origin != BUILTIN:
         fail("name", mechanism.name, f"a built-in mechanism has that name; choose another "
                                      f"(taken: {', '.join(sorted(_REGISTRY))})")
     _REGISTRY[mechanism.name] = mechanism
+    _SOURCES[mechanism.name] = origin
     return mechanism
 
 
+def source(name: str) -> str:
+    """Where mechanism ``name`` came from: "builtin", its plugin file, "entry point NAME", or
+    "" for one defined in a notebook or an interactive session."""
+    get(name)
+    return _SOURCES[name]
+
+
 def unregister(name: str) -> None:
-    """Forget a plugin mechanism (built-ins stay)."""
-    if name in _REGISTRY and _REGISTRY[name].source != BUILTIN:
-        del _REGISTRY[name]
+    """Forget a plugin mechanism (built-ins stay), with its bench and lab records."""
+    if name in _REGISTRY and _SOURCES[name] != BUILTIN:
+        for table in (_REGISTRY, _SOURCES, _BENCH, _LAB):
+            table.pop(name, None)
 
 
 def names() -> list[str]:
@@ -318,7 +527,7 @@ def _importing(source: str):
 
 
 def _from_source(source: str) -> list[str]:
-    return sorted(n for n, m in _REGISTRY.items() if m.source == source)
+    return sorted(n for n, origin in _SOURCES.items() if origin == source)
 
 
 def load_plugin(path) -> list[str]:
@@ -383,11 +592,11 @@ def plugin_file(name: str) -> str | None:
     A ValueError for mechanisms defined in a notebook or session, which a fresh
     process cannot rebuild.
     """
-    source = get(name).source
-    if source == BUILTIN or source.startswith("entry point "):
+    origin = source(name)
+    if origin == BUILTIN or origin.startswith("entry point "):
         return None
-    if not source:
+    if not origin:
         fail("arch", name, "is defined in this session only, so a fresh process cannot build "
                            "it: save it in a .py file and load_plugin(FILE) (or --plugin FILE), "
                            "or measure without a subprocess (e.g. bench memory 'saved')")
-    return source
+    return origin

@@ -498,7 +498,7 @@ def test_decode_flop_model_is_the_mean_of_the_per_step_counts():
 def test_bench_runs_armt_variants_with_ceilings():
     records = bench.run_bench(["armt"], [32], d_model=32, n_layer=1, n_head=2, batch=1,
                               threads=1, warmup=1, repeats=1, decode_burst=2,
-                              memory=("none",), options={"segment_size": "8,16", "infer_len": "none"},
+                              memory=("none",), options={"segment_size": [8, 16], "infer_len": []},
                               progress=False)
     armt = [r for r in records if r["arch"] == "armt"]
     assert {(r["variant"], r["phase"]) for r in armt} == {

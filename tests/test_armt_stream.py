@@ -101,9 +101,12 @@ def test_sweep_options_parse():
     assert armt.parse_infer_lengths("2048,65536") == [2048, 65536]
     assert armt.dense_infer_limit("auto", "cpu") == armt.CPU_DENSE_INFER_MAX
     assert armt.dense_infer_limit("auto", "cuda") is None
-    assert armt.dense_infer_limit("4096", "cpu") == 4096
+    assert armt.dense_infer_limit(4096, "cpu") == 4096
+    assert armt.parse_dense_max("4096") == 4096 and armt.parse_dense_max("auto") == "auto"
     with pytest.raises(ValueError, match="--infer-dense-max='1,2'"):
-        armt.dense_infer_limit("1,2", "cpu")
+        armt.parse_dense_max("1,2")
+    with pytest.raises(ValueError, match="infer_dense_max=0"):
+        armt.dense_infer_limit(0, "cpu")
     with pytest.raises(ValueError, match="--infer-len='0'"):
         armt.parse_infer_lengths("0")
 
@@ -118,7 +121,7 @@ def _sweep(lengths, sizes, dense_max="auto", **kw):
 
 
 def test_inference_sweep_records_and_the_dense_limit():
-    records = _sweep("128,32,64", "8,16", dense_max="64", memory=("none",))
+    records = _sweep([128, 32, 64], [8, 16], dense_max=64, memory=("none",))
     assert [(r["arch"], r["variant"], r["seq_len"]) for r in records] == [
         (arch, variant, t) for t in (32, 64, 128)
         for arch, variant in [("dense", ""), ("armt", "S=8"), ("armt", "S=16")]
@@ -146,7 +149,7 @@ def test_inference_sweep_records_and_the_dense_limit():
 
 
 def test_inference_sweep_measures_peak_rss_in_a_subprocess():
-    records = _sweep("32", "16", memory=("rss",))
+    records = _sweep([32], [16], memory=("rss",))
     assert [r["arch"] for r in records] == ["dense", "armt"]
     for r in records:
         assert r["memory_method"] == "rss_subprocess"

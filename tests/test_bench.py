@@ -7,9 +7,8 @@ import torch
 
 from blockmem_lite import ModelConfig, bench, metrics, registry, roofline
 from blockmem_lite.flops import flop_ceiling
-from blockmem_lite.mechanisms import bcmt
 from blockmem_lite.models.dense import DenseLM
-from blockmem_lite.tools.cli import bench_main, bench_parser
+from blockmem_lite.tools.cli import bench_main, bench_options_of, bench_parser
 from blockmem_lite.units import human_bytes
 from blockmem_lite.validation import parse_int_list
 
@@ -50,15 +49,16 @@ def twin_arch():
     """A second benchable arch (dense weights, block-local FLOP model) with an option,
     registered like a plugin and removed afterwards."""
     def variants(options):
-        return [(f"L={n}", {}) for n in parse_int_list("--twin-len", options["twin_len"])]
+        return [(f"L={n}", {}) for n in options["twin_len"]]
 
     def flops(cfg, seq_len, decode):
         return None if decode else _block_local(cfg.d_model, cfg.n_layer, seq_len)
 
     entry = registry.register(registry.Mechanism(
-        name="twin", model=DenseLM, summary="dense weights under another name", flops=flops,
-        bench_options=(registry.BenchOption("--twin-len", "8,16", "twin block lengths"),),
-        bench_variants=variants))
+        name="twin", model=DenseLM, summary="dense weights under another name", flops=flops))
+    registry.register_bench("twin", registry.BenchSpec(
+        options=(registry.BenchOption("--twin-len", [8, 16], "twin block lengths"),),
+        variants=variants))
     yield entry
     registry.unregister("twin")
 
@@ -223,12 +223,12 @@ def test_rss_subprocess_is_the_primary_cpu_memory_figure():
 def test_bcmt_and_honly_share_the_block_size_option():
     parser = bench_parser()
     args = parser.parse_args(["--arch", "bcmt,honly", "--block-size", "8,16"])
-    assert args.block_size == "8,16"
-    assert bcmt.bench_variants({"block_size": "8,16"}) == [("L=8", {"block_size": 8}),
-                                                           ("L=16", {"block_size": 16})]
+    assert bench_options_of(args)["block_size"] == [8, 16]
+    assert registry.bench_variants("bcmt", {"block_size": [8, 16]}) == [
+        ("L=8", {"block_size": 8}), ("L=16", {"block_size": 16})]
     records = bench.run_bench(["bcmt", "honly"], [32], d_model=32, n_layer=1, n_head=2,
                               warmup=1, repeats=1, memory=("saved",), phases=("decode",),
-                              options={"block_size": "8"}, progress=False)
+                              options={"block_size": [8]}, progress=False)
     state = {r["arch"]: r["state_bytes"] for r in records}
     assert state["dense"] > state["honly"] > 0
     assert {r["variant"] for r in records if r["arch"] != "dense"} == {"L=8"}

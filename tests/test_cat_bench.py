@@ -1,16 +1,15 @@
 """CAT in the bench: variants by chunk size and decoder width, decode state vs dense."""
 
-from blockmem_lite import bench
-from blockmem_lite.mechanisms import cat
-from blockmem_lite.tools.cli import bench_parser
+from blockmem_lite import bench, registry
+from blockmem_lite.tools.cli import bench_options_of, bench_parser
 
 TINY = dict(d_model=32, n_layer=2, n_head=2, batch=1, threads=1, warmup=1, repeats=1,
             decode_burst=4, progress=False, memory=("none",))
 
 
 def test_cat_variants_ratios_and_state_against_dense_in_one_run():
-    records = bench.run_bench(["dense", "cat"], [64], options={"chunk_size": "4,8",
-                                                                "decoder_width": "1,2"}, **TINY)
+    records = bench.run_bench(["dense", "cat"], [64], options={"chunk_size": [4, 8],
+                                                                "decoder_width": [1, 2]}, **TINY)
     cat = [r for r in records if r["arch"] == "cat"]
     assert {r["variant"] for r in cat} == {"C=4 w=1", "C=8 w=1", "C=4 w=2", "C=8 w=2"}
     assert {r["phase"] for r in cat} == {"train", "decode"}
@@ -32,8 +31,7 @@ def test_cat_cli_options_are_listed_and_parsed():
     help_text = parser.format_help()
     assert "--chunk-size" in help_text and "--decoder-width" in help_text
     args = parser.parse_args(["--arch", "dense,cat", "--chunk-size", "16", "--decoder-width", "1"])
-    assert cat.bench_variants({"chunk_size": args.chunk_size,
-                               "decoder_width": args.decoder_width}) == [
+    assert registry.bench_variants("cat", bench_options_of(args)) == [
         ("C=16 w=1", {"chunk_size": 16, "decoder_width": 1})]
 
 
@@ -44,7 +42,7 @@ def test_decode_process_peak_stays_near_weights_and_state_and_below_dense():
     below dense's, whose KV cache and prefill grow with T."""
     run = dict(d_model=256, n_layer=4, n_head=4, batch=1, threads=1, warmup=1, repeats=1,
                decode_burst=2, progress=False, memory=("rss",), phases=("decode",),
-               options={"chunk_size": "16", "decoder_width": "1"})
+               options={"chunk_size": [16], "decoder_width": [1]})
     short, long = (bench.run_bench(["dense", "cat"], [t], **run) for t in (256, 4096))
     peak = {(r["arch"], r["seq_len"]): r for r in short + long}
     for r in peak.values():

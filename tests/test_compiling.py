@@ -72,7 +72,7 @@ def test_compiled_step_still_checks_token_ids():
 def test_bench_compile_marks_its_records_and_warms_up_across_a_block():
     records = bench.run_bench(["bcmt"], [16], d_model=32, n_layer=1, n_head=2, batch=1,
                               threads=1, phases=("decode",), warmup=1, repeats=1,
-                              decode_burst=4, memory=("none",), options={"block_size": "8"},
+                              decode_burst=4, memory=("none",), options={"block_size": [8]},
                               progress=False, compile=True)
     assert [r["arch"] for r in records] == ["dense", "bcmt"]
     assert all(r["compiled"] and r["compile_warmup_s"] > 0 for r in records)

@@ -1,8 +1,13 @@
 """Config validation, presets and notebook_config."""
 
+import copy
+import dataclasses
+import pickle
+
 import pytest
 
 from blockmem_lite import PRESET_NAMES, ModelConfig, TrainConfig, notebook_config, preset
+from blockmem_lite.config import SHARED_FIELDS
 
 
 @pytest.mark.parametrize("name", PRESET_NAMES)
@@ -109,3 +114,25 @@ def test_flat_dicts_round_trip_and_legacy_checkpoint_dicts_load():
               "memory_layers": None, "routing": "block_causal"}
     assert ModelConfig.from_dict(legacy) == preset("tiny").model
     assert "block_size=8" in repr(preset("tiny", arch="bcmt").model)
+
+
+def test_the_knobs_are_real_dataclass_fields():
+    """dataclasses.fields and tab completion show a mechanism's options (no __getattr__)."""
+    cfg = ModelConfig("bcmt", seq_len=64, block_size=16)
+    names = [f.name for f in dataclasses.fields(cfg)]
+    assert names[:2] == ["arch", "vocab_size"] and {"block_size", "alpha", "memory"} <= set(names)
+    assert type(cfg).__name__ == "BCMTConfig" and isinstance(cfg, ModelConfig)
+    assert "block_size" in vars(cfg) and "block_size" in dir(cfg)
+    assert [f.name for f in dataclasses.fields(ModelConfig("dense"))] == ["arch", *SHARED_FIELDS]
+
+
+def test_a_config_survives_pickle_copy_and_a_change_of_arch():
+    cfg = ModelConfig("bcmt", seq_len=64, block_size=16, alpha=0.5)
+    assert pickle.loads(pickle.dumps(cfg)) == cfg == copy.deepcopy(cfg)
+    honly = dataclasses.replace(cfg, arch="honly")
+    assert type(honly).__name__ == "HOnlyConfig" and honly.block_size == 16
+    assert not hasattr(honly, "alpha")
+    back = dataclasses.replace(honly, arch="bcmt")
+    assert back.block_size == 16 and back.alpha == 0.8      # bcmt's default again
+    with pytest.raises(ValueError, match="alpha=0.5 is not allowed: an option of bcmt"):
+        ModelConfig("honly", alpha=0.5)

@@ -26,7 +26,7 @@ def test_every_registered_architecture_is_trained_measured_and_benched(fast_run)
     done = results["done"]
     for arch in registry.names():                      # plugins registered in this session too
         assert f"lm/{arch}" in done, arch
-        has_twin = registry.get(arch).lab.twin is not None
+        has_twin = registry.lab_spec(arch).twin is not None
         assert (f"recall/{arch}" in done) == (has_twin or arch == registry.BASELINE), arch
         assert any(r["arch"] == arch for r in done["bench/*"]["records"]), arch
         assert done[f"lm/{arch}"]["val_loss"], arch
@@ -66,7 +66,7 @@ def test_the_json_has_its_keys(fast_run):
 
 def test_the_claims_table_has_a_row_and_a_verdict_for_every_registered_claim(fast_run):
     _, results = fast_run
-    claims = {c.key for m in registry.mechanisms() for c in m.claims}
+    claims = {c.key for name in registry.names() for c in registry.lab_spec(name).claims}
     rows = {r["key"]: r for r in results["claims"]}
     assert set(rows) == claims and len(claims) >= 12
     for row in rows.values():
@@ -90,7 +90,7 @@ def test_the_report_and_the_plots_are_written(fast_run):
 def test_a_verdict_follows_the_claim(fast_run):
     """Teeth: the same claim flips with the measured value."""
     _, results = fast_run
-    claim = next(c for c in registry.get("bcmt").claims if c.key == "bcmt.honly_worse")
+    claim = next(c for c in registry.lab_spec("bcmt").claims if c.key == "bcmt.honly_worse")
     faked = json.loads(json.dumps(results))
     faked["done"]["lm/honly"]["val_loss"][""] = faked["done"]["lm/bcmt"]["val_loss"][""] + 0.1
     assert lab.claim_row("bcmt", claim, faked)["verdict"] == "reproduced"

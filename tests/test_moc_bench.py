@@ -16,7 +16,7 @@ TINY = dict(d_model=16, n_layer=1, n_head=2, batch=1, threads=1, warmup=1, repea
 
 @pytest.fixture(scope="module")
 def records():
-    return bench.run_bench(["moc"], [16], options={"bank_tokens": "64,128", "top_k": "1,2"}, **TINY)
+    return bench.run_bench(["moc"], [16], options={"bank_tokens": [64, 128], "top_k": [1, 2]}, **TINY)
 
 
 def test_moc_variants_are_benched_with_dense_in_train_and_decode(records):
@@ -85,7 +85,7 @@ def test_bad_bank_options_are_clear_errors(bank_tokens, top_k, message):
         moc.bank_overrides(bank_tokens, top_k)
     with pytest.raises(ValueError, match=message):        # before any timing starts
         bench.run_bench(["moc"], [8], phases=("read",),
-                        options={"bank_tokens": str(bank_tokens), "top_k": str(top_k)}, **TINY)
+                        options={"bank_tokens": [bank_tokens], "top_k": [top_k]}, **TINY)
 
 
 def test_read_timing_interleaves_routed_reads_then_whole_bank_reads(monkeypatch):
@@ -98,7 +98,7 @@ def test_read_timing_interleaves_routed_reads_then_whole_bank_reads(monkeypatch)
 
     monkeypatch.setattr(metrics, "time_interleaved", spy)
     reads = bench.run_bench(["moc"], [8], phases=("read",),
-                            options={"bank_tokens": "64,128", "top_k": "1,2"}, **TINY)
+                            options={"bank_tokens": [64, 128], "top_k": [1, 2]}, **TINY)
     assert counts == [4, 2]                      # routed reads (2 k x 2 banks), then full reads
     assert {r["routing_window"] for r in reads} == {8}          # the default window, capped at T
     routed = reads[1]

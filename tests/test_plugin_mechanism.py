@@ -12,7 +12,7 @@ import json
 import subprocess
 import sys
 import textwrap
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -20,7 +20,6 @@ import torch
 
 import blockmem_lite
 from blockmem_lite import (
-    BenchOption,
     Mechanism,
     Options,
     Trainer,
@@ -36,8 +35,9 @@ from blockmem_lite.checks import CheckFailed, check_causal
 from blockmem_lite.flops import dense_decode_layer_flops, layer_matmul_flops, lm_head_flops
 from blockmem_lite.models.dense import DenseLM
 from blockmem_lite.nn import Block
+from blockmem_lite.registry import knob
 from blockmem_lite.tools.cli import bench_main, train_main
-from blockmem_lite.validation import check_int, fail, parse_int_list
+from blockmem_lite.validation import check_int, fail
 
 HERE = str(Path(__file__).resolve())
 ROOT = Path(__file__).resolve().parent.parent
@@ -55,7 +55,8 @@ def window_mask(q_len: int, kv_len: int, window: int, device=None, peek: int = 0
 
 @dataclass
 class WindowOptions(Options):
-    window: int = field(default=16, metadata={"help": "W: keys each token attends to"})
+    window: int = knob(16, help="W: keys each token attends to", symbol="W", sweep=(8,),
+                       presets={"tiny": 8, "fast": 16}, boundary=True)
 
     def validate(self, cfg) -> None:
         check_int("window", self.window, 1)
@@ -81,6 +82,7 @@ class SlidingWindowLM(DenseLM):
     """The dense stack with windowed attention (the KV cache keeps every key; only the
     attention is windowed, which keeps this example short)."""
 
+    trace_keys = ("layer*.hidden", "layer*.attn_weights")
     peek = 0
 
     def build_block(self, index: int):
@@ -96,17 +98,9 @@ def flops_per_token(cfg, seq_len: int, decode: bool = False) -> float:
     return cfg.n_layer * layer + lm_head_flops(cfg.d_model, cfg.vocab_size)
 
 
-def bench_variants(options: dict):
-    return [(f"W={w}", {"window": w}) for w in parse_int_list("--window", options["window"])]
-
-
 SWA = register_mechanism(Mechanism(
     name="swa", model=SlidingWindowLM, options=WindowOptions, flops=flops_per_token,
-    summary="sliding-window attention (a test plugin)",
-    presets={"tiny": {"window": 8}, "fast": {"window": 16}},
-    bench_options=(BenchOption("--window", "8", "sliding windows W (comma-separated)"),),
-    bench_variants=bench_variants, trace_keys=("layer*.hidden", "layer*.attn_weights"),
-    boundary_fields=("window",)))
+    summary="sliding-window attention (a test plugin)"))
 
 
 def _model(**overrides):
@@ -122,7 +116,7 @@ def _tokens(t=24, batch=2, seed=0):
 
 def test_it_is_registered_as_a_plugin_with_its_options_and_presets():
     assert "swa" in available_archs()
-    assert registry.get("swa").source == HERE          # a fresh process can load this file
+    assert registry.source("swa") == HERE              # a fresh process can load this file
     cfg = preset("tiny", arch="swa").model
     assert cfg.window == 8 and cfg.option_names == ("window",)
     assert preset("tiny", arch="swa", window=4).model.window == 4
@@ -182,7 +176,7 @@ def test_trace_records_the_declared_keys():
     model = _model()
     with trace(model) as t:
         model(_tokens(16), reference=True)
-    for pattern in SWA.trace_keys:
+    for pattern in SlidingWindowLM.trace_keys:
         assert fnmatch.filter(t.records, pattern), pattern
     weights = t["layer0.attn_weights"]                  # (B, H, T, T): nothing beyond W
     assert torch.all(weights[..., 15, :8] == 0) and weights[..., 15, 8:16].sum() > 0.99
@@ -202,7 +196,7 @@ def test_it_trains_with_the_trainer():
 def test_it_benches_against_dense_with_a_ceiling():
     records = run_bench(["swa"], [32], d_model=32, n_layer=1, n_head=2, batch=1, threads=1,
                         warmup=1, repeats=1, decode_burst=2, memory=("none",),
-                        options={"window": "8"}, progress=False)
+                        options={"window": [8]}, progress=False)
     mine = [r for r in records if r["arch"] == "swa"]
     assert {(r["variant"], r["phase"]) for r in mine} == {("W=8", "train"), ("W=8", "decode")}
     assert all(r["ratio_vs_dense"] > 0 and r["flop_ceiling"] > 1 for r in mine)
@@ -211,7 +205,7 @@ def test_it_benches_against_dense_with_a_ceiling():
 def test_its_peak_rss_is_read_in_a_fresh_process_that_loads_the_plugin():
     (_, record) = run_bench(["swa"], [16], d_model=32, n_layer=1, n_head=2, batch=1, threads=1,
                             warmup=1, repeats=1, phases=("train",), memory=("rss",),
-                            options={"window": "8"}, progress=False)
+                            options={"window": 8}, progress=False)
     assert record["arch"] == "swa" and record["memory_method"] == "rss_subprocess"
     assert record["rss_peak_bytes"] > record["rss_base_bytes"] > 0
 
@@ -251,7 +245,7 @@ def test_a_fresh_process_lists_the_plugin_in_help():
     assert "window=16  W: keys each token attends to" in done.stdout
     done = subprocess.run([sys.executable, "-m", "blockmem_lite", "bench", "--plugin", HERE,
                            "--help"], capture_output=True, text=True, cwd=ROOT, timeout=120)
-    assert "--window WINDOW" in done.stdout and "[swa]" in done.stdout
+    assert "--window TEXT" in done.stdout and "[swa]" in done.stdout
 
 
 # --- plugin loading: files, entry points, errors ---------------------------------------------
@@ -273,7 +267,7 @@ def test_an_installed_entry_point_registers_its_mechanism(tmp_path, monkeypatch)
     monkeypatch.setattr(registry, "_entry_points_loaded", False)
     try:
         assert "swa_ep" in available_archs()
-        assert registry.get("swa_ep").source == "entry point swa_ep"
+        assert registry.source("swa_ep") == "entry point swa_ep"
         assert registry.plugin_file("swa_ep") is None   # a fresh process finds it by itself
     finally:
         registry.unregister("swa_ep")
@@ -292,7 +286,7 @@ def test_bad_plugin_files_are_clear_errors(tmp_path, source, message):
     path.write_text(source)
     with pytest.raises(ValueError, match=message):
         blockmem_lite.load_plugin(path)
-    assert registry.get("dense").source == registry.BUILTIN
+    assert registry.source("dense") == registry.BUILTIN
 
 
 def test_plugin_cli_errors_exit_2(tmp_path, capsys):
@@ -323,9 +317,12 @@ def test_a_session_only_mechanism_cannot_be_measured_in_a_fresh_process():
     (dict(name="Bad Name"), "name='Bad Name' is not allowed"),
     (dict(model="not callable"), "model='not callable' is not allowed"),
     (dict(options=dict), "options=.*dataclass subclassing registry.Options"),
-    (dict(presets={"huge": {}}), "presets='huge' is not allowed"),
-    (dict(options=WindowOptions, presets={"tiny": {"windw": 4}}), "windw are not fields"),
-    (dict(options=WindowOptions, boundary_fields=("size",)), "size are not fields"),
+    (dict(options=dataclass(type("HugePreset", (Options,), {
+        "__annotations__": {"w": int}, "w": knob(4, help="w", presets={"huge": 8})}))),
+     "HugePreset.w presets=.*expected preset names among tiny"),
+    (dict(options=dataclass(type("TwoSpans", (Options,), {
+        "__annotations__": {"a": int, "b": int}, "a": knob(4, help="a", span=True),
+        "b": knob(4, help="b", span=True)}))), "TwoSpans span knobs=.*at most one"),
 ])
 def test_a_malformed_mechanism_is_a_clear_error(kwargs, message):
     with pytest.raises(ValueError, match=message):

@@ -14,12 +14,12 @@ from blockmem_lite.train import Callback
 
 CLASS = recall.RECALL_SIZES["class"]
 TINY = recall.RECALL_SIZES["tiny"]
-LOCAL = [m.name for m in registry.mechanisms() if m.lab.twin]
+LOCAL = [name for name in registry.names() if registry.lab_spec(name).twin]
 
 
 def _recall_model(arch: str, recipe=TINY, twin: bool = False):
     """A fresh model of ``arch`` at the recipe's sizes and span (its twin with ``twin``)."""
-    spec = registry.get(arch).lab
+    spec = registry.lab_spec(arch)
     run = preset("tiny", arch=arch)
     cfg = recipe.model_config(spec.config(run.model) if spec.config else run.model)
     seed_everything(0)
@@ -101,7 +101,7 @@ def test_recipe_errors_name_the_field():
 
 def test_every_mechanism_is_set_to_the_recipe_span():
     for arch in LOCAL + ["honly"]:
-        spec = registry.get(arch).lab
+        spec = registry.lab_spec(arch)
         run = preset("class", arch=arch)
         cfg = CLASS.model_config(spec.config(run.model) if spec.config else run.model)
         assert (cfg.d_model, cfg.seq_len, cfg.vocab_size) == (64, 64, 68)
@@ -233,7 +233,7 @@ def test_the_slot_model_gives_one_over_the_pairs_sharing_a_slot():
 
 
 def _slots(arch: str, n_pairs: int, twin: bool = False, **overrides) -> int:
-    spec = registry.get(arch).lab
+    spec = registry.lab_spec(arch)
     run = preset("tiny", arch=arch)
     cfg = CLASS.model_config(spec.config(run.model) if spec.config else run.model)
     cfg = dataclasses.replace(spec.twin(cfg) if twin else cfg, **overrides)
@@ -348,7 +348,7 @@ def test_staged_training_runs_each_stage_on_its_own_stream_of_rows_and_stops_whe
 
 
 def test_the_lab_trains_armt_and_its_twin_in_stages_and_the_others_in_one(tmp_path, monkeypatch):
-    assert {m.name for m in registry.mechanisms() if m.lab.recall_curriculum} == {"armt"}
+    assert {n for n in registry.names() if registry.lab_spec(n).recall_curriculum} == {"armt"}
     lengths = {}
     real = lab.Lab._trainer
 

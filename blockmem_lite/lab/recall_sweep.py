@@ -57,7 +57,7 @@ def points(arch: str, knob: str, values, recipe: recall.RecallRecipe) -> list[Sw
     check_choice("--arch", arch, sorted({a for a, _ in SWEEPS}))
     knobs = sorted(k for a, k in SWEEPS if a == arch)
     check_choice("--knob", knob, knobs)
-    spec = registry.get(arch).lab
+    spec = registry.lab_spec(arch)
     base = preset("tiny", arch=arch).model
     base = spec.config(base) if spec.config else base
     out = []
@@ -83,7 +83,7 @@ def train_point(point: SweepPoint, seed: int, callbacks=()) -> dict:
         return Trainer(model, stage.train_config(run.train, seed), rows, callbacks=callbacks)
 
     history = recall.train(recipe, trainer_for,
-                           staged=registry.get(point.cfg.arch).lab.recall_curriculum)
+                           staged=registry.lab_spec(point.cfg.arch).recall_curriculum)
     if history.interrupted:          # a stop (Ctrl-C, SIGTERM): nothing half-trained is stored
         raise KeyboardInterrupt
     return {"capacity": recall.capacity(model, recipe), "beyond": recall.beyond(model, recipe)}
@@ -104,7 +104,7 @@ def run_sweep(arch: str, knob: str, values=None, preset_name: str = "class", see
                           "chance": recall.chance(recipe),
                           "recipe": json.loads(json.dumps(dataclasses.asdict(recipe))),
                           "stages": [s.seq_len for s in recall.stages(
-                              recipe, registry.get(arch).lab.recall_curriculum)]})
+                              recipe, registry.lab_spec(arch).recall_curriculum)]})
     record["machine"] = bench.machine(pick_device("auto"))
     record["threads"] = torch.get_num_threads()   # float sums (and so ARMT's run) depend on it
     for i, point in enumerate(sweep, start=1):

@@ -88,7 +88,7 @@ class Entry:
 
     @property
     def spec(self) -> registry.LabSpec:
-        return registry.get(self.arch).lab if not self.baseline_of else registry.LabSpec()
+        return registry.lab_spec(self.arch) if not self.baseline_of else registry.LabSpec()
 
     def local_span(self, overrides: dict, cfg: ModelConfig | None = None) -> int | None:
         """The local span of ``cfg`` (default the entry's) in one variant's setting."""
@@ -111,7 +111,7 @@ def plan_entries(preset_name: str, archs=None, steps: int | None = None) -> list
     entries = []
     for arch in archs:
         run = preset(preset_name, arch=arch, steps=steps)
-        spec = registry.get(arch).lab
+        spec = registry.lab_spec(arch)
         cfg = spec.config(run.model) if spec.config else run.model
         entries.append(Entry(arch, arch, cfg, dataclasses.replace(run, model=cfg)))
         if spec.iso_flop_baseline:

@@ -19,9 +19,9 @@ def claims_table(results: dict, archs=None) -> list[dict]:
     their ratio, the FLOP ceiling where one applies, and a verdict (reproduced / not
     reproduced / not comparable) with a one-line reason."""
     rows = []
-    for mechanism in registry.mechanisms():
-        if archs is None or mechanism.name in archs:
-            rows.extend(claim_row(mechanism.name, claim, results) for claim in mechanism.claims)
+    for name in registry.names():
+        if archs is None or name in archs:
+            rows.extend(claim_row(name, claim, results) for claim in registry.lab_spec(name).claims)
     return rows
 
 

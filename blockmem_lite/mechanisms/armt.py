@@ -1,8 +1,8 @@
-"""ARMT's registration: FLOP model, state size, bench variants and the inference sweep, lab record.
+"""ARMT's registration: FLOP model, state size, the inference sweep, lab record.
 
 ``models/armt.py`` holds what the paper defines (options, memory maths, layer, the
 wrapper LM, reference forward); this module holds what the kit needs to run, measure
-and compare it: the FLOP model, ``state_bytes``, the ``--segment-size`` variants and
+and compare it: the FLOP model, ``state_bytes`` and
 the inference sweep (``bench_inference``: ARMT's ``stream`` against dense's
 ``prefill`` over growing prompt lengths), then the claims and lab recipe, and ends by
 registering ``armt``.
@@ -22,11 +22,15 @@ from blockmem_lite.ops.armt_memory import DPFP_NU
 from blockmem_lite.registry import (
     BASELINE,
     BenchOption,
+    BenchSpec,
     Claim,
     LabSpec,
     Mechanism,
     SpecialBench,
+    check_int_list,
     register,
+    register_bench,
+    register_lab,
 )
 from blockmem_lite.units import fmt, human_bytes
 from blockmem_lite.validation import check_non_negative, check_positive, fail, parse_int_list
@@ -101,43 +105,46 @@ def flops_per_token(cfg, seq_len: int, decode: bool = False) -> float:
 
 # --- bench: segment sizes, and the inference sweep over total length ------------------------
 
-SEGMENT_SIZE_OPTION = BenchOption("--segment-size", "128,256",
-                                  "segment sizes S for armt (comma-separated)")
-INFER_LEN_OPTION = BenchOption(
-    "--infer-len", "2048,8192,65536",
-    "ARMT inference sweep: prompt lengths read by ARMT.stream (constant memory) next to dense's "
-    "prefill (comma-separated; 'none' skips the sweep)")
-INFER_DENSE_MAX_OPTION = BenchOption(
-    "--infer-dense-max", "auto",
-    "longest prompt dense reads in the ARMT inference sweep (auto: every length on CUDA, "
-    "16384 elsewhere: a 65,536-token dense prefill takes minutes on a laptop CPU)")
-CPU_DENSE_INFER_MAX = 16384      # --infer-dense-max auto off CUDA
+CPU_DENSE_INFER_MAX = 16384      # infer_dense_max "auto" off CUDA
 
 
 def parse_infer_lengths(text: str) -> list[int]:
-    """'--infer-len' value -> lengths; 'none' -> [] (no sweep)."""
+    """'--infer-len' text -> lengths; 'none' -> [] (no sweep)."""
     if str(text).strip().lower() == "none":
         return []
     return parse_int_list("--infer-len", text)
 
 
-def dense_infer_limit(text: str, device) -> int | None:
-    """'--infer-dense-max' value -> the longest dense prompt (None: no limit)."""
+def parse_dense_max(text: str):
+    """'--infer-dense-max' text -> "auto" or one length."""
     if str(text).strip().lower() == "auto":
-        return None if torch.device(device).type == "cuda" else CPU_DENSE_INFER_MAX
+        return "auto"
     values = parse_int_list("--infer-dense-max", text)
     if len(values) != 1:
         fail("--infer-dense-max", text, "expected 'auto' or one integer >= 1")
     return values[0]
 
 
-def bench_variants(options: dict) -> list[tuple[str, dict]]:
-    """``--segment-size 128,256`` -> [("S=128", {"segment_size": 128}), ...]; the sweep's own
-    options are checked here too, so they fail before any timing."""
-    parse_infer_lengths(options["infer_len"])
-    dense_infer_limit(options["infer_dense_max"], "cpu")
-    return [(f"S={n}", {"segment_size": n})
-            for n in parse_int_list("--segment-size", options["segment_size"])]
+def dense_infer_limit(value, device) -> int | None:
+    """The longest prompt dense reads (None: no limit): ``value`` is "auto" (every length on
+    CUDA, ``CPU_DENSE_INFER_MAX`` elsewhere) or a length."""
+    if value == "auto":
+        return None if torch.device(device).type == "cuda" else CPU_DENSE_INFER_MAX
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        fail("infer_dense_max", value, "expected 'auto' or one integer >= 1")
+    return value
+
+
+INFER_LEN_OPTION = BenchOption(
+    "--infer-len", [2048, 8192, 65536],
+    "ARMT inference sweep: prompt lengths read by ARMT.stream (constant memory) next to dense's "
+    "prefill (comma-separated; 'none' skips the sweep)", parse=parse_infer_lengths,
+    check=lambda lengths: check_int_list("infer_len", lengths, allow_empty=True))
+INFER_DENSE_MAX_OPTION = BenchOption(
+    "--infer-dense-max", "auto",
+    "longest prompt dense reads in the ARMT inference sweep (auto: every length on CUDA, "
+    "16384 elsewhere: a 65,536-token dense prefill takes minutes on a laptop CPU)",
+    parse=parse_dense_max, check=lambda value: dense_infer_limit(value, "cpu"))
 
 
 def bench_inference(options: dict, bench) -> list[dict]:
@@ -159,10 +166,10 @@ def bench_inference(options: dict, bench) -> list[dict]:
     flat-throughput targets), ``note`` (why dense is missing, or None) and the roofline
     keys by the prefill traffic model (one call reads one whole prompt).
     """
-    lengths = sorted(set(parse_infer_lengths(options["infer_len"])))
+    lengths = sorted(set(options["infer_len"]))
     if not lengths:
         return []
-    sizes = parse_int_list("--segment-size", options["segment_size"])
+    sizes = options["segment_size"]
     dense_max = dense_infer_limit(options["infer_dense_max"], bench.device)
     batch = bench.batch or 1
     runs = [(seq_len, entry) for seq_len in lengths
@@ -282,7 +289,7 @@ def state_bytes(cfg, t: int) -> float:
     return 4.0 * (cfg.n_layer * cache + wrapped * (key * cfg.d_model + key))
 
 
-# --- the lab's record: claims and recipe (moves to the lab layer) ---
+# --- the lab's record: claims and recipe (registry.register_lab) ---
 
 def lab_start(cfg, trained: dict):
     """ARMT wraps a pretrained model: the lab's trained dense model when there is one."""
@@ -337,20 +344,13 @@ def memory_slots(cfg, n_pairs: int) -> int:
 
 register(Mechanism(
     name="armt", model=ARMT, options=ARMTOptions, flops=flops_per_token,
-    state_bytes=state_bytes, claims=CLAIMS,
-    lab=LabSpec(start=lab_start, local_span=lambda cfg: cfg.segment_size,
-                recall_span=lambda cfg, span: dataclasses.replace(cfg, segment_size=span),
-                twin=lambda cfg: dataclasses.replace(cfg, memory_layers=()),
-                memory_slots=memory_slots, recall_curriculum=True),
+    state_bytes=state_bytes,
     summary="associative recurrent memory: segments, a per-layer delta-rule memory matrix "
-            "carried across them, around a (pretrained) backbone",
-    presets={"tiny": {"segment_size": 8}, "fast": {"segment_size": 16},
-             "class": {"segment_size": 64}, "gpu": {"segment_size": 256}},
-    bench_options=(SEGMENT_SIZE_OPTION, INFER_LEN_OPTION, INFER_DENSE_MAX_OPTION),
-    bench_variants=bench_variants,
-    trace_keys=("segment*.layer*.read_query", "segment*.layer*.read", "segment*.layer*.write_key",
-                "segment*.layer*.write_value", "segment*.layer*.beta", "segment*.layer*.gamma",
-                "segment*.layer*.A", "segment*.layer*.z"),
-    boundary_fields=("segment_size",),
-    special_benches=(SpecialBench("infer", bench_inference, INFER_COLUMNS, _infer_title,
-                                  _infer_footer),)))
+            "carried across them, around a (pretrained) backbone"))
+register_bench("armt", BenchSpec(
+    options=(INFER_LEN_OPTION, INFER_DENSE_MAX_OPTION),
+    specials=(SpecialBench("infer", bench_inference, INFER_COLUMNS, _infer_title,
+                           _infer_footer),)))
+register_lab("armt", LabSpec(start=lab_start, memory_slots=memory_slots, recall_curriculum=True,
+                             twin=lambda cfg: dataclasses.replace(cfg, memory_layers=()),
+                             claims=CLAIMS))

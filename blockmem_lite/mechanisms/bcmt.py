@@ -1,4 +1,4 @@
-"""BCMT's and HOnly's registrations: FLOP model, state size, bench variants, lab record.
+"""BCMT's and HOnly's registrations: FLOP model, state size, lab record (block_size is a knob).
 
 ``models/bcmt.py`` holds what the paper defines (options, memory maths, layer, LMs,
 reference forward); this module holds what the kit needs to run, measure and compare
@@ -12,8 +12,8 @@ import dataclasses
 from blockmem_lite.flops import layer_matmul_flops, lm_head_flops
 from blockmem_lite.labdata import bench_value, loss_gap, memory_ratio
 from blockmem_lite.models.bcmt import BCMTLM, BCMTOptions, HOnlyLM, HOnlyOptions
-from blockmem_lite.registry import BenchOption, Claim, LabSpec, Mechanism, register
-from blockmem_lite.validation import check_positive, parse_int_list
+from blockmem_lite.registry import Claim, LabSpec, Mechanism, register, register_lab
+from blockmem_lite.validation import check_positive
 
 # --- FLOP model --------------------------------------------------------------------------
 
@@ -54,21 +54,7 @@ def flops_per_token(cfg, seq_len: int, decode: bool = False) -> float:
     return cfg.n_layer * layer + lm_head_flops(cfg.d_model, cfg.vocab_size)
 
 
-# --- bench variants, presets, decoding state ---------------------------------------------
-
-BLOCK_SIZE_OPTION = BenchOption("--block-size", "64,128",
-                                "block sizes L for bcmt / honly (comma-separated)")
-
-
-def bench_variants(options: dict) -> list[tuple[str, dict]]:
-    """``--block-size 64,128`` -> [("L=64", {"block_size": 64}), ...]."""
-    return [(f"L={n}", {"block_size": n})
-            for n in parse_int_list("--block-size", options["block_size"])]
-
-
-PRESET_SIZES = {"tiny": {"block_size": 8}, "fast": {"block_size": 16},
-                "class": {"block_size": 64}, "gpu": {"block_size": 128}}
-
+# --- decoding state (the bench flag --block-size and the presets are the knob's) ------
 
 def state_bytes(cfg, t: int) -> float:
     """Per layer: at most one block of KV (``2·L·d``) plus the memory state (the open block's
@@ -78,12 +64,7 @@ def state_bytes(cfg, t: int) -> float:
     return 4.0 * cfg.n_layer * (2 * cfg.block_size * cfg.d_model + memory)
 
 
-# --- the lab's record: claims and recipe (moves to the lab layer) ---
-
-def _at_block_size(cfg, span: int):
-    """The recall experiment's config: blocks of ``span`` tokens."""
-    return dataclasses.replace(cfg, block_size=span)
-
+# --- the lab's record: claims and recipe (registry.register_lab) ---
 
 def memory_slots(cfg, n_pairs: int) -> int:
     """The slot model of the block memory: one slot. The memory is a decayed mean of block
@@ -118,20 +99,13 @@ CLAIMS = (
 
 register(Mechanism(
     name="bcmt", model=BCMTLM, options=BCMTOptions, flops=flops_per_token,
-    state_bytes=state_bytes, claims=CLAIMS,
-    lab=LabSpec(local_span=lambda cfg: cfg.block_size, recall_span=_at_block_size,
-                twin=lambda cfg: dataclasses.replace(cfg, memory=False),
-                memory_slots=memory_slots),
+    state_bytes=state_bytes,
     summary="blockwise causal memory: block-local attention + a decayed memory of block "
-            "summaries, shifted one block and gated into every token",
-    presets=PRESET_SIZES, bench_options=(BLOCK_SIZE_OPTION,), bench_variants=bench_variants,
-    trace_keys=("layer*.attn_weights", "layer*.decay_weights", "layer*.summary_weights",
-                "layer*.memory", "layer*.gate"), boundary_fields=("block_size",)))
+            "summaries, shifted one block and gated into every token"))
+register_lab("bcmt", LabSpec(claims=CLAIMS, memory_slots=memory_slots,
+                             twin=lambda cfg: dataclasses.replace(cfg, memory=False)))
 register(Mechanism(
     name="honly", model=HOnlyLM, options=HOnlyOptions, flops=flops_per_token,
-    state_bytes=state_bytes, lab=LabSpec(local_span=lambda cfg: cfg.block_size,
-                                         recall_span=_at_block_size,
-                                         memory_slots=lambda cfg, n_pairs: 0),
-    summary="the HOnly ablation of BCMT: block-local attention, no memory between blocks",
-    presets=PRESET_SIZES, bench_options=(BLOCK_SIZE_OPTION,), bench_variants=bench_variants,
-    trace_keys=("layer*.attn_weights",), boundary_fields=("block_size",)))
+    state_bytes=state_bytes,
+    summary="the HOnly ablation of BCMT: block-local attention, no memory between blocks"))
+register_lab("honly", LabSpec(memory_slots=lambda cfg, n_pairs: 0))

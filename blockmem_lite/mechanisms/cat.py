@@ -1,5 +1,6 @@
-"""CAT's registration: its FLOP model, ``state_bytes``, bench options and variants, and the
-lab's record (claims and recipe), ending in ``register``. The model is ``models.cat``.
+"""CAT's registration: its FLOP model and ``state_bytes``, and the lab's record (claims and
+recipe), ending in ``register``. The model is ``models.cat``; the bench flags
+``--chunk-size`` and ``--decoder-width`` and their ``C=16 w=2`` variants are its knobs'.
 """
 
 from __future__ import annotations
@@ -10,11 +11,11 @@ import math
 from blockmem_lite.flops import layer_matmul_flops, lm_head_flops
 from blockmem_lite.labdata import bench_value, best, loss_gap, memory_ratio
 from blockmem_lite.models.cat import CATLM, CATOptions
-from blockmem_lite.registry import BenchOption, Claim, LabSpec, Mechanism, register
-from blockmem_lite.validation import check_non_negative, check_positive, parse_int_list
+from blockmem_lite.registry import Claim, LabSpec, Mechanism, register, register_lab
+from blockmem_lite.validation import check_non_negative, check_positive
 
 # --------------------------------------------------------------------------------------
-# FLOP model, state, bench variants
+# FLOP model, state
 # --------------------------------------------------------------------------------------
 
 def cat_decoder_layer_flops(d_decoder: int, chunk_size: int, seq_len: int) -> float:
@@ -88,18 +89,6 @@ def flops_per_token(cfg, seq_len: int, decode: bool = False) -> float:
             + cat_projection_flops(cfg.d_model, width) + lm_head_flops(width, cfg.vocab_size))
 
 
-CHUNK_SIZE_OPTION = BenchOption("--chunk-size", "4,8,16,32", "CAT chunk sizes C (comma-separated)")
-DECODER_WIDTH_OPTION = BenchOption("--decoder-width", "1,2",
-                                   "CAT decoder width multipliers (1 = iso-width, 2 = the paper)")
-
-
-def bench_variants(options: dict) -> list[tuple[str, dict]]:
-    """Every (decoder width, chunk size) pair, labelled ``C=16 w=2``."""
-    return [(f"C={c} w={w}", {"chunk_size": c, "decoder_width": w})
-            for w in parse_int_list("--decoder-width", options["decoder_width"])
-            for c in parse_int_list("--chunk-size", options["chunk_size"])]
-
-
 def state_bytes(cfg, t: int) -> float:
     """Per decoder layer, at width D: the chunk vectors so far and the current chunk,
     ``2·(t/C + C)·D`` numbers (fp32)."""
@@ -107,7 +96,7 @@ def state_bytes(cfg, t: int) -> float:
     return 4.0 * cfg.n_layer * 2 * (math.ceil(t / cfg.chunk_size) + cfg.chunk_size) * width
 
 
-# --- the lab's record: claims and recipe (moves to the lab layer) ---
+# --- the lab's record: claims and recipe (registry.register_lab) ---
 
 LAB_CHUNK_SIZES = (4, 8, 16, 32)          # the paper's multi-chunk sizes
 
@@ -189,13 +178,9 @@ CLAIMS = (
 
 register(Mechanism(
     name="cat", model=CATLM, options=CATOptions, flops=flops_per_token,
-    state_bytes=state_bytes, claims=CLAIMS,
-    lab=LabSpec(config=lab_config, variants=_chunk_variants, switch=_set_chunk_size,
-                local_span=lambda cfg: cfg.chunk_size, recall_span=_recall_span,
-                twin=lambda cfg: dataclasses.replace(cfg, memory=False),
-                memory_slots=memory_slots),
+    state_bytes=state_bytes,
     summary="compress & attend: chunks compressed to one vector each; a decoder reads its own "
-            "chunk plus every earlier chunk vector",
-    bench_options=(CHUNK_SIZE_OPTION, DECODER_WIDTH_OPTION), bench_variants=bench_variants,
-    trace_keys=("compressed", "mask", "layer*.attn_weights", "layer*.compressed_share"),
-    boundary_fields=("chunk_size", "chunk_sizes")))
+            "chunk plus every earlier chunk vector"))
+register_lab("cat", LabSpec(config=lab_config, variants=_chunk_variants, switch=_set_chunk_size,
+                            recall_span=_recall_span, memory_slots=memory_slots, claims=CLAIMS,
+                            twin=lambda cfg: dataclasses.replace(cfg, memory=False)))

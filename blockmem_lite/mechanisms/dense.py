@@ -26,4 +26,4 @@ def state_bytes(cfg, t: int) -> float:
 register(Mechanism(
     name="dense", model=DenseLM, state_bytes=state_bytes,
     summary="the GPT baseline: full causal attention (every ratio is measured against it)",
-    flops=flops_per_token, trace_keys=("layer*.hidden", "layer*.attn_weights")))
+    flops=flops_per_token))

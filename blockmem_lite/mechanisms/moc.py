@@ -14,15 +14,18 @@ from blockmem_lite.labdata import loss_gap
 from blockmem_lite.models.moc import MemoryRead, MoCLM, MoCOptions, chapter_weights, memory_layers
 from blockmem_lite.registry import (
     BenchOption,
+    BenchSpec,
     Claim,
     LabSpec,
     Mechanism,
     SpecialBench,
     register,
+    register_bench,
+    register_lab,
 )
 from blockmem_lite.runtime import autocast_context
 from blockmem_lite.units import fmt
-from blockmem_lite.validation import check_positive, fail, parse_int_list
+from blockmem_lite.validation import check_positive, fail
 
 # --- FLOP model and decoding state ----------------------------------------------------
 
@@ -84,10 +87,9 @@ def state_bytes(cfg, t: int) -> float:
 # --- bench: bank sizes and top-k, and the memory-read timing -----------------------------
 
 BENCH_CHAPTER_LEN = 16           # tokens per chapter in every MoC bench variant
-BANK_TOKENS_OPTION = BenchOption("--bank-tokens", "512,8192",
+BANK_TOKENS_OPTION = BenchOption("--bank-tokens", [512, 8192],
                                  f"MoC bank sizes in tokens = n_chapters x {BENCH_CHAPTER_LEN} "
                                  "(comma-separated)")
-TOP_K_OPTION = BenchOption("--top-k", "8", "MoC routed chapters per decision (comma-separated)")
 
 
 def bank_overrides(bank_tokens: int, top_k: int) -> dict:
@@ -102,8 +104,8 @@ def bank_overrides(bank_tokens: int, top_k: int) -> dict:
 
 
 def _sweep(options: dict) -> tuple[list[int], list[int]]:
-    return (parse_int_list("--bank-tokens", options["bank_tokens"]),
-            parse_int_list("--top-k", options["top_k"]))
+    """The bank sizes (``--bank-tokens``) and the swept ``top_k`` knob's values."""
+    return list(options["bank_tokens"]), list(options["top_k"])
 
 
 def bench_variants(options: dict) -> list[tuple[str, dict]]:
@@ -237,7 +239,7 @@ def _read_footer(records: list[dict]) -> list[str]:
             "speed-up vs full: whole-bank read time / routed time (target >= 0.5 x ideal)"]
 
 
-# --- the lab's record: claims and recipe (moves to the lab layer) ---
+# --- the lab's record: claims and recipe (registry.register_lab) ---
 
 PAPER = "MoC: Mixture of Chapters (Tibrewal, Saha, Meda, Singh, Moturi)"
 ISO = "dense iso-FLOP (moc)"
@@ -260,15 +262,10 @@ CLAIMS = (
 
 register(Mechanism(
     name="moc", model=MoCLM, options=MoCOptions, flops=flops_per_token,
-    state_bytes=state_bytes, claims=CLAIMS, lab=LabSpec(iso_flop_baseline=True),
+    state_bytes=state_bytes,
     summary="mixture of chapters: a learned memory bank in chapters, read by cross-attention "
-            "after a router picks the top-k",
-    presets={"tiny": {"routing_window": 8}, "fast": {"routing_window": 16},
-             "class": {"n_chapters": 257, "chapter_len": 16, "top_k": 8},
-             "gpu": {"n_chapters": 4097, "chapter_len": 64, "top_k": 64, "routing_window": 128}},
-    bench_options=(BANK_TOKENS_OPTION, TOP_K_OPTION), bench_variants=bench_variants,
-    trace_keys=("layer*.hidden", "layer*.router_probs", "layer*.chapters",
-                "layer*.chapter_weights", "layer*.chapter_attention", "layer*.attn_weights"),
-    boundary_fields=("routing_window",),
-    special_benches=(SpecialBench("read", bench_memory_read, READ_COLUMNS,
-                                  _read_title, _read_footer),)))
+            "after a router picks the top-k"))
+register_bench("moc", BenchSpec(options=(BANK_TOKENS_OPTION,), variants=bench_variants,
+                                specials=(SpecialBench("read", bench_memory_read, READ_COLUMNS,
+                                                       _read_title, _read_footer),)))
+register_lab("moc", LabSpec(iso_flop_baseline=True, claims=CLAIMS))

@@ -105,7 +105,7 @@ from blockmem_lite.ops.armt_memory import associative_read as associative_read
 from blockmem_lite.ops.armt_memory import associative_write as associative_write
 from blockmem_lite.ops.armt_memory import dpfp as dpfp
 from blockmem_lite.ops.armt_memory import novelty as novelty
-from blockmem_lite.registry import Options
+from blockmem_lite.registry import Options, knob
 from blockmem_lite.trace import is_tracing, record, scope
 from blockmem_lite.validation import check_bool, check_int, fail
 
@@ -121,7 +121,8 @@ class ARMTOptions(Options):
 
     backbone: str = field(default="dense", metadata={
         "help": "arch of the wrapped model when ARMT is built from a config (dense; hf by wrap)"})
-    segment_size: int = field(default=64, metadata={"help": "S: tokens per segment"})
+    segment_size: int = knob(64, help="S: tokens per segment", symbol="S", sweep=(128, 256),
+                             span=True, presets={"tiny": 8, "fast": 16, "class": 64, "gpu": 256})
     n_mem_tokens: int = field(default=8, metadata={
         "help": "M: memory (write) tokens appended to each segment"})
     d_mem: int = field(default=16, metadata={
@@ -367,6 +368,11 @@ class ARMT(LanguageModel):
       model, its weights kept (``ARMT.wrap(train.load_model(path))`` wraps the
       model of a Trainer checkpoint).
     """
+
+    trace_keys = ("segment*.layer*.read_query", "segment*.layer*.read",
+                  "segment*.layer*.write_key", "segment*.layer*.write_value",
+                  "segment*.layer*.beta", "segment*.layer*.gamma", "segment*.layer*.A",
+                  "segment*.layer*.z")
 
     def __init__(self, cfg, backbone: nn.Module | None = None):
         super().__init__(cfg)

@@ -97,6 +97,10 @@ def check_tokens(tokens: torch.Tensor, vocab_size: int, max_len: int | None = No
 class LanguageModel(nn.Module, metaclass=abc.ABCMeta):
     """Base class: subclasses implement ``forward``, ``prefill`` and ``step``."""
 
+    # the names it records under ``trace`` (glob patterns after the ``layer{i}.`` style
+    # scopes, e.g. "layer*.gate"): what a notebook may ask ``with trace(model) as t`` for
+    trace_keys: tuple[str, ...] = ()
+
     def __init__(self, cfg):
         super().__init__()
         self.cfg = cfg

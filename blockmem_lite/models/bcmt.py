@@ -61,7 +61,7 @@ from blockmem_lite.masks import block_causal_mask
 from blockmem_lite.models.base import State, check_tokens
 from blockmem_lite.models.dense import DenseLM
 from blockmem_lite.nn import MLP, KVCache, RMSNorm, SelfAttention, attention, reference_attention
-from blockmem_lite.registry import Options
+from blockmem_lite.registry import Options, knob
 from blockmem_lite.trace import is_tracing, record, scope
 from blockmem_lite.validation import check_bool, check_float, check_int, fail
 
@@ -71,8 +71,9 @@ from blockmem_lite.validation import check_bool, check_float, check_int, fail
 class HOnlyOptions(Options):
     """The block-local model: dense causal attention inside blocks, nothing between them."""
 
-    block_size: int = field(default=64, metadata={
-        "help": "L: tokens per block (the tail is padded)"})
+    block_size: int = knob(64, help="L: tokens per block (the tail is padded)", symbol="L",
+                           sweep=(64, 128), span=True,
+                           presets={"tiny": 8, "fast": 16, "class": 64, "gpu": 128})
 
     def validate(self, cfg) -> None:
         check_int("block_size", self.block_size, 1)
@@ -345,6 +346,9 @@ class BCMTState(State):
 class BCMTLM(DenseLM):
     """The dense stack with BCMT layers; ``memory=False`` (or ``HOnlyLM``) = HOnly."""
 
+    trace_keys = ("layer*.attn_weights", "layer*.decay_weights", "layer*.summary_weights",
+                  "layer*.memory", "layer*.gate")
+
     def __init__(self, cfg):
         super().__init__(cfg)
         for layer in self.blocks:
@@ -432,6 +436,8 @@ class BCMTLM(DenseLM):
 
 class HOnlyLM(BCMTLM):
     """The HOnly ablation (``arch="honly"``): BCMT's blocks without the memory."""
+
+    trace_keys = ("layer*.attn_weights",)
 
     @property
     def uses_memory(self) -> bool:

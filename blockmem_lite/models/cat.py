@@ -69,7 +69,7 @@ from blockmem_lite.nn import (
 )
 from blockmem_lite.ops.cat_attention import per_chunk_attention
 from blockmem_lite.ops.cat_layout import interleave, readout_slots, slot_positions
-from blockmem_lite.registry import Options
+from blockmem_lite.registry import Options, knob
 from blockmem_lite.trace import is_tracing, record, scope
 from blockmem_lite.validation import check_bool, check_int, fail
 
@@ -218,12 +218,12 @@ def _is_power_of_two(n: int) -> bool:
 class CATOptions(Options):
     """CAT's fields: the chunk size knob, the multi-chunk sizes, decoder width, compressor depth."""
 
-    chunk_size: int = field(default=16, metadata={
-        "help": "C: tokens per compressed chunk (the multi-chunk model's default knob)"})
-    chunk_sizes: tuple = field(default=(), metadata={
-        "help": "() = a fixed-C model; else the multi-chunk model's sizes, e.g. 4,8,16,32"})
-    decoder_width: int = field(default=2, metadata={
-        "help": "decoder width = decoder_width x d_model (the paper: 2)"})
+    chunk_size: int = knob(16, help="C: tokens per compressed chunk (the multi-chunk model's "
+                           "default knob)", symbol="C", sweep=(4, 8, 16, 32), span=True)
+    chunk_sizes: tuple = knob((), help="() = a fixed-C model; else the multi-chunk model's "
+                              "sizes, e.g. 4,8,16,32", boundary=True)
+    decoder_width: int = knob(2, help="decoder width = decoder_width x d_model (the paper: 2)",
+                              symbol="w", sweep=(1, 2))
     compressor_layers: int = field(default=0, metadata={
         "help": "compressor depth; 0 = max(1, n_layer // 4)"})
     memory: bool = field(default=True, metadata={
@@ -321,6 +321,8 @@ class CATLM(LanguageModel):
     ``masked`` (interleaved sequence + the S x S mask on SDPA) or ``reference``
     (the same with plain softmax; records attention weights). All three agree.
     """
+
+    trace_keys = ("compressed", "mask", "layer*.attn_weights", "layer*.compressed_share")
 
     def __init__(self, cfg):
         super().__init__(cfg)

@@ -35,6 +35,8 @@ class DenseState(State):
 class DenseLM(LanguageModel):
     """Decoder-only Transformer with full causal attention."""
 
+    trace_keys = ("layer*.hidden", "layer*.attn_weights")
+
     def __init__(self, cfg):
         super().__init__(cfg)
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)

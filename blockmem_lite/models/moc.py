@@ -72,7 +72,7 @@ import torch.nn.functional as F
 from blockmem_lite.models.base import check_tokens
 from blockmem_lite.models.dense import DenseLM, DenseState
 from blockmem_lite.nn import Block, KVCache, RMSNorm, attention, reference_attention
-from blockmem_lite.registry import Options
+from blockmem_lite.registry import Options, knob
 from blockmem_lite.trace import is_tracing, record, scope
 from blockmem_lite.validation import check_bool, check_choice, check_float, check_int, fail
 
@@ -100,14 +100,15 @@ def memory_layers(cfg) -> tuple[int, ...]:
 class MoCOptions(Options):
     """MoC's fields: the bank (chapters x tokens), routing, auxiliary losses, learning rates."""
 
-    n_chapters: int = field(default=17, metadata={
-        "help": "chapters in the bank; chapter 0 is always read (shared)"})
-    chapter_len: int = field(default=8, metadata={"help": "latent tokens per chapter"})
-    top_k: int = field(default=2, metadata={"help": "routed chapters read per routing decision"})
+    n_chapters: int = knob(17, help="chapters in the bank; chapter 0 is always read (shared)",
+                           presets={"class": 257, "gpu": 4097})
+    chapter_len: int = knob(8, help="latent tokens per chapter", presets={"class": 16, "gpu": 64})
+    top_k: int = knob(2, help="routed chapters read per routing decision", symbol="k",
+                      sweep=(8,), presets={"class": 8, "gpu": 64})
     routing: str = field(default="block_causal", metadata={
         "help": "block_causal (causal, default) or sequence (the paper's; looks ahead)"})
-    routing_window: int = field(default=32, metadata={
-        "help": "R: tokens per routing window (block_causal)"})
+    routing_window: int = knob(32, help="R: tokens per routing window (block_causal)",
+                               boundary=True, presets={"tiny": 8, "fast": 16, "gpu": 128})
     routed_scale: float = field(default=2.5, metadata={
         "help": "routed_scaling_factor of the chapter weights"})
     lb_coef: float = field(default=0.01, metadata={"help": "load-balance loss coefficient"})
@@ -468,6 +469,9 @@ def _block_options(cache, reference: bool, layer_state) -> dict:
 
 class MoCLM(DenseLM):
     """The dense stack with MoC memory layers reading one shared chapter bank."""
+
+    trace_keys = ("layer*.hidden", "layer*.router_probs", "layer*.chapters",
+                  "layer*.chapter_weights", "layer*.chapter_attention", "layer*.attn_weights")
 
     def __init__(self, cfg):
         super().__init__(cfg)

@@ -32,7 +32,13 @@ from blockmem_lite.checkpoints import (
     load_checkpoint_file,
     prepare_folder,
 )
-from blockmem_lite.config import PRESET_NAMES, ModelConfig, RunConfig, TrainConfig, preset
+from blockmem_lite.config import (
+    PRESET_NAMES,
+    RunConfig,
+    TrainConfig,
+    config_class,
+    preset,
+)
 from blockmem_lite.corpora import CorpusUnavailable, load_corpus, make_loaders
 from blockmem_lite.models.base import build_model
 from blockmem_lite.runtime import seed_everything
@@ -61,7 +67,8 @@ def mechanisms_help(with_options: bool) -> str:
     """One paragraph per registered mechanism: its summary, and its --set fields."""
     blocks = []
     for m in registry.mechanisms():
-        origin = "" if m.source == registry.BUILTIN else f" [plugin: {m.source or 'session'}]"
+        source = registry.source(m.name)
+        origin = "" if source == registry.BUILTIN else f" [plugin: {source or 'session'}]"
         lines = [f"{m.name}: {m.summary}{origin}"]
         if with_options:
             lines += [f"    {line}" for line in m.options.describe()] or ["    (no options)"]
@@ -128,10 +135,9 @@ BOOLEAN_WORDS = {"true": True, "yes": True, "on": True, "1": True,
 
 def field_kinds(arch: str) -> dict[str, str]:
     """Every settable field's declared type, as text ('bool', 'tuple | None', ...)."""
-    fields = [*dataclasses.fields(TrainConfig), *dataclasses.fields(ModelConfig),
-              *dataclasses.fields(registry.get(arch).options)]
+    fields = [*dataclasses.fields(TrainConfig), *dataclasses.fields(config_class(arch))]
     return {f.name: f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
-            for f in fields if f.name != "options"}
+            for f in fields}
 
 
 def parse_setting(key: str, text: str, kind: str | None):
@@ -426,10 +432,22 @@ def bench_parser() -> argparse.ArgumentParser:
                         metavar="S", help="seconds of each machine probe (matmul FLOP/s, copy "
                                           "bandwidth) for the roofline (default %(default)s)")
     parser.add_argument("--plugin", action="append", default=[], metavar="FILE", help=PLUGIN_HELP)
-    for opt, users in bench.shared_options().values():
-        parser.add_argument(opt.flag, default=opt.default,
-                            help=f"[{', '.join(users)}] {opt.help} (default %(default)s)")
+    for opt, users in registry.shared_bench_options().values():
+        parser.add_argument(opt.flag, default=None, metavar="TEXT",
+                            help=f"[{', '.join(users)}] {opt.help} (default "
+                                 f"{_as_text(opt.default)})")
     return parser
+
+
+def _as_text(value) -> str:
+    """A typed bench value as the command line writes it: [64, 128] -> '64,128'."""
+    return ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
+
+
+def bench_options_of(args) -> dict:
+    """The typed bench options the command line gave (the only place their text is parsed)."""
+    return {opt.dest: opt.read(getattr(args, opt.dest))
+            for opt, _ in registry.shared_bench_options().values() if getattr(args, opt.dest) is not None}
 
 
 def _split(text: str) -> list[str]:
@@ -445,8 +463,8 @@ def bench_main(argv: list[str] | None = None) -> int:
         print(f"bench: error: {err}", file=sys.stderr)
         return 2
     args = bench_parser().parse_args(argv)
-    options = {opt.dest: getattr(args, opt.dest) for opt, _ in bench.shared_options().values()}
     try:
+        options = bench_options_of(args)
         json_path = _json_target(args.json) if args.json else None
         if args.warmup < PROTOCOL_WARMUP or args.repeats < PROTOCOL_REPEATS:
             print(f"bench: warning: --warmup {args.warmup} --repeats {args.repeats} is below the "

@@ -282,7 +282,8 @@ def check_training(arch: str, device: torch.device, sizes: Sizes) -> list[tuple[
 
 def bench_options() -> dict:
     """The last value of each default bench sweep (one variant per mechanism, e.g. L=128)."""
-    return {dest: value.split(",")[-1] for dest, value in bench.default_options().items()}
+    return {dest: value[-1:] if isinstance(value, list) else value
+            for dest, value in registry.default_bench_options().items()}
 
 
 def check_bench(arch: str, device: torch.device, sizes: Sizes) -> list[tuple[str, str, str]]:
