@@ -19,8 +19,9 @@ from dataclasses import dataclass
 
 import torch
 
-from blockmem_lite import metrics, tasks
+from blockmem_lite import tasks
 from blockmem_lite.config import ModelConfig, TrainConfig
+from blockmem_lite.measure import metrics
 
 
 @dataclass(frozen=True)

@@ -5,10 +5,11 @@ import math
 import pytest
 import torch
 
-from blockmem_lite import ModelConfig, bench, build_model, metrics, preset
+from blockmem_lite import ModelConfig, build_model, preset
 from blockmem_lite.checkpoints import load_checkpoint_file
 from blockmem_lite.checks import check_causal
 from blockmem_lite.config import TrainConfig
+from blockmem_lite.measure import bench, metrics
 from blockmem_lite.mechanisms.armt import armt_decode_layer_flops
 from blockmem_lite.models.armt import (
     ARMT,

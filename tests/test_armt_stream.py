@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from blockmem_lite import ModelConfig, bench, build_model, metrics, preset
+from blockmem_lite import ModelConfig, build_model, preset
+from blockmem_lite.measure import bench, metrics
 from blockmem_lite.mechanisms import armt
 from blockmem_lite.models.armt import ARMTState
 from blockmem_lite.models.dense import DenseState

@@ -41,23 +41,24 @@ def test_c3_causal_at_chunk_boundaries_for_every_chunk_size(multi):
 def test_c3_would_catch_a_readout_off_by_one():
     """Reading the last token of a chunk from the wrong slot leaks the next token."""
     from blockmem_lite.models import cat
-    from blockmem_lite.ops.cat_layout import n_slots
-
-    model = _model(())
-    x = torch.randint(0, 256, (1, T))
-    original = cat.readout_slots
+    from blockmem_lite.ops.cat_layout import n_slots, readout_slots
 
     def shifted(n_chunks, chunk_size, separator=False, device=None):
-        slots = original(n_chunks, chunk_size, separator, device) + 1      # one slot too late
+        slots = readout_slots(n_chunks, chunk_size, separator, device) + 1  # one slot too late
         return slots.clamp(max=n_slots(n_chunks, chunk_size, separator) - 1)
 
-    cat.readout_slots = shifted
-    try:
-        with pytest.raises(AssertionError):
-            check_causal(lambda t: model(t, chunk_size=4).logits, x,
-                         positions=[3, 5], atol=1e-10, vocab_size=256)
-    finally:
-        cat.readout_slots = original
+    class LateReadout(cat.CATLM):
+        readout_slots = staticmethod(shifted)
+
+    model = _model(())
+    late = LateReadout(model.cfg).double().eval()
+    late.load_state_dict(model.state_dict())
+    x = torch.randint(0, 256, (1, T))
+    check_causal(lambda t: model(t, chunk_size=4).logits, x, positions=[3, 5], atol=1e-10,
+                 vocab_size=256)
+    with pytest.raises(AssertionError):
+        check_causal(lambda t: late(t, chunk_size=4).logits, x,
+                     positions=[3, 5], atol=1e-10, vocab_size=256)
 
 
 @pytest.mark.parametrize("path", ["masked", "reference"])

@@ -6,9 +6,10 @@ import torch
 from torch._dynamo.utils import counters
 from torch.utils.data import TensorDataset
 
-from blockmem_lite import bench, build_model, preset
+from blockmem_lite import build_model, preset
 from blockmem_lite.compiling import compile_decoding, is_decoding_compiled, uncompile_decoding
 from blockmem_lite.config import TrainConfig
+from blockmem_lite.measure import bench
 from blockmem_lite.train import Callback, Trainer
 
 SPAN = 8                       # block / segment size of the tiny models
@@ -93,7 +94,7 @@ def test_trainer_compiles_when_asked():
     seqs = torch.randint(0, 256, (8, 17))
     data = TensorDataset(seqs[:, :-1].clone(), seqs[:, 1:].clone())
     model = build_model(cfg)
-    history = Trainer(model, cfg.train, data, callbacks=[Callback()]).fit()
+    history = Trainer(model, cfg, data, callbacks=[Callback()]).fit()
     assert history.step == [1, 2] and all(torch.isfinite(torch.tensor(history.loss)))
     assert model._compiled_call_impl is not None                  # model.compile() ran
     with pytest.raises(ValueError, match="compile"):

@@ -221,10 +221,9 @@ class StopAt3:                     # a callback that stops the run (on rank 0 on
 if __name__ == "__main__":
     world = distributed.setup("cpu")
     torch.manual_seed(0)
-    masked = Trainer(build_model(CFG), CFG.train, masked_data(), masked_data(),
-                     callbacks=[], run_cfg=CFG).fit()
-    stopped = Trainer(build_model(CFG), CFG.train, masked_data(), callbacks=[StopAt3()],
-                      run_cfg=CFG).fit()
+    masked = Trainer(build_model(CFG), CFG, masked_data(), masked_data(),
+                     callbacks=[]).fit()
+    stopped = Trainer(build_model(CFG), CFG, masked_data(), callbacks=[StopAt3()]).fit()
     if world.is_main:
         with open(sys.argv[1], "w") as f:
             json.dump({"masked": masked.to_dict(), "stopped": stopped.to_dict()}, f)

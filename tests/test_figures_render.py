@@ -476,7 +476,7 @@ def test_the_comparison_feeds_a_real_trainer(monkeypatch, tiny_cfg):
     data = torch.randint(0, cfg.model.vocab_size, (8, cfg.model.seq_len + 1))
     windows = [(row[:-1], row[1:]) for row in data]
     cmp_ = live_comparison({"one": cfg}, print_every_s=100)
-    history_out = Trainer(build_model(cfg), cfg.train, windows, windows,
+    history_out = Trainer(build_model(cfg), cfg, windows, windows,
                           callbacks=[cmp_.run("one")]).fit()
     assert cmp_.histories["one"] is history_out
     fig = cmp_.figure()

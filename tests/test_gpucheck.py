@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from blockmem_lite import bench, registry
+from blockmem_lite import registry
 from blockmem_lite.__main__ import COMMANDS
+from blockmem_lite.measure import bench
 from blockmem_lite.tools import gpucheck
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -6,10 +6,11 @@ import json
 import pytest
 import torch
 
-from blockmem_lite import knowledge, lab, metrics
+from blockmem_lite import knowledge, lab
 from blockmem_lite.config import preset
 from blockmem_lite.corpora import load_corpus
 from blockmem_lite.lab import run as lab_run
+from blockmem_lite.measure import metrics
 from blockmem_lite.models.base import ModelOutput
 
 TINY = knowledge.FACTS_SIZES["tiny"]

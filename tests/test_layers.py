@@ -14,25 +14,27 @@ PACKAGE = Path(__file__).resolve().parent.parent / "blockmem_lite"
 LAYERS = (
     ("leaves", ("units", "validation", "labdata")),
     ("registry", ("registry",)),
-    ("settings", ("config", "runtime", "distributed", "tokenizer", "flops", "compiling")),
-    ("primitives and kernels", ("nn", "masks", "trace", "ops", "ops.*")),
+    ("settings", ("config", "runtime", "distributed", "tokenizer", "measure", "measure.flops",
+                  "compiling")),
+    ("primitives and kernels", ("nn", "masks", "trace", "scratch", "ops", "ops.*")),
     ("model interface", ("models.base",)),
     ("the papers' models", ("models.*",)),
     ("model zoo", ("models",)),
     ("registrations", ("mechanisms", "mechanisms.*")),
     ("data", ("corpora", "tasks")),
-    ("measuring and training", ("checkpoints", "metrics", "roofline", "train", "train.*", "bench",
+    ("measuring and training", ("checkpoints", "measure.*", "train", "train.*",
                                 "checks", "own_work", "recall", "knowledge")),
     ("lab", ("lab", "lab.run", "lab.verdicts", "lab.readers", "lab.report")),
     ("viz", ("viz", "viz.*")),
+    ("lessons", ("lessons",)),
     ("lab figures and sweeps", ("lab.figures", "lab.recall_sweep")),
     ("tools and command line", ("tools", "tools.*", "__main__", "")),
 )
 # The core asks the registry: it imports no mechanism module and compares with no name.
-CORE = ("config", "runtime", "distributed", "tokenizer", "flops", "compiling", "nn", "masks",
-        "trace", "models.base", "corpora", "tasks", "metrics", "roofline", "train", "train.*",
-        "bench", "checks", "own_work", "recall", "knowledge", "checkpoints", "labdata", "lab",
-        "lab.*", "viz", "viz.*", "tools.cli", "tools.site")
+CORE = ("config", "runtime", "distributed", "tokenizer", "compiling", "nn", "masks",
+        "trace", "models.base", "corpora", "tasks", "measure", "measure.*", "train", "train.*",
+        "checks", "own_work", "recall", "knowledge", "checkpoints", "labdata", "lab",
+        "lab.*", "viz", "viz.*", "scratch", "lessons", "tools.cli", "tools.site")
 
 
 def module_names() -> dict[str, Path]:
@@ -170,6 +172,7 @@ def test_the_checker_sees_a_planted_upward_import(tmp_path):
     """Teeth: the resolver finds imports inside functions and relative ones."""
     tree = ast.parse("def f():\n    from blockmem_lite import train\n    from . import bench\n")
     found = [t for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
-             for t in resolve("config", node)]
-    assert found == ["train", "bench"]
-    assert layer_of("train") > layer_of("config")
+             for t in resolve("measure.flops", node)]
+    assert found == ["train", "measure.bench"]
+    assert layer_of("train") > layer_of("measure.flops")
+    assert layer_of("measure.bench") > layer_of("measure.flops")

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from blockmem_lite import ModelConfig, build_model
-from blockmem_lite import metrics as M
-from blockmem_lite.flops import (
+from blockmem_lite.measure import metrics as M
+from blockmem_lite.measure.flops import (
     dense_decode_layer_flops,
     dense_layer_flops,
     flop_ceiling,

@@ -7,8 +7,9 @@ import math
 import pytest
 import torch
 
-from blockmem_lite import ModelConfig, build_model, metrics, preset
+from blockmem_lite import ModelConfig, build_model, preset
 from blockmem_lite.checks import CheckFailed, check_causal, swap_modules
+from blockmem_lite.measure import metrics
 from blockmem_lite.models.moc import (
     MemoryRead,
     MoCBlock,

@@ -5,7 +5,8 @@ import json
 import pytest
 import torch
 
-from blockmem_lite import ModelConfig, bench, metrics
+from blockmem_lite import ModelConfig
+from blockmem_lite.measure import bench, metrics
 from blockmem_lite.mechanisms import moc
 from blockmem_lite.models.moc import MemoryRead
 from blockmem_lite.tools.cli import bench_main, bench_parser

@@ -27,8 +27,7 @@ def _data(n=8, seed=0):
 
 def _trainer(cfg, callbacks=None):
     torch.manual_seed(0)
-    return Trainer(build_model(cfg), cfg.train, _data(), callbacks=callbacks or [Quiet()],
-                   run_cfg=cfg)
+    return Trainer(build_model(cfg), cfg, _data(), callbacks=callbacks or [Quiet()])
 
 
 def test_lr_scales_name_the_bank_and_the_memory_parts():

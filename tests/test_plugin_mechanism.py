@@ -30,9 +30,9 @@ from blockmem_lite import (
     registry,
     trace,
 )
-from blockmem_lite.bench import run_bench
 from blockmem_lite.checks import CheckFailed, check_causal
-from blockmem_lite.flops import dense_decode_layer_flops, layer_matmul_flops, lm_head_flops
+from blockmem_lite.measure.bench import run_bench
+from blockmem_lite.measure.flops import dense_decode_layer_flops, layer_matmul_flops, lm_head_flops
 from blockmem_lite.models.dense import DenseLM
 from blockmem_lite.nn import Block
 from blockmem_lite.registry import knob

@@ -2,6 +2,8 @@
 and the bands and verdicts built from several seeds."""
 
 import dataclasses
+import json
+import shutil
 
 import pytest
 import torch
@@ -290,6 +292,14 @@ def test_a_mechanism_with_its_memory_disconnected_does_not_pay(tmp_path, monkeyp
     real = bcmt.BCMTLayer.block_memory
     monkeypatch.setattr(bcmt.BCMTLayer, "block_memory",
                         lambda self, *a, **k: real(self, *a, **k) * 0.0)
+    # The twin (HOnly) has no block memory, so the bug cannot touch it: keep its stored part
+    # and retrain only BCMT itself.
+    shutil.copytree(tmp_path / "healthy", tmp_path / "broken")
+    stored = tmp_path / "broken" / lab.RESULTS_NAME
+    results = json.loads(stored.read_text())
+    results["parts"] = {k: v for k, v in results["parts"].items() if "/twin/" in k}
+    assert len(results["parts"]) == 1, sorted(results["parts"])
+    stored.write_text(json.dumps(results))
     broken = _bcmt_row(tmp_path / "broken")
     assert not broken["pays"] and broken["recall_beyond"] < 0.3, broken
 

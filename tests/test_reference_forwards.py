@@ -44,10 +44,19 @@ def test_bcmt_reference_equals_fast_forward(arch, kw, t):
     assert _gap(_bcmt(arch, **kw), bcmt.reference_forward, _tokens(t)) < TOL
 
 
-def test_bcmt_reference_catches_a_missing_one_block_shift(monkeypatch):
+def _with_weights_of(model, cls):
+    """A ``cls`` (a subclass planting a bug) with ``model``'s config and weights."""
+    planted = cls(model.cfg).double().eval()
+    planted.load_state_dict(model.state_dict())
+    return planted
+
+
+def test_bcmt_reference_catches_a_missing_one_block_shift():
+    class NoShift(bcmt.BCMTLM):
+        shift = staticmethod(lambda memories: memories)                     # block i reads M_i
+
     model, x = _bcmt(), _tokens(29)
-    monkeypatch.setattr(bcmt, "shift_one_block", lambda memories: memories)   # block i reads M_i
-    assert _gap(model, bcmt.reference_forward, x) > 1e-3
+    assert _gap(_with_weights_of(model, NoShift), bcmt.reference_forward, x) > 1e-3
 
 
 def test_bcmt_reference_catches_a_wrong_gate_split(monkeypatch):
@@ -77,12 +86,13 @@ def test_cat_reference_equals_fast_forward(chunk_sizes, t):
         assert _gap(model, cat.reference_forward, x, chunk_size=c) < TOL
 
 
-def test_cat_reference_catches_a_readout_off_by_one(monkeypatch):
+def test_cat_reference_catches_a_readout_off_by_one():
+    class LateReadout(cat.CATLM):                              # one slot too late
+        readout_slots = staticmethod(
+            lambda k, c, sep=False, device=None: cat.CATLM.readout_slots(k, c, sep, device) + 1)
+
     model, x = _cat(), _tokens(29)
-    original = cat.readout_slots
-    monkeypatch.setattr(cat, "readout_slots",                  # one slot too late
-                        lambda k, c, sep=False, device=None: original(k, c, sep, device) + 1)
-    assert _gap(model, cat.reference_forward, x) > 1e-3
+    assert _gap(_with_weights_of(model, LateReadout), cat.reference_forward, x) > 1e-3
 
 
 # --- ARMT --------------------------------------------------------------------------------

@@ -49,7 +49,7 @@ def _trainer(tmp_path, **train):
                                         "eval_every": 100, "checkpoint_dir": str(tmp_path),
                                         **train})
     torch.manual_seed(0)
-    return Trainer(build_model(cfg), cfg.train, _data(), callbacks=[], run_cfg=cfg)
+    return Trainer(build_model(cfg), cfg, _data(), callbacks=[])
 
 
 def _cli(*args, timeout=240):

@@ -70,9 +70,8 @@ class Recorder(Callback):
 
 def make_trainer(cfg, data=None, val=None, callbacks=None):
     torch.manual_seed(0)
-    return Trainer(build_model(cfg), cfg.train, data if data is not None else random_data(),
-                   val, callbacks=callbacks if callbacks is not None else [Recorder()],
-                   run_cfg=cfg)
+    return Trainer(build_model(cfg), cfg, data if data is not None else random_data(),
+                   val, callbacks=callbacks if callbacks is not None else [Recorder()])
 
 
 def test_loss_goes_down_on_a_learnable_pattern():
@@ -424,12 +423,12 @@ def test_format_progress_lines():
 def test_prints_throttled_progress_only_without_callbacks(capsys):
     cfg = run_cfg(steps=12, log_every=1)
     torch.manual_seed(0)
-    Trainer(build_model(cfg), cfg.train, random_data()).fit()
+    Trainer(build_model(cfg), cfg, random_data()).fit()
     lines = capsys.readouterr().out.strip().splitlines()
     # first step, then at most one line per 2 s, then the final step
     assert lines[0].startswith("step  1/12") and lines[-1].startswith("step 12/12")
     assert len(lines) < 12
-    trainer = Trainer(build_model(cfg), cfg.train, random_data())
+    trainer = Trainer(build_model(cfg), cfg, random_data())
     trainer.fit(steps=3)
     trainer.fit(steps=12)                        # each fit shows its first step
     lines = capsys.readouterr().out.strip().splitlines()

@@ -13,7 +13,7 @@ the text tables), never an error.
 from __future__ import annotations
 
 from blockmem_lite import labdata, registry
-from blockmem_lite.bench import text_table
+from blockmem_lite.measure.bench import text_table
 from blockmem_lite.units import fmt
 
 # model_table's columns, and how format_model_table prints the numeric ones (default ".2f")

@@ -21,10 +21,11 @@ from pathlib import Path
 
 import torch
 
-from blockmem_lite import bench, recall, registry
+from blockmem_lite import recall, registry
 from blockmem_lite.checkpoints import atomic_write_bytes, prepare_folder
 from blockmem_lite.config import ModelConfig, preset
 from blockmem_lite.corpora import data_dir
+from blockmem_lite.measure import bench
 from blockmem_lite.models.base import build_model
 from blockmem_lite.runtime import pick_device, seed_everything
 from blockmem_lite.train import Trainer

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from blockmem_lite import bench
 from blockmem_lite.checkpoints import atomic_write_bytes
+from blockmem_lite.measure import bench
 from blockmem_lite.units import fmt, human_duration
 
 PLOTS = ("pareto", "state_vs_length", "recall_vs_distance",      # lab.figures writes them

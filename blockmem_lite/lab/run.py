@@ -45,12 +45,13 @@ from dataclasses import dataclass
 
 import torch
 
-from blockmem_lite import bench, distributed, knowledge, metrics, recall, registry, roofline
+from blockmem_lite import distributed, knowledge, recall, registry
 from blockmem_lite.checkpoints import atomic_write, atomic_write_bytes, prepare_folder
 from blockmem_lite.config import PRESET_NAMES, ModelConfig, RunConfig, preset
 from blockmem_lite.corpora import load_corpus, make_loaders
 from blockmem_lite.lab.report import write_report
 from blockmem_lite.lab.verdicts import claims_table, knowledge_pays, memory_pays
+from blockmem_lite.measure import bench, metrics, roofline
 from blockmem_lite.models.base import build_model
 from blockmem_lite.runtime import pick_device, seed_everything
 from blockmem_lite.train import Trainer
@@ -267,8 +268,8 @@ class Lab:
 
     def _trainer(self, model, run: RunConfig, train_data, val_data=None,
                  callbacks=()) -> Trainer:
-        return Trainer(model, dataclasses.replace(run.train, checkpoint_dir=None), train_data,
-                       val_data, callbacks=[self.progress, *callbacks], run_cfg=run)
+        return Trainer(model, run.replace(checkpoint_dir=None), train_data, val_data,
+                       callbacks=[self.progress, *callbacks])
 
     def _model(self, entry: Entry):
         """A fresh model for ``entry`` (seeded), or the one its LabSpec starts from."""

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import math
 
-from blockmem_lite import bench, knowledge, recall, registry
+from blockmem_lite import knowledge, recall, registry
+from blockmem_lite.measure import bench
 from blockmem_lite.units import fmt
 
 

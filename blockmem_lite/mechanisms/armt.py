@@ -15,8 +15,8 @@ import dataclasses
 import torch
 
 from blockmem_lite.config import ModelConfig
-from blockmem_lite.flops import layer_matmul_flops, lm_head_flops
 from blockmem_lite.labdata import state_growth
+from blockmem_lite.measure.flops import layer_matmul_flops, lm_head_flops
 from blockmem_lite.models.armt import ARMT, ARMTOptions
 from blockmem_lite.ops.armt_memory import DPFP_NU
 from blockmem_lite.registry import (

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from blockmem_lite.flops import layer_matmul_flops, lm_head_flops
 from blockmem_lite.labdata import bench_value, loss_gap, memory_ratio
+from blockmem_lite.measure.flops import layer_matmul_flops, lm_head_flops
 from blockmem_lite.models.bcmt import BCMTLM, BCMTOptions, HOnlyLM, HOnlyOptions
 from blockmem_lite.registry import Claim, LabSpec, Mechanism, register, register_lab
 from blockmem_lite.validation import check_positive

@@ -8,8 +8,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from blockmem_lite.flops import layer_matmul_flops, lm_head_flops
 from blockmem_lite.labdata import bench_value, best, loss_gap, memory_ratio
+from blockmem_lite.measure.flops import layer_matmul_flops, lm_head_flops
 from blockmem_lite.models.cat import CATLM, CATOptions
 from blockmem_lite.registry import Claim, LabSpec, Mechanism, register, register_lab
 from blockmem_lite.validation import check_non_negative, check_positive

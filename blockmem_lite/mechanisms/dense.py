@@ -6,7 +6,7 @@ the mechanism registered here (``registry.BASELINE``).
 
 from __future__ import annotations
 
-from blockmem_lite.flops import dense_decode_layer_flops, dense_layer_flops, lm_head_flops
+from blockmem_lite.measure.flops import dense_decode_layer_flops, dense_layer_flops, lm_head_flops
 from blockmem_lite.models.dense import DenseLM
 from blockmem_lite.registry import Mechanism, register
 

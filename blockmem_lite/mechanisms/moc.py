@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from blockmem_lite.flops import dense_layer_flops, lm_head_flops
 from blockmem_lite.labdata import loss_gap
+from blockmem_lite.measure.flops import dense_layer_flops, lm_head_flops
 from blockmem_lite.models.moc import MemoryRead, MoCLM, MoCOptions, chapter_weights, memory_layers
 from blockmem_lite.registry import (
     BenchOption,

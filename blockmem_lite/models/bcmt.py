@@ -192,11 +192,13 @@ class BCMTLayerState:
 class BCMTLayer(nn.Module):
     """Local causal attention + (optionally) the gated block memory + MLP."""
 
-    def __init__(self, cfg, memory: bool):
+    def __init__(self, cfg, memory: bool, memory_form=memory_matrix_form,
+                 shift=shift_one_block):
         super().__init__()
         d = cfg.d_model
         self.block_size = cfg.block_size
         self.has_memory = memory
+        self.memory_form, self.shift = memory_form, shift     # steps 3 and 4 (see BCMTLM)
         self.norm1 = RMSNorm(d, cfg.norm_eps)
         self.attn = SelfAttention(d, cfg.n_head, cfg.rope_base, cfg.dropout)
         self.norm2 = RMSNorm(d, cfg.norm_eps)
@@ -238,8 +240,8 @@ class BCMTLayer(nn.Module):
         summaries, weights = self.summarise(u, n_valid)                      # (B, N, D)
         if summaries_out is not None:
             summaries_out.append(summaries)
-        memories = memory_matrix_form(summaries, self.alpha)
-        shifted = shift_one_block(memories)
+        memories = self.memory_form(summaries, self.alpha)
+        shifted = self.shift(memories)
         if is_tracing():
             record("decay_weights", decay_weights(summaries.shape[1], self.alpha, u.dtype))
             record("summary_weights", weights)
@@ -348,6 +350,10 @@ class BCMTLM(DenseLM):
 
     trace_keys = ("layer*.attn_weights", "layer*.decay_weights", "layer*.summary_weights",
                   "layer*.memory", "layer*.gate")
+    # The memory's steps 3 and 4, handed to every layer: a notebook plants a bug by swapping
+    # one in a subclass (``class NoShift(BCMTLM): shift = staticmethod(...)``).
+    memory_form = staticmethod(memory_matrix_form)
+    shift = staticmethod(shift_one_block)
 
     def __init__(self, cfg):
         super().__init__(cfg)
@@ -360,7 +366,8 @@ class BCMTLM(DenseLM):
         return self.cfg.memory
 
     def build_block(self, index: int) -> nn.Module:
-        return BCMTLayer(self.cfg, memory=self.uses_memory)
+        return BCMTLayer(self.cfg, memory=self.uses_memory, memory_form=self.memory_form,
+                         shift=self.shift)
 
     def _run_blocks(self, tokens: torch.Tensor, reference: bool = False,
                     summaries_out: list | None = None) -> torch.Tensor:

@@ -323,6 +323,10 @@ class CATLM(LanguageModel):
     """
 
     trace_keys = ("compressed", "mask", "layer*.attn_weights", "layer*.compressed_share")
+    # The slot layout's two pieces: a notebook plants a bug by swapping one in a subclass
+    # (``class LateReadout(CATLM): readout_slots = staticmethod(...)``).
+    interleave = staticmethod(interleave)
+    readout_slots = staticmethod(readout_slots)
 
     def __init__(self, cfg):
         super().__init__(cfg)
@@ -411,8 +415,8 @@ class CATLM(LanguageModel):
         padded = F.pad(tokens, (0, k * c - t))                               # (B, K*C)
         compressed = self._compress(padded, c)                              # (B, K, D)
         record("compressed", compressed)
-        x = interleave(self.embed(padded).view(b, k, c, -1), compressed, self._opener(c),
-                       self.separator)                                      # (B, S, D)
+        x = self.interleave(self.embed(padded).view(b, k, c, -1), compressed,
+                            self._opener(c), self.separator)                # (B, S, D)
         sep = self.multi_chunk
         positions = slot_positions(k, c, sep, device=tokens.device)
         mask = None
@@ -424,7 +428,7 @@ class CATLM(LanguageModel):
                 wanted = is_tracing("attn_weights") or is_tracing("compressed_share")
                 x = self._decoder_block(block, x, positions, k, c, mask,
                                         "reference" if wanted else path)
-        h = x[:, readout_slots(k, c, sep, device=tokens.device)[:t]]        # (B, T, D)
+        h = x[:, self.readout_slots(k, c, sep, device=tokens.device)[:t]]   # (B, T, D)
         return self.head(self.norm(h))                                      # (B, T, V)
 
     def _decoder_block(self, block: Block, x: torch.Tensor, positions: torch.Tensor, k: int,

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from blockmem_lite import bench, distributed, lab, registry, roofline
+from blockmem_lite import distributed, lab, registry
 from blockmem_lite.checkpoints import (
     CHECKPOINT_NAME,
     RunLock,
@@ -40,6 +40,7 @@ from blockmem_lite.config import (
     preset,
 )
 from blockmem_lite.corpora import CorpusUnavailable, load_corpus, make_loaders
+from blockmem_lite.measure import bench, roofline
 from blockmem_lite.models.base import build_model
 from blockmem_lite.runtime import seed_everything
 from blockmem_lite.tokenizer import get_tokenizer
@@ -230,8 +231,7 @@ def _trainer(args, run_cfg: RunConfig, ckpt: dict | None) -> Trainer:
                          distributed.device_for(run_cfg.train.device, distributed.current()))
     train_loader, val_loader = make_loaders(run_cfg, corpus=_corpus(args, run_cfg))
     seed_everything(run_cfg.train.seed)
-    trainer = Trainer(build_model(run_cfg), run_cfg.train, train_loader, val_loader,
-                      run_cfg=run_cfg)
+    trainer = Trainer(build_model(run_cfg), run_cfg, train_loader, val_loader)
     if ckpt is not None:
         trainer.restore(ckpt)
     return trainer

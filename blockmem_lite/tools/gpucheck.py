@@ -62,9 +62,10 @@ from typing import Callable
 
 import torch
 
-from blockmem_lite import bench, metrics, registry
+from blockmem_lite import registry
 from blockmem_lite.config import preset
 from blockmem_lite.corpora import load_corpus, make_loaders
+from blockmem_lite.measure import bench, metrics
 from blockmem_lite.models.base import build_model
 from blockmem_lite.nn import attention
 from blockmem_lite.runtime import autocast_context, pick_device, seed_everything, synchronize
@@ -263,8 +264,8 @@ def check_training(arch: str, device: torch.device, sizes: Sizes) -> list[tuple[
                      log_every=sizes.train_steps)
     train_loader, _ = make_loaders(run_cfg, corpus=load_corpus("offline"))
     seed_everything(run_cfg.train.seed)
-    trainer = Trainer(build_model(run_cfg), run_cfg.train, train_loader, None,
-                      callbacks=[_Quiet()], run_cfg=run_cfg)
+    trainer = Trainer(build_model(run_cfg), run_cfg, train_loader, None,
+                      callbacks=[_Quiet()])
     history = trainer.fit()
     losses = history.loss
     last = statistics.mean(losses[-10:])
@@ -320,8 +321,8 @@ def rng_round_trip(device: torch.device) -> str:
     same numbers, or CheckFailed. Returns the figure."""
     run_cfg = preset("tiny", steps=1, device=str(device), corpus="offline")
     train_loader, _ = make_loaders(run_cfg, corpus=load_corpus("offline", max_chars=20_000))
-    trainer = Trainer(build_model(run_cfg), run_cfg.train, train_loader, None,
-                      callbacks=[_Quiet()], run_cfg=run_cfg)
+    trainer = Trainer(build_model(run_cfg), run_cfg, train_loader, None,
+                      callbacks=[_Quiet()])
     trainer.fit()
     with tempfile.TemporaryDirectory() as folder:
         path = trainer.save_checkpoint(Path(folder) / "checkpoint.pt")

@@ -58,6 +58,15 @@ from blockmem_lite.train.stopping import Clock, StopButton, agreed_stop
 class Trainer:
     """Train ``model`` on ``train_data`` with ``cfg``; see the module docstring.
 
+    The one way to call it::
+
+        cfg = notebook_config("bcmt")                  # a RunConfig: model + train settings
+        trainer = Trainer(build_model(cfg), cfg, train_loader, val_loader, callbacks=[...])
+        history = trainer.fit()
+
+    ``cfg``: the RunConfig (its checkpoints then carry the model config, so ``load_model``
+    and ``--resume`` rebuild the model alone), or a bare TrainConfig for a model that has no
+    RunConfig (a hand-built one, a wrapped one); ``Trainer.from_checkpoint`` resumes.
     ``train_data``: a map-style Dataset of (x (T,), y (T,)), a DataLoader over one (its
     dataset is used; batch size and order come from ``cfg``), or an object with
     ``.dataset()`` (e.g. ``tasks.TaskBatch``). ``val_data`` likewise (optional).
@@ -68,10 +77,10 @@ class Trainer:
     KeyboardInterrupt they raise stops every process after the current step.
     """
 
-    def __init__(self, model: torch.nn.Module, cfg: TrainConfig, train_data, val_data=None,
-                 callbacks=(), run_cfg: RunConfig | None = None):
-        if isinstance(cfg, RunConfig):
-            run_cfg, cfg = run_cfg or cfg, cfg.train
+    def __init__(self, model: torch.nn.Module, cfg: RunConfig | TrainConfig, train_data,
+                 val_data=None, callbacks=()):
+        run_cfg = cfg if isinstance(cfg, RunConfig) else None
+        cfg = cfg.train if isinstance(cfg, RunConfig) else cfg
         if not isinstance(cfg, TrainConfig):
             raise ValueError(f"cfg of type {type(cfg).__name__} is not allowed: expected a "
                              "TrainConfig (or a RunConfig)")
@@ -221,8 +230,9 @@ class Trainer:
         ckpt = distributed.current().on_main(lambda: load_checkpoint_file(path))
         run_cfg, train_cfg = resume.configs_to_resume(ckpt, path, model_given=model is not None,
                                                       device=device, checkpoint_dir=checkpoint_dir)
-        trainer = cls(model if model is not None else build_model(run_cfg), train_cfg,
-                      train_data, val_data, callbacks, run_cfg=run_cfg)
+        trainer = cls(model if model is not None else build_model(run_cfg),
+                      run_cfg if run_cfg is not None else train_cfg, train_data, val_data,
+                      callbacks)
         trainer.restore(ckpt)
         return trainer
 

@@ -1,7 +1,7 @@
 """The live training dashboard: a widget in notebooks, short text lines elsewhere.
 
     dash = LiveDashboard(total_steps=cfg.train.steps, title="dense")
-    history = Trainer(model, cfg.train, train_data, val_data, callbacks=[dash]).fit()
+    history = Trainer(model, cfg, train_data, val_data, callbacks=[dash]).fit()
     dash.figure()            # the static summary of the run (loss, tokens/s, memory)
 
 Modes (the rule every live view follows, ``liveview.resolve_mode``):

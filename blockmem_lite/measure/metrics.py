@@ -37,7 +37,7 @@ import torch
 from blockmem_lite import registry
 from blockmem_lite.compiling import is_decoding_compiled
 from blockmem_lite.config import ModelConfig
-from blockmem_lite.flops import dense_layer_flops
+from blockmem_lite.measure.flops import dense_layer_flops
 from blockmem_lite.models.base import build_model
 from blockmem_lite.runtime import autocast_context, seed_everything, synchronize
 from blockmem_lite.validation import check_positive
@@ -338,7 +338,7 @@ class RssReading:
 
 
 RSS_PHASES = ("train", "decode", "infer")
-_CHILD_CODE = "from blockmem_lite.metrics import _rss_child_main; _rss_child_main()"
+_CHILD_CODE = "from blockmem_lite.measure.metrics import _rss_child_main; _rss_child_main()"
 
 
 def _check_rss_spec(spec: dict) -> None:

@@ -77,10 +77,11 @@ from typing import Callable
 
 import torch
 
-from blockmem_lite import metrics, registry, roofline
+from blockmem_lite import registry
 from blockmem_lite.compiling import compile_decoding, compile_training
 from blockmem_lite.config import ModelConfig
-from blockmem_lite.flops import flop_ceiling, training_flops_per_token
+from blockmem_lite.measure import metrics, roofline
+from blockmem_lite.measure.flops import flop_ceiling, training_flops_per_token
 from blockmem_lite.models.base import build_model
 from blockmem_lite.runtime import pick_device, seed_everything, synchronize
 from blockmem_lite.units import fmt, human_bytes
