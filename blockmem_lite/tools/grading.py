@@ -1,16 +1,19 @@
 """Grade a folder of submissions: ``python -m blockmem_lite exercises grade SUBMISSIONS_DIR``.
 
 Options: ``--notebook NN``, ``--out DIR`` (default ``./grades``), ``--cell-timeout S``
-(default 300) and ``--solutions DIR``.
+(default 300), ``--notebook-timeout S`` (1800), ``--student-timeout S`` (3600),
+``--isolation auto|bubblewrap|process`` and ``--solutions DIR``.
 
 ``SUBMISSIONS_DIR`` holds one folder per student, named after the student, with that
 student's notebooks anywhere below it (nbgrader's ``submitted/<student>/`` works as is).
 A notebook is matched to ``notebooks/solutions/NN_topic.ipynb`` by its ``NN_`` prefix or,
 when renamed, by the mark ``metadata["blockmem_lite"]["generated_from"]``.
 
-Each notebook runs headless in a fresh kernel (nbclient; ``BLOCKMEM_FAST=1``,
-``BLOCKMEM_HEADLESS=1``; its own folder as working directory), cell by cell with errors
-allowed. Check cells are found by their nbgrader ``grade_id``, else by cell id, and run the
+Each notebook runs headless in a fresh kernel inside a sandbox of its own
+(``tools/sandbox.py``: bubblewrap where the machine has it, the kit read-only, the other
+submissions and the grades hidden, a minimal environment, resource limits, every process
+of the run ended before a grade is written), cell by cell with errors allowed, within its
+cell, notebook and student time limits. Check cells are found by their nbgrader ``grade_id``, else by cell id, and run the
 solution's source, so an edited check cannot pass. An exercise is passed when its check cell
 and the cells since the previous check cell ran without error; otherwise it fails with the
 first error as ``cell N: Name: message`` (cells counted from 0, the message on one line).
@@ -19,18 +22,21 @@ killed and later checks fail as not run. A deleted check cell fails; a notebook 
 valid JSON fails every check of its exercise. Every NN that some student submitted (or
 ``--notebook NN``) is graded for every student; a missing one fails as not submitted.
 
-Writes ``grades.csv`` and ``grades.md``: one row per student and exercise (student,
-notebook, file, exercise = grade_id, result = passed | failed, message).
+Writes ``grades.csv`` and ``grades.md`` (each replaced whole, never left half written): one
+row per student and exercise (student, notebook, file, exercise = grade_id, result =
+passed | failed, message); ``grades.md`` names the isolation level used.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import io
 import os
 import sys
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from blockmem_lite.tools.exercises import (
@@ -43,9 +49,10 @@ from blockmem_lite.tools.exercises import (
     read_notebook,
     solution_notebooks,
     solutions_dir,
+    write_notebook,
 )
+from blockmem_lite.tools.sandbox import LEVELS, Limits, Sandbox, choose_level, describe
 
-KERNEL_ENV = {"BLOCKMEM_FAST": "1", "BLOCKMEM_HEADLESS": "1"}
 COLUMNS = ("student", "notebook", "file", "exercise", "result", "message")
 UNKNOWN = ("cannot tell which exercise this is: keep the NN_ prefix of the notebook "
            "handed out (renamed copies of it are recognised by its metadata)")
@@ -62,6 +69,29 @@ class Check:
 class Solution:
     name: str             # NN_topic (no .ipynb)
     checks: tuple[Check, ...]
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How a class is graded: time limits in seconds, the sandbox level and its limits, and
+    the folders a graded kernel must not see."""
+
+    cell: int = 300
+    notebook: int = 1800
+    student: int = 3600
+    isolation: str = "auto"
+    limits: Limits = field(default_factory=Limits)
+    hidden: tuple[Path, ...] = ()
+
+    def check(self) -> None:
+        for name, value in (("cell", self.cell), ("notebook", self.notebook),
+                            ("student", self.student)):
+            if not isinstance(value, int) or value < 1:
+                raise ExerciseError(f"--{name}-timeout={value} is not allowed: expected whole "
+                                    "seconds >= 1")
+        if self.isolation not in LEVELS:
+            raise ExerciseError(f"--isolation={self.isolation} is not allowed: expected one of "
+                                f"{', '.join(LEVELS)}")
 
 
 @dataclass(frozen=True)
@@ -152,23 +182,34 @@ def _error(cell) -> str | None:
     return None
 
 
-def execute(nb, folder: Path, cell_timeout: int) -> tuple[dict[int, str], int | None]:
-    """Run ``nb`` cell by cell in a fresh kernel: (errors by cell index, index it stopped at)."""
+def execute(nb, sandbox: Sandbox, cell_timeout: int,
+            deadline: float) -> tuple[dict[int, str], int | None]:
+    """Run ``nb`` cell by cell in a fresh kernel inside ``sandbox`` until ``deadline``
+    (``time.monotonic``): (errors by cell index, index it stopped at)."""
     from nbclient import NotebookClient
     from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
-    client = NotebookClient(nb, timeout=cell_timeout, kernel_name="python3", allow_errors=True,
+    client = NotebookClient(nb, km=sandbox.kernel_manager(), timeout=cell_timeout,
+                            allow_errors=True,
                             shutdown_kernel="immediate",   # kills a kernel stuck in a loop
-                            resources={"metadata": {"path": str(folder)}})
+                            resources={"metadata": {"path": str(sandbox.work)}})
     errors = {}
-    with client.setup_kernel(env={**os.environ, **KERNEL_ENV}):
+    log = sandbox.log.open("wb")                # the kernel's own console, not the grader's
+    with log, client.setup_kernel(env=sandbox.env, stdout=log, stderr=log):
         for i, cell in enumerate(nb.cells):
             if cell.cell_type != "code":
                 continue
+            left = deadline - time.monotonic()
+            if left < 1:
+                errors[i] = "not run: the time allowed for this notebook (or student) ran out"
+                return errors, i
+            client.timeout = min(cell_timeout, int(left))
             try:
                 client.execute_cell(cell, i)
             except CellTimeoutError:
-                errors[i] = f"timed out after {cell_timeout} s; the kernel was killed"
+                errors[i] = (f"timed out after {client.timeout} s; the kernel was killed"
+                             + ("" if client.timeout == cell_timeout else
+                                " (the time left for this notebook or student)"))
                 return errors, i
             except DeadKernelError:
                 errors[i] = "the kernel died (a crash, os._exit or out of memory?)"
@@ -203,8 +244,8 @@ def _find_checks(nb, solution: Solution) -> dict[str, int]:
     return found
 
 
-def grade_notebook(student: str, path: Path, solution: Solution, cell_timeout: int,
-                   file: str) -> list[Row]:
+def grade_notebook(student: str, path: Path, solution: Solution, budget: Budget, level: str,
+                   file: str, deadline: float) -> list[Row]:
     """One row per check of ``solution`` for the student's notebook at ``path``."""
     def row(check: Check, message: str) -> Row:
         return Row(student, solution.name, file, check.grade_id, message)
@@ -222,7 +263,9 @@ def grade_notebook(student: str, path: Path, solution: Solution, cell_timeout: i
             cell.cell_type, cell.source = "code", check.source
             cell.setdefault("outputs", [])
             cell.setdefault("execution_count", None)
-    errors, stopped = execute(nb, path.parent, cell_timeout)
+    with Sandbox(level, budget.limits, budget.hidden) as sandbox:
+        write_notebook(nb, sandbox.work / path.name)      # the private copy it runs beside
+        errors, stopped = execute(nb, sandbox, budget.cell, deadline)
     order = sorted(found.values())   # an exercise: the cells after the previous check cell
     starts = {index: order[k - 1] + 1 if k else 0 for k, index in enumerate(order)}
 
@@ -251,41 +294,55 @@ def _wanted(notebook: str | None, solutions: dict[str, Solution],
 
 
 def grade(submissions: Path, solutions: Path | None = None, notebook: str | None = None,
-          cell_timeout: int = 300) -> list[Row]:
-    """Rows for every student and exercise; prints one line per graded notebook."""
-    if cell_timeout < 1:
-        raise ExerciseError(f"--cell-timeout={cell_timeout} is not allowed: expected whole "
-                            "seconds >= 1")
+          budget: Budget = Budget()) -> tuple[list[Row], str]:
+    """(rows for every student and exercise, the isolation level used); prints one line per
+    graded notebook."""
+    budget.check()
+    level = choose_level(budget.isolation)
     known = load_solutions(solutions)
     folders = student_folders(submissions)
     matched, unknown = {}, {}
     for folder in folders:
         matched[folder.name], unknown[folder.name] = match_student(folder, known)
     wanted = _wanted(notebook, known, matched)
+    hidden = (*budget.hidden, Path(submissions), Path(solutions) if solutions else
+              solutions_dir(), *_teacher_folders())
+    budget = dataclasses.replace(budget, hidden=tuple(dict.fromkeys(hidden)))
+    print(f"isolation: {describe(level)}")
     rows = []
     for folder in folders:
-        student = folder.name
+        student, student_deadline = folder.name, time.monotonic() + budget.student
         for nn in wanted:
-            rows += _grade_one(student, matched[student].get(nn), folder, known[nn], cell_timeout)
+            deadline = min(time.monotonic() + budget.notebook, student_deadline)
+            rows += _grade_one(student, matched[student].get(nn), folder, known[nn], budget,
+                               level, deadline)
         rows += unknown[student] if notebook is None else []
-    return rows
+    return rows, level
+
+
+def _teacher_folders() -> list[Path]:
+    """The kit's own folders a student must not read: its solutions and mutants."""
+    root = solutions_dir().parent.parent
+    return [p for p in (root / "notebooks" / "solutions", root / "tests" / "mutants") if p.is_dir()]
 
 
 def _grade_one(student: str, path: Path | None, folder: Path, solution: Solution,
-               cell_timeout: int) -> list[Row]:
+               budget: Budget, level: str, deadline: float) -> list[Row]:
     """Rows for one student and notebook; a problem grading it never stops the others."""
     if path is None:
         return [Row(student, solution.name, "", c.grade_id, "not submitted")
                 for c in solution.checks]
     file = path.relative_to(folder).as_posix()
+    start = time.monotonic()
     try:
-        rows = grade_notebook(student, path, solution, cell_timeout, file)
+        rows = grade_notebook(student, path, solution, budget, level, file, deadline)
     except Exception as err:  # a kernel that will not start, a broken cell structure, ...
         rows = [Row(student, solution.name, file, c.grade_id,
                     _one_line(f"not graded: {type(err).__name__}: {err}"))
                 for c in solution.checks]
     passed = sum(not r.message for r in rows)
-    print(f"graded {student}/{file} as {solution.name}: {passed}/{len(rows)} passed")
+    print(f"graded {student}/{file} as {solution.name}: {passed}/{len(rows)} passed "
+          f"({time.monotonic() - start:.0f} s)")
     return rows
 
 
@@ -300,11 +357,11 @@ def to_csv(rows: list[Row]) -> str:
     return buffer.getvalue()
 
 
-def to_markdown(rows: list[Row]) -> str:
+def to_markdown(rows: list[Row], level: str) -> str:
     def line(values) -> str:
         return "| " + " | ".join(v.replace("|", "\\|") for v in values) + " |"
-    return "\n".join([line(COLUMNS), "|" + "---|" * len(COLUMNS)]
-                     + [line(r.values()) for r in rows]) + "\n"
+    return "\n".join([f"Graded in isolation level {describe(level)}.", "", line(COLUMNS),
+                      "|" + "---|" * len(COLUMNS)] + [line(r.values()) for r in rows]) + "\n"
 
 
 def _check_out(out: Path) -> None:
@@ -313,14 +370,17 @@ def _check_out(out: Path) -> None:
                             "grades.md")
 
 
-def write_tables(rows: list[Row], out: Path) -> tuple[Path, Path]:
-    """Write ``grades.csv`` and ``grades.md`` into ``out``; return their paths."""
+def write_tables(rows: list[Row], out: Path, level: str) -> tuple[Path, Path]:
+    """Write ``grades.csv`` and ``grades.md`` into ``out``, each whole or not at all (a file
+    beside it, then renamed over the old one); return their paths."""
     out = Path(out)
     _check_out(out)
     out.mkdir(parents=True, exist_ok=True)
     paths = out / "grades.csv", out / "grades.md"
-    paths[0].write_text(to_csv(rows), encoding="utf-8")
-    paths[1].write_text(to_markdown(rows), encoding="utf-8")
+    for path, text in zip(paths, (to_csv(rows), to_markdown(rows, level)), strict=True):
+        partial = path.with_name(f".{path.name}.partial")
+        partial.write_text(text, encoding="utf-8", errors="surrogateescape")
+        os.replace(partial, path)
     return paths
 
 
@@ -338,6 +398,13 @@ def _parser() -> argparse.ArgumentParser:
                         help="folder for grades.csv and grades.md (default: ./grades)")
     parser.add_argument("--cell-timeout", type=int, default=300, metavar="S",
                         help="seconds a cell may run before its kernel is killed (default: 300)")
+    parser.add_argument("--notebook-timeout", type=int, default=1800, metavar="S",
+                        help="seconds one notebook may run in all (default: 1800)")
+    parser.add_argument("--student-timeout", type=int, default=3600, metavar="S",
+                        help="seconds all of one student's notebooks may run (default: 3600)")
+    parser.add_argument("--isolation", choices=LEVELS, default="auto",
+                        help="sandbox of each graded kernel: bubblewrap (namespaces), process "
+                        "(fallback), auto = bubblewrap where it works (default)")
     parser.add_argument("--solutions", type=Path, default=None,
                         help="folder of solution notebooks (default: notebooks/solutions)")
     return parser
@@ -348,9 +415,12 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
     try:
         _check_out(args.out)   # before minutes of grading
-        rows = grade(args.submissions, args.solutions, args.notebook, args.cell_timeout)
-        csv_path, md_path = write_tables(rows, args.out)
-    except ExerciseError as err:
+        budget = Budget(cell=args.cell_timeout, notebook=args.notebook_timeout,
+                        student=args.student_timeout, isolation=args.isolation,
+                        hidden=(args.out.resolve(),))
+        rows, level = grade(args.submissions, args.solutions, args.notebook, budget)
+        csv_path, md_path = write_tables(rows, args.out, level)
+    except (ExerciseError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     students = len({r.student for r in rows})
