@@ -4,7 +4,7 @@
 Each subcommand is a ``main(argv)`` function in its own module of ``tools/``
 (``tools/cli.py`` for train, bench and reproduce), imported only when used, so
 ``envcheck`` works even when extras are missing. ``exercises grade`` is ``grading.main``
-(grading imports exercises).
+and ``exercises release`` is ``release.main`` (both import exercises).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ COMMANDS = {   # name: (module, function, help)
     "reproduce": ("blockmem_lite.tools.cli", "reproduce_main",
                   "every mechanism on the same work; the papers' claims beside ours"),
     "exercises": ("blockmem_lite.tools.exercises", "main",
-                  "build|check|strip|grade student notebooks"),
+                  "build|check|strip|grade|release student notebooks"),
     "site": ("blockmem_lite.tools.site", "main",
              "static HTML pages of the notebooks, with outputs"),
     "gpucheck": ("blockmem_lite.tools.gpucheck", "main",
@@ -32,6 +32,7 @@ COMMANDS = {   # name: (module, function, help)
 }
 SUBCOMMANDS = {   # (command, subcommand): (module, function); grading sits above exercises
     ("exercises", "grade"): ("blockmem_lite.tools.grading", "main"),
+    ("exercises", "release"): ("blockmem_lite.tools.release", "main"),
 }
 
 

@@ -2,6 +2,7 @@
 metadata of the solution notebooks (and the exercises built from them)."""
 
 import copy
+import os
 import re
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from blockmem_lite.__main__ import main as cli_main
-from blockmem_lite.tools import exercises, grading
+from blockmem_lite.tools import exercises, grade_report, grading
 from blockmem_lite.tools.exercises import (
     add_nbgrader_metadata,
     drift,
@@ -86,46 +87,24 @@ def _submissions(root: Path) -> Path:
 
 
 EXPECTED_CSV = """\
-student,notebook,file,exercise,result,message
-alice,01_sums,01_sums.ipynb,nb01-c3,passed,
-alice,01_sums,01_sums.ipynb,nb01-c5,passed,
-bob,01_sums,01_sums.ipynb,nb01-c3,failed,"AssertionError: add: expected 42, got 38"
-bob,01_sums,01_sums.ipynb,nb01-c5,passed,
-carol,01_sums,01_sums.ipynb,nb01-c3,failed,01_sums.ipynb is not a valid notebook: Expecting value: line 1 column 12 (char 11)
-carol,01_sums,01_sums.ipynb,nb01-c5,failed,01_sums.ipynb is not a valid notebook: Expecting value: line 1 column 12 (char 11)
-dave,01_sums,01_sums.ipynb,nb01-c3,failed,cell 2: timed out after 2 s; the kernel was killed
-dave,01_sums,01_sums.ipynb,nb01-c5,failed,not run: the kernel was killed at cell 2
-erin,01_sums,01_sums.ipynb,nb01-c3,failed,cell 1: ZeroDivisionError: division by zero
-erin,01_sums,01_sums.ipynb,nb01-c5,passed,
-frank,01_sums,01_sums.ipynb,nb01-c3,passed,
-frank,01_sums,01_sums.ipynb,nb01-c5,failed,check cell nb01-c5 is missing (deleted?): restore it from the exercise notebook
-grace,01_sums,homework (1).ipynb,nb01-c3,passed,
-grace,01_sums,homework (1).ipynb,nb01-c5,failed,"AssertionError: y: expected 42, got 41"
-heidi,01_sums,,nb01-c3,failed,not submitted
-heidi,01_sums,,nb01-c5,failed,not submitted
-heidi,,Untitled.ipynb,,failed,cannot tell which exercise this is: keep the NN_ prefix of the notebook handed out (renamed copies of it are recognised by its metadata)
-"""
-
-EXPECTED_MD = """\
-| student | notebook | file | exercise | result | message |
-|---|---|---|---|---|---|
-| alice | 01_sums | 01_sums.ipynb | nb01-c3 | passed |  |
-| alice | 01_sums | 01_sums.ipynb | nb01-c5 | passed |  |
-| bob | 01_sums | 01_sums.ipynb | nb01-c3 | failed | AssertionError: add: expected 42, got 38 |
-| bob | 01_sums | 01_sums.ipynb | nb01-c5 | passed |  |
-| carol | 01_sums | 01_sums.ipynb | nb01-c3 | failed | 01_sums.ipynb is not a valid notebook: Expecting value: line 1 column 12 (char 11) |
-| carol | 01_sums | 01_sums.ipynb | nb01-c5 | failed | 01_sums.ipynb is not a valid notebook: Expecting value: line 1 column 12 (char 11) |
-| dave | 01_sums | 01_sums.ipynb | nb01-c3 | failed | cell 2: timed out after 2 s; the kernel was killed |
-| dave | 01_sums | 01_sums.ipynb | nb01-c5 | failed | not run: the kernel was killed at cell 2 |
-| erin | 01_sums | 01_sums.ipynb | nb01-c3 | failed | cell 1: ZeroDivisionError: division by zero |
-| erin | 01_sums | 01_sums.ipynb | nb01-c5 | passed |  |
-| frank | 01_sums | 01_sums.ipynb | nb01-c3 | passed |  |
-| frank | 01_sums | 01_sums.ipynb | nb01-c5 | failed | check cell nb01-c5 is missing (deleted?): restore it from the exercise notebook |
-| grace | 01_sums | homework (1).ipynb | nb01-c3 | passed |  |
-| grace | 01_sums | homework (1).ipynb | nb01-c5 | failed | AssertionError: y: expected 42, got 41 |
-| heidi | 01_sums |  | nb01-c3 | failed | not submitted |
-| heidi | 01_sums |  | nb01-c5 | failed | not submitted |
-| heidi |  | Untitled.ipynb |  | failed | cannot tell which exercise this is: keep the NN_ prefix of the notebook handed out (renamed copies of it are recognised by its metadata) |
+student,notebook,file,exercise,title,points,score,result,message
+alice,01_sums,01_sums.ipynb,nb01-c3,Sums,1,1,passed,
+alice,01_sums,01_sums.ipynb,nb01-c5,Sums,1,1,passed,
+bob,01_sums,01_sums.ipynb,nb01-c3,Sums,1,0,failed,"AssertionError: add: expected 42, got 38"
+bob,01_sums,01_sums.ipynb,nb01-c5,Sums,1,1,passed,
+carol,01_sums,01_sums.ipynb,nb01-c3,Sums,1,0,failed,01_sums.ipynb is not a valid notebook: Expecting value: line 1 column 12 (char 11)
+carol,01_sums,01_sums.ipynb,nb01-c5,Sums,1,0,failed,01_sums.ipynb is not a valid notebook: Expecting value: line 1 column 12 (char 11)
+dave,01_sums,01_sums.ipynb,nb01-c3,Sums,1,0,failed,cell 2: timed out after 2 s; the kernel was killed
+dave,01_sums,01_sums.ipynb,nb01-c5,Sums,1,0,failed,not run: the kernel was killed at cell 2
+erin,01_sums,01_sums.ipynb,nb01-c3,Sums,1,0,failed,setup cell 1 failed: ZeroDivisionError: division by zero; fix it first: the exercises after it need what it defines
+erin,01_sums,01_sums.ipynb,nb01-c5,Sums,1,1,passed,
+frank,01_sums,01_sums.ipynb,nb01-c3,Sums,1,1,passed,
+frank,01_sums,01_sums.ipynb,nb01-c5,Sums,1,0,failed,check cell nb01-c5 is missing (deleted?): restore it from the exercise notebook
+grace,01_sums,homework (1).ipynb,nb01-c3,Sums,1,1,passed,
+grace,01_sums,homework (1).ipynb,nb01-c5,Sums,1,0,failed,"AssertionError: y: expected 42, got 41"
+heidi,01_sums,,nb01-c3,Sums,1,0,failed,not submitted
+heidi,01_sums,,nb01-c5,Sums,1,0,failed,not submitted
+heidi,,Untitled.ipynb,,,,,failed,cannot tell which exercise this is: keep the NN_ prefix of the notebook handed out (renamed copies of it are recognised by its metadata)
 """
 
 
@@ -134,8 +113,15 @@ def test_grade_copes_with_every_kind_of_submission(tmp_path, solutions, capsys):
     assert cli_main(["exercises", "grade", str(subs), "--solutions", str(solutions),
                      "--out", str(out), "--cell-timeout", "2"]) == 0
     assert (out / "grades.csv").read_text() == EXPECTED_CSV
-    header, table = (out / "grades.md").read_text().split("\n\n", 1)
-    assert header.startswith("Graded in isolation level ") and table == EXPECTED_MD
+    md = (out / "grades.md").read_text()
+    assert md.startswith("Graded in isolation level ")
+    totals = md.split("## Totals (automatically graded points)\n\n")[1].split("\n\n")[0]
+    assert [line.rsplit("|", 2)[0] for line in totals.splitlines()] == [
+        "| student | 01_sums | total | of ", "|---|---|---|---", "| alice | 2 | 2 | 2 ",
+        "| bob | 1 | 1 | 2 ", "| carol | 0 | 0 | 2 ", "| dave | 0 | 0 | 2 ", "| erin | 1 | 1 | 2 ",
+        "| frank | 1 | 1 | 2 ", "| grace | 1 | 1 | 2 ", "| heidi | 0 | 0 | 2 "]
+    rows = md.split("## Every exercise\n\n")[1].splitlines()[2:]
+    assert len(rows) == len(EXPECTED_CSV.splitlines()) - 1
     printed = capsys.readouterr().out
     assert "graded dave/01_sums.ipynb as 01_sums: 0/2 passed" in printed
     assert "graded grace/homework (1).ipynb as 01_sums: 1/2 passed" in printed
@@ -143,9 +129,11 @@ def test_grade_copes_with_every_kind_of_submission(tmp_path, solutions, capsys):
 
 
 def test_markdown_escapes_pipes_and_messages_are_one_line():
-    row = grading.Row("ann", "01_x", "01_x.ipynb", "nb01-c3", "CheckFailed: a | b; got 1")
-    assert grading.to_markdown([row], "process").splitlines()[4] == \
-        "| ann | 01_x | 01_x.ipynb | nb01-c3 | failed | CheckFailed: a \\| b; got 1 |"
+    row = grade_report.Row("ann", "01_x", "01_x.ipynb", "nb01-c3", "CheckFailed: a | b; got 1",
+                           "Exercise 1", 2)
+    assert grade_report.to_markdown([row], "process").splitlines()[-1] == (
+        "| ann | 01_x | 01_x.ipynb | nb01-c3 | Exercise 1 | 2 | 0 | failed | CheckFailed: a \\| b; "
+        "got 1 |")
     assert grading._one_line("CheckFailed: y: not equal\n  expected 42\n  got      41") == \
         "CheckFailed: y: not equal; expected 42; got 41"
 
@@ -236,3 +224,62 @@ def test_grade_ids_of_the_solution_notebooks_are_unique():
     ids = [c.metadata["nbgrader"]["grade_id"] for path in solution_notebooks(solutions_dir())
            for c in read_notebook(path).cells if "nbgrader" in c.metadata]
     assert ids and len(ids) == len(set(ids))
+
+
+def test_a_student_folder_named_in_bytes_that_are_not_utf8_is_graded(tmp_path, solutions,
+                                                                     capsys):
+    """An unzipped Windows archive gives folder names like b'caf\\xe9': graded, printed and
+    written as they are, and the previous grades are replaced only by complete new ones."""
+    name = os.fsdecode(b"caf\xe9")
+    _write(_answer(make_exercise(_solution(), NAME)), tmp_path / "subs" / name / NAME)
+    out = tmp_path / "grades"
+    out.mkdir()
+    (out / "grades.csv").write_text("the previous grades\n")
+    assert grading.main([str(tmp_path / "subs"), "--solutions", str(solutions), "--out",
+                         str(out)]) == 0
+    written = (out / "grades.csv").read_bytes()
+    assert written.count(b"caf\xe9,01_sums") == 2 and b"passed" in written
+    assert "2/2 checks passed for 1 student(s)" in capsys.readouterr().out
+
+
+def _titled_solution():
+    """Two exercises with titles (one worth 2 points), a setup cell, and a written answer."""
+    cells = [new_markdown_cell("# Sums"), new_code_cell("base = 40"),
+             new_markdown_cell("## Exercise 1 · Add two numbers"), new_code_cell(SOLUTION_ADD),
+             new_code_cell("assert add(base, 2) == 42", metadata={"tags": ["check"],
+                                                                  "nbgrader": {"points": 2}}),
+             new_markdown_cell("## Exercise 2 · Two more"),
+             new_code_cell("### BEGIN SOLUTION\ny = base + 2\n### END SOLUTION"),
+             new_code_cell("assert y == 42", metadata={"tags": ["check"]}),
+             new_markdown_cell("**Explain:** why 42?\n<!-- BEGIN SOLUTION -->\nIt is the answer."
+                               "\n<!-- END SOLUTION -->")]
+    for i, cell in enumerate(cells):
+        cell.id = f"t{i}"
+    return new_notebook(cells=cells)
+
+
+def test_the_tables_give_titles_points_totals_written_answers_and_the_root_cause_once(tmp_path):
+    solutions = tmp_path / "solutions"
+    _write(_titled_solution(), solutions / NAME)
+    exercise = make_exercise(_titled_solution(), NAME)
+    broken = copy.deepcopy(exercise)                 # the setup cell fails: both checks too
+    broken.cells[1].source = "base = fourty"
+    broken.cells[3].source = "def add(a, b):\n    return a + b"
+    broken.cells[6].source = "y = base + 2"
+    broken.cells[8].source = broken.cells[8].source + "\nBecause it is 40 + 2."
+    _write(broken, tmp_path / "subs" / "sue" / NAME)
+    assert grading.main([str(tmp_path / "subs"), "--solutions", str(solutions), "--out",
+                         str(tmp_path / "grades")]) == 0
+    out = tmp_path / "grades"
+    lines = (out / "grades.csv").read_text().splitlines()
+    assert lines[1:] == [
+        "sue,01_sums,01_sums.ipynb,nb01-t4,Exercise 1 · Add two numbers,2,0,failed,setup cell 1 "
+        "failed: NameError: name 'fourty' is not defined; fix it first: the exercises after it "
+        "need what it defines",
+        "sue,01_sums,01_sums.ipynb,nb01-t7,Exercise 2 · Two more,1,0,failed,setup cell 1 failed "
+        "(see nb01-t4); here: cell 6: NameError: name 'base' is not defined",
+        "sue,01_sums,01_sums.ipynb,nb01-t8,Exercise 2 · Two more,1,,by hand,"]
+    assert "| sue | 0 | 0 | 3 |" in (out / "grades.md").read_text()
+    answers = (out / "written_answers.md").read_text()
+    assert "## 01_sums · Exercise 2 · Two more (1 point(s), nb01-t8)" in answers
+    assert "### sue\n\n> Because it is 40 + 2.\n" in answers and "why 42" not in answers

@@ -3,8 +3,9 @@ grader (a classmate's notebook overwritten, the kit's checks patched, a process 
 its kernel and rewrites the grades, the teacher's environment read, the solutions read and
 executed) and none has any effect on the grades, the files or the machine."""
 
+import csv
 import hashlib
-import json
+import io
 import os
 import shutil
 import tempfile
@@ -16,7 +17,7 @@ import pytest
 from test_grading import NAME, _answer, _solution, _write
 
 from blockmem_lite import checks
-from blockmem_lite.tools import grading, sandbox
+from blockmem_lite.tools import grade_report, grading, sandbox
 from blockmem_lite.tools.exercises import make_exercise
 
 needs_bubblewrap = pytest.mark.skipif(not sandbox.bubblewrap_works(),
@@ -118,8 +119,8 @@ def _processes_with_mark(mark: str) -> list[int]:
 def _grade(subs: Path, solutions: Path, grades: Path, isolation: str) -> dict:
     assert grading.main([str(subs), "--solutions", str(solutions), "--out", str(grades),
                          "--isolation", isolation, "--cell-timeout", "60"]) == 0
-    lines = (grades / "grades.csv").read_text().splitlines()[1:]
-    return {(line.split(",")[0], line.split(",")[3]): line.split(",")[4] for line in lines}
+    rows = csv.DictReader(io.StringIO((grades / "grades.csv").read_text()))
+    return {(row["student"], row["exercise"]): row["result"] for row in rows}
 
 
 @needs_bubblewrap
@@ -212,9 +213,9 @@ def test_grades_are_replaced_whole_and_any_file_name_is_written(tmp_path):
     """A student folder named in bytes that are not UTF-8 (an unzipped Windows archive) is
     written as it is, and a table is never left half written."""
     name = os.fsdecode(b"caf\xe9")
-    rows = [grading.Row(name, "01_x", "01_x.ipynb", "nb01-c3", "")]
+    rows = [grade_report.Row(name, "01_x", "01_x.ipynb", "nb01-c3", "")]
     (tmp_path / "grades.csv").write_text("old grades\n")
-    grading.write_tables(rows, tmp_path, "process")
+    grade_report.write_tables(rows, tmp_path, "process")
     assert os.fsencode(name) in (tmp_path / "grades.csv").read_bytes()
-    assert not list(tmp_path.glob(".*partial"))
-    assert json.dumps(sorted(p.name for p in tmp_path.iterdir())) == '["grades.csv", "grades.md"]'
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["grades.csv", "grades.md",
+                                                           "written_answers.md"]

@@ -528,7 +528,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m blockmem_lite exercises",
                                      description="Build student notebooks from solution notebooks.",
                                      epilog="`exercises grade SUBMISSIONS_DIR` grades a class "
-                                     "(grading.py; `exercises grade --help`).")
+                                     "(grading.py; `exercises grade --help`); `exercises "
+                                     "release OUT` writes the student edition (release.py).")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, help_ in (("build", "write notebooks/exercises/ from notebooks/solutions/"),
                         ("check", "exit 1 if notebooks/exercises/ is not what build would write")):

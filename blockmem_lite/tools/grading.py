@@ -22,53 +22,76 @@ killed and later checks fail as not run. A deleted check cell fails; a notebook 
 valid JSON fails every check of its exercise. Every NN that some student submitted (or
 ``--notebook NN``) is graded for every student; a missing one fails as not submitted.
 
-Writes ``grades.csv`` and ``grades.md`` (each replaced whole, never left half written): one
-row per student and exercise (student, notebook, file, exercise = grade_id, result =
-passed | failed, message); ``grades.md`` names the isolation level used.
+Writes ``grades.csv``, ``grades.md`` (totals per student and notebook, with the points of
+the nbgrader metadata, the exercise titles and the time per student) and
+``written_answers.md`` (tools/grade_report.py). A setup cell that fails is named once, on
+the first exercise it breaks.
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
 import dataclasses
-import io
-import os
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from blockmem_lite.tools.exercises import (
+    MD_ANSWER,
     ExerciseError,
     add_nbgrader_metadata,
-    check_cell_indices,
     clear_outputs,
     notebook_number,
     notebooks_under,
     read_notebook,
     solution_notebooks,
     solutions_dir,
+    stub_markdown,
     write_notebook,
 )
-from blockmem_lite.tools.sandbox import LEVELS, Limits, Sandbox, choose_level, describe
+from blockmem_lite.tools.grade_report import BY_HAND, Row, check_out, write_tables
+from blockmem_lite.tools.sandbox import (
+    LEVELS,
+    Limits,
+    Sandbox,
+    SandboxError,
+    choose_level,
+    describe,
+)
 
-COLUMNS = ("student", "notebook", "file", "exercise", "result", "message")
 UNKNOWN = ("cannot tell which exercise this is: keep the NN_ prefix of the notebook "
            "handed out (renamed copies of it are recognised by its metadata)")
 
 
 @dataclass(frozen=True)
 class Check:
+    """A check cell of the solution: its ids, the source graded, its exercise's title."""
+
     grade_id: str
     cell_id: str
     source: str
+    title: str = ""
+    points: float = 1
+
+
+@dataclass(frozen=True)
+class Written:
+    """A written answer (nbgrader's manually graded markdown cell)."""
+
+    grade_id: str
+    cell_id: str
+    title: str
+    points: float
+    prompt: str           # the cell as the exercise notebook hands it out
 
 
 @dataclass(frozen=True)
 class Solution:
     name: str             # NN_topic (no .ipynb)
     checks: tuple[Check, ...]
+    written: tuple[Written, ...] = ()
+    setup_ids: tuple[str, ...] = ()   # the code cells before the first exercise
 
 
 @dataclass(frozen=True)
@@ -94,24 +117,12 @@ class Budget:
                                 f"{', '.join(LEVELS)}")
 
 
-@dataclass(frozen=True)
-class Row:
-    student: str
-    notebook: str
-    file: str
-    exercise: str
-    message: str          # empty when passed
-
-    def values(self) -> tuple[str, ...]:
-        result = "failed" if self.message else "passed"
-        return (self.student, self.notebook, self.file, self.exercise, result, self.message)
-
-
 # --- solutions and submissions -------------------------------------------------------------------
 
 
 def load_solutions(folder: Path | None = None) -> dict[str, Solution]:
-    """Solution notebooks by NN, with their check cells (grade_id as ``exercises build`` sets)."""
+    """Solution notebooks by NN, with their check cells (grade_id as ``exercises build`` sets),
+    written answers, exercise titles, points and setup cells."""
     solutions = {}
     for path in solution_notebooks(Path(folder) if folder else solutions_dir()):
         nn = notebook_number(path.name)
@@ -119,11 +130,26 @@ def load_solutions(folder: Path | None = None) -> dict[str, Solution]:
             continue
         nb = read_notebook(path)
         add_nbgrader_metadata(nb, path.name)
-        cells = [nb.cells[i] for i in check_cell_indices(nb)]
-        checks = tuple(Check(c.metadata["nbgrader"]["grade_id"], c.get("id"), c.source)
-                       for c in cells)
-        solutions[nn] = Solution(path.stem, checks)
+        solutions[nn] = _solution_of(path.stem, nb)
     return solutions
+
+
+def _solution_of(name: str, nb) -> Solution:
+    checks, written, setup, title, started = [], [], [], "", False
+    for cell in nb.cells:
+        meta = cell.metadata.get("nbgrader", {})
+        if cell.cell_type == "markdown" and cell.source.lstrip().startswith("#"):
+            title = cell.source.lstrip().split("\n")[0].lstrip("#").strip()
+        if meta.get("grade") and cell.cell_type == "code":
+            checks.append(Check(meta["grade_id"], cell.get("id"), cell.source, title,
+                                meta.get("points", 1)))
+        elif meta.get("grade") and cell.cell_type == "markdown":
+            written.append(Written(meta["grade_id"], cell.get("id"), title,
+                                   meta.get("points", 1), stub_markdown(cell.source)))
+        started |= bool(meta)
+        if cell.cell_type == "code" and not started and cell.get("id"):
+            setup.append(cell.id)
+    return Solution(name, tuple(checks), tuple(written), tuple(setup))
 
 
 def student_folders(submissions: Path) -> list[Path]:
@@ -133,7 +159,8 @@ def student_folders(submissions: Path) -> list[Path]:
         raise ExerciseError(f"submissions={str(submissions)!r} is not allowed: expected a folder "
                             "holding one folder per student")
     for stray in sorted(submissions.glob("*.ipynb")):
-        print(f"note: ignored {stray.name}: put each notebook in a folder named after its student")
+        print(f"note: ignored {shown(stray.name)}: put each notebook in a folder named after "
+              "its student")
     return sorted(p for p in submissions.iterdir() if p.is_dir() and not p.name.startswith("."))
 
 
@@ -160,7 +187,7 @@ def match_student(folder: Path,
         if nn is None:
             unknown.append(Row(folder.name, "", file, "", UNKNOWN))
         elif nn in matched:
-            print(f"note: {folder.name}: {file} is a second notebook for {nn}; graded "
+            print(f"note: {shown(folder.name)}: {shown(file)} is a second notebook for {nn}; graded "
                   f"{matched[nn].relative_to(folder).as_posix()}")
         else:
             matched[nn] = path
@@ -168,6 +195,12 @@ def match_student(folder: Path,
 
 
 # --- running one notebook ------------------------------------------------------------------------
+
+
+def shown(name: str) -> str:
+    """A file or folder name as text any terminal prints (bytes that are not UTF-8, kept by
+    the file system as surrogates, become U+FFFD)."""
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 
 def _one_line(text: str) -> str:
@@ -246,9 +279,10 @@ def _find_checks(nb, solution: Solution) -> dict[str, int]:
 
 def grade_notebook(student: str, path: Path, solution: Solution, budget: Budget, level: str,
                    file: str, deadline: float) -> list[Row]:
-    """One row per check of ``solution`` for the student's notebook at ``path``."""
+    """One row per check and written answer of ``solution`` for the student's notebook."""
     def row(check: Check, message: str) -> Row:
-        return Row(student, solution.name, file, check.grade_id, message)
+        return Row(student, solution.name, file, check.grade_id, message, check.title,
+                   check.points)
 
     try:
         nb = read_notebook(path)
@@ -257,6 +291,7 @@ def grade_notebook(student: str, path: Path, solution: Solution, budget: Budget,
         return [row(check, problem) for check in solution.checks]
     clear_outputs(nb)
     found = _find_checks(nb, solution)
+    answers = [_written_row(student, solution, file, nb, w) for w in solution.written]
     for check in solution.checks:
         if check.grade_id in found:
             cell = nb.cells[found[check.grade_id]]
@@ -276,7 +311,47 @@ def grade_notebook(student: str, path: Path, solution: Solution, budget: Budget,
         index = found[check.grade_id]
         return _verdict(index, starts[index], errors, stopped)
 
-    return [row(check, message(check)) for check in solution.checks]
+    messages = {c.grade_id: message(c) for c in solution.checks}
+    _name_the_root_cause(messages, _setup_failure(nb, solution, errors))
+    return [row(check, messages[check.grade_id]) for check in solution.checks] + answers
+
+
+def _setup_failure(nb, solution: Solution, errors: dict[int, str]) -> tuple[int, str] | None:
+    """(index, error) of the first setup cell (before every exercise) that failed."""
+    setup = set(solution.setup_ids)
+    failed = [i for i in sorted(errors) if nb.cells[i].get("id") in setup]
+    return (failed[0], errors[failed[0]]) if failed else None
+
+
+def _name_the_root_cause(messages: dict[str, str], root: tuple[int, str] | None) -> None:
+    """A failed setup cell is shown once, on the first failed exercise; the later failures
+    point to it (their own errors, often a NameError, follow from it)."""
+    if root is None:
+        return
+    index, error = root
+    first = None
+    for grade_id, text in messages.items():
+        if not text:
+            continue
+        if first is None:
+            messages[grade_id] = (f"setup cell {index} failed: {error}; fix it first: the "
+                                  "exercises after it need what it defines")
+            first = grade_id
+        else:
+            messages[grade_id] = f"setup cell {index} failed (see {first}); here: {text}"
+
+
+def _written_row(student: str, solution: Solution, file: str, nb, written: Written) -> Row:
+    """The student's written answer: the cell's text, less the question handed out."""
+    cell = next((c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id")
+                 == written.grade_id), None) or \
+        next((c for c in nb.cells if c.get("id") == written.cell_id), None)
+    text = "" if cell is None else cell.source
+    prompt_lines = [line for line in written.prompt.splitlines() if line.strip()]
+    answer = [line for line in text.splitlines()
+              if line.strip() and line not in prompt_lines and line.strip() != MD_ANSWER]
+    return Row(student, solution.name, file, written.grade_id, "", written.title,
+               written.points, BY_HAND, "\n".join(answer))
 
 
 # --- a folder of submissions ---------------------------------------------------------------------
@@ -294,9 +369,9 @@ def _wanted(notebook: str | None, solutions: dict[str, Solution],
 
 
 def grade(submissions: Path, solutions: Path | None = None, notebook: str | None = None,
-          budget: Budget = Budget()) -> tuple[list[Row], str]:
-    """(rows for every student and exercise, the isolation level used); prints one line per
-    graded notebook."""
+          budget: Budget = Budget()) -> tuple[list[Row], str, dict[str, float]]:
+    """(rows for every student and exercise, the isolation level used, seconds per student);
+    prints one line per graded notebook."""
     budget.check()
     level = choose_level(budget.isolation)
     known = load_solutions(solutions)
@@ -309,15 +384,16 @@ def grade(submissions: Path, solutions: Path | None = None, notebook: str | None
               solutions_dir(), *_teacher_folders())
     budget = dataclasses.replace(budget, hidden=tuple(dict.fromkeys(hidden)))
     print(f"isolation: {describe(level)}")
-    rows = []
+    rows, seconds = [], {}
     for folder in folders:
-        student, student_deadline = folder.name, time.monotonic() + budget.student
+        student, start = folder.name, time.monotonic()
         for nn in wanted:
-            deadline = min(time.monotonic() + budget.notebook, student_deadline)
+            deadline = min(time.monotonic() + budget.notebook, start + budget.student)
             rows += _grade_one(student, matched[student].get(nn), folder, known[nn], budget,
                                level, deadline)
         rows += unknown[student] if notebook is None else []
-    return rows, level
+        seconds[student] = time.monotonic() - start
+    return rows, level, seconds
 
 
 def _teacher_folders() -> list[Path]:
@@ -330,7 +406,7 @@ def _grade_one(student: str, path: Path | None, folder: Path, solution: Solution
                budget: Budget, level: str, deadline: float) -> list[Row]:
     """Rows for one student and notebook; a problem grading it never stops the others."""
     if path is None:
-        return [Row(student, solution.name, "", c.grade_id, "not submitted")
+        return [Row(student, solution.name, "", c.grade_id, "not submitted", c.title, c.points)
                 for c in solution.checks]
     file = path.relative_to(folder).as_posix()
     start = time.monotonic()
@@ -338,50 +414,13 @@ def _grade_one(student: str, path: Path | None, folder: Path, solution: Solution
         rows = grade_notebook(student, path, solution, budget, level, file, deadline)
     except Exception as err:  # a kernel that will not start, a broken cell structure, ...
         rows = [Row(student, solution.name, file, c.grade_id,
-                    _one_line(f"not graded: {type(err).__name__}: {err}"))
+                    _one_line(f"not graded: {type(err).__name__}: {err}"), c.title, c.points)
                 for c in solution.checks]
-    passed = sum(not r.message for r in rows)
-    print(f"graded {student}/{file} as {solution.name}: {passed}/{len(rows)} passed "
-          f"({time.monotonic() - start:.0f} s)")
+    rows_auto = [r for r in rows if r.kind != BY_HAND]
+    passed = sum(not r.message for r in rows_auto)
+    print(f"graded {shown(student)}/{shown(file)} as {solution.name}: "
+          f"{passed}/{len(rows_auto)} passed ({time.monotonic() - start:.0f} s)")
     return rows
-
-
-# --- tables --------------------------------------------------------------------------------------
-
-
-def to_csv(rows: list[Row]) -> str:
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(COLUMNS)
-    writer.writerows(r.values() for r in rows)
-    return buffer.getvalue()
-
-
-def to_markdown(rows: list[Row], level: str) -> str:
-    def line(values) -> str:
-        return "| " + " | ".join(v.replace("|", "\\|") for v in values) + " |"
-    return "\n".join([f"Graded in isolation level {describe(level)}.", "", line(COLUMNS),
-                      "|" + "---|" * len(COLUMNS)] + [line(r.values()) for r in rows]) + "\n"
-
-
-def _check_out(out: Path) -> None:
-    if Path(out).exists() and not Path(out).is_dir():
-        raise ExerciseError(f"--out={out} is not allowed: expected a folder for grades.csv and "
-                            "grades.md")
-
-
-def write_tables(rows: list[Row], out: Path, level: str) -> tuple[Path, Path]:
-    """Write ``grades.csv`` and ``grades.md`` into ``out``, each whole or not at all (a file
-    beside it, then renamed over the old one); return their paths."""
-    out = Path(out)
-    _check_out(out)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = out / "grades.csv", out / "grades.md"
-    for path, text in zip(paths, (to_csv(rows), to_markdown(rows, level)), strict=True):
-        partial = path.with_name(f".{path.name}.partial")
-        partial.write_text(text, encoding="utf-8", errors="surrogateescape")
-        os.replace(partial, path)
-    return paths
 
 
 # --- command line --------------------------------------------------------------------------------
@@ -414,17 +453,18 @@ def main(argv: list[str] | None = None) -> int:
     """``exercises grade``: grade, write the tables, say what was graded; 2 on a usage error."""
     args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
     try:
-        _check_out(args.out)   # before minutes of grading
+        check_out(args.out)   # before minutes of grading
         budget = Budget(cell=args.cell_timeout, notebook=args.notebook_timeout,
                         student=args.student_timeout, isolation=args.isolation,
                         hidden=(args.out.resolve(),))
-        rows, level = grade(args.submissions, args.solutions, args.notebook, budget)
-        csv_path, md_path = write_tables(rows, args.out, level)
-    except (ExerciseError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
+        rows, level, seconds = grade(args.submissions, args.solutions, args.notebook, budget)
+        csv_path, md_path, answers_path = write_tables(rows, args.out, level, seconds)
+    except (ExerciseError, SandboxError) as err:
+        print(f"error: {shown(str(err))}", file=sys.stderr)
         return 2
     students = len({r.student for r in rows})
-    passed = sum(not r.message for r in rows)
-    print(f"{passed}/{len(rows)} checks passed for {students} student(s); wrote {csv_path} "
-          f"and {md_path}")
+    auto = [r for r in rows if r.kind != BY_HAND]
+    passed = sum(not r.message for r in auto)
+    print(shown(f"{passed}/{len(auto)} checks passed for {students} student(s); wrote "
+                f"{csv_path}, {md_path} and {answers_path}"))
     return 0

@@ -36,6 +36,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 LEVELS = ("auto", "bubblewrap", "process")
+
+
+class SandboxError(ValueError):
+    """No sandbox of the level asked for can be made here (the message says what to do)."""
 GiB = 1 << 30
 TOKEN_VARIABLE = "BLOCKMEM_GRADE_RUN"
 
@@ -74,14 +78,14 @@ def bubblewrap_works() -> bool:
 def choose_level(wanted: str = "auto") -> str:
     """The level to grade at: ``auto`` takes bubblewrap where it works, else ``process``."""
     if wanted not in LEVELS:
-        raise ValueError(f"--isolation={wanted} is not allowed: expected one of "
+        raise SandboxError(f"--isolation={wanted} is not allowed: expected one of "
                          f"{', '.join(LEVELS)}")
     if shutil.which("prlimit") is None:
-        raise ValueError("grading needs prlimit (util-linux) to limit a notebook's memory, "
+        raise SandboxError("grading needs prlimit (util-linux) to limit a notebook's memory, "
                          "file size and CPU time: install util-linux")
     works = wanted != "process" and bubblewrap_works()
     if wanted == "bubblewrap" and not works:
-        raise ValueError("--isolation=bubblewrap is not available here: bwrap is missing or "
+        raise SandboxError("--isolation=bubblewrap is not available here: bwrap is missing or "
                          "may not create namespaces (install bubblewrap; in a container, allow "
                          "user namespaces), or choose --isolation=process")
     return "bubblewrap" if works else "process"

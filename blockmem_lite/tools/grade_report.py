@@ -1,0 +1,138 @@
+"""The grade tables of ``exercises grade``: what a teacher reads and imports.
+
+- ``grades.csv``: one row per student and exercise: student, notebook, file, exercise
+  (grade_id), title, points, score, result (passed | failed | by hand), message.
+- ``grades.md``: the isolation level used, then per student the score of each notebook, the
+  total, the points possible and the time grading took; then every row.
+- ``written_answers.md``: each written ("Explain") answer, question by question, for
+  grading by hand (their points are not in the totals).
+
+Each file is replaced whole (written beside it, then renamed), so an interrupted or failed
+run never leaves a half-written table over the last good one; any file name is written.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from blockmem_lite.tools.exercises import ExerciseError
+from blockmem_lite.tools.sandbox import describe
+
+COLUMNS = ("student", "notebook", "file", "exercise", "title", "points", "score", "result",
+           "message")
+BY_HAND = "by hand"
+
+
+@dataclass(frozen=True)
+class Row:
+    """One student's result on one exercise (``kind`` "auto": a check cell; ``BY_HAND``: a
+    written answer, its text in ``answer``)."""
+
+    student: str
+    notebook: str
+    file: str
+    exercise: str
+    message: str = ""          # empty when passed (auto rows)
+    title: str = ""
+    points: float = 0
+    kind: str = "auto"
+    answer: str = ""
+
+    @property
+    def result(self) -> str:
+        if self.kind == BY_HAND:
+            return BY_HAND
+        return "failed" if self.message else "passed"
+
+    @property
+    def score(self) -> float | None:
+        """Points earned; None for a written answer (a teacher grades it)."""
+        if self.kind == BY_HAND:
+            return None
+        return self.points if self.result == "passed" else 0
+
+    def values(self) -> tuple[str, ...]:
+        return (self.student, self.notebook, self.file, self.exercise, self.title,
+                _number(self.points) if self.exercise else "",
+                "" if self.score is None or not self.exercise else _number(self.score),
+                self.result, self.message)
+
+
+def _number(value: float) -> str:
+    return f"{value:g}"
+
+
+def to_csv(rows: list[Row]) -> str:
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(COLUMNS)
+    writer.writerows(r.values() for r in rows)
+    return buffer.getvalue()
+
+
+def _md_line(values) -> str:
+    return "| " + " | ".join(str(v).replace("|", "\\|") for v in values) + " |"
+
+
+def totals_table(rows: list[Row], seconds: dict[str, float]) -> str:
+    """Per student: the score of each notebook (auto-graded points), total, possible, time."""
+    notebooks = sorted({r.notebook for r in rows if r.notebook})
+    header = ["student", *notebooks, "total", "of", "time"]
+    lines = [_md_line(header), "|" + "---|" * len(header)]
+    for student in dict.fromkeys(r.student for r in rows):
+        mine = [r for r in rows if r.student == student and r.kind != BY_HAND and r.exercise]
+        cells = [_number(sum(r.score for r in mine if r.notebook == nb)) for nb in notebooks]
+        total, possible = sum(r.score for r in mine), sum(r.points for r in mine)
+        lines.append(_md_line([student, *cells, _number(total), _number(possible),
+                               f"{seconds.get(student, 0):.0f} s"]))
+    return "\n".join(lines)
+
+
+def to_markdown(rows: list[Row], level: str, seconds: dict[str, float] | None = None) -> str:
+    by_hand = sum(r.kind == BY_HAND for r in rows)
+    parts = [f"Graded in isolation level {describe(level)}.", "",
+             "## Totals (automatically graded points)", "", totals_table(rows, seconds or {}),
+             "", f"{by_hand} written answer(s) to grade by hand: written_answers.md." if by_hand
+             else "No written answers.", "", "## Every exercise", "", _md_line(COLUMNS),
+             "|" + "---|" * len(COLUMNS), *(_md_line(r.values()) for r in rows)]
+    return "\n".join(parts) + "\n"
+
+
+def written_answers(rows: list[Row]) -> str:
+    """The written answers, question by question, each student's text quoted."""
+    out = ["# Written answers, to grade by hand", ""]
+    questions = dict.fromkeys((r.notebook, r.exercise, r.title, r.points)
+                              for r in rows if r.kind == BY_HAND)
+    for notebook, exercise, title, points in questions:
+        out += [f"## {notebook} · {title or exercise} ({_number(points)} point(s), {exercise})",
+                ""]
+        for r in rows:
+            if r.kind == BY_HAND and (r.notebook, r.exercise) == (notebook, exercise):
+                text = r.answer.strip() or "(no answer written)"
+                out += [f"### {r.student}", "", *(f"> {line}" for line in text.splitlines()), ""]
+    return "\n".join(out) + "\n"
+
+
+def check_out(out: Path) -> None:
+    if Path(out).exists() and not Path(out).is_dir():
+        raise ExerciseError(f"--out={out} is not allowed: expected a folder for grades.csv and "
+                            "grades.md")
+
+
+def write_tables(rows: list[Row], out: Path, level: str,
+                 seconds: dict[str, float] | None = None) -> tuple[Path, ...]:
+    """Write grades.csv, grades.md and written_answers.md into ``out``; return their paths."""
+    out = Path(out)
+    check_out(out)
+    out.mkdir(parents=True, exist_ok=True)
+    texts = {"grades.csv": to_csv(rows), "grades.md": to_markdown(rows, level, seconds),
+             "written_answers.md": written_answers(rows)}
+    for name, text in texts.items():
+        partial = out / f".{name}.partial"
+        partial.write_text(text, encoding="utf-8", errors="surrogateescape")
+        os.replace(partial, out / name)
+    return tuple(out / name for name in texts)
