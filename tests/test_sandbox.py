@@ -174,7 +174,8 @@ def test_the_minimal_environment_holds_nothing_of_the_teacher(tmp_path, monkeypa
     assert env["BLOCKMEM_FAST"] == "1" and env[sandbox.TOKEN_VARIABLE] == "token"
     assert set(env) <= {"PATH", "HOME", "LANG", "PYTHONHASHSEED", "BLOCKMEM_FAST",
                         "BLOCKMEM_HEADLESS", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE",
-                        "OMP_WAIT_POLICY", "MPLBACKEND", "BLOCKMEM_DATA", sandbox.TOKEN_VARIABLE}
+                        "OMP_WAIT_POLICY", "MPLBACKEND", "BLOCKMEM_DATA", "PYTHONPATH",
+                        sandbox.TOKEN_VARIABLE}
 
 
 def test_a_notebook_and_a_student_have_a_time_limit(tmp_path):
@@ -219,3 +220,70 @@ def test_grades_are_replaced_whole_and_any_file_name_is_written(tmp_path):
     assert os.fsencode(name) in (tmp_path / "grades.csv").read_bytes()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["grades.csv", "grades.md",
                                                            "written_answers.md"]
+
+
+# --- a kernel a student's cell tampered with, reset before each check ------------------------
+
+KIT_CHECK_SOLUTION = (
+    "from blockmem_lite.checks import check_equal\nbase = 40",
+    "def add(a, b):\n    ### BEGIN SOLUTION\n    return a + b\n    ### END SOLUTION",
+    "check_equal(add(base, 2), 42, 'add(40, 2)')")
+WRONG = "def add(a, b):\n    return a - b\n"
+TRICKS = {   # each after a wrong answer; each makes an unprotected grader see no error
+    "a custom exception handler hides the error":
+        "get_ipython().set_custom_exc((Exception,), lambda *args, **kwargs: None)",
+    "the check helper redefined": "def check_equal(*args, **kwargs):\n    print('OK')",
+    "the kit's function patched in place":
+        "import blockmem_lite.checks as kit\nkit.check_equal.__code__ = "
+        "(lambda *args, **kwargs: None).__code__",
+    "an input transformer rewrites the check":
+        "get_ipython().input_transformers_post.append(lambda lines: ['pass\\n'])",
+    "an AST transformer empties the check":
+        "import ast\nclass Empty(ast.NodeTransformer):\n    def visit_Module(self, node):\n"
+        "        return ast.Module(body=[ast.Pass()], type_ignores=[])\n"
+        "get_ipython().ast_transformers.append(Empty())",
+    "a post-run callback clears the error output":
+        "from IPython.display import clear_output\n"
+        "get_ipython().events.register('post_run_cell', lambda result: clear_output())",
+}
+
+
+def _kit_check_notebooks():
+    from nbformat.v4 import new_code_cell, new_notebook
+
+    cells = [new_code_cell(src) for src in KIT_CHECK_SOLUTION]
+    cells[2].metadata["tags"] = ["check"]
+    for i, cell in enumerate(cells):
+        cell.id = f"k{i}"
+    solution = new_notebook(cells=cells)
+    students = {}
+    for k, (what, trick) in enumerate(TRICKS.items()):
+        nb = make_exercise(solution, NAME)
+        nb.cells[1].source = WRONG + trick
+        students[f"s{k}"] = (what, nb)
+    honest = make_exercise(solution, NAME)
+    honest.cells[1].source = "def add(a, b):\n    return a + b"
+    return solution, students, honest
+
+
+def test_each_tampering_trick_would_fool_an_unprotected_run():
+    """Teeth: run as a plain nbclient run judged by its outputs, every trick passes."""
+    from nbclient import NotebookClient
+
+    _, students, _ = _kit_check_notebooks()
+    for what, nb in students.values():
+        NotebookClient(nb, timeout=120, allow_errors=True, kernel_name="python3").execute()
+        errors = [o for c in nb.cells for o in c.get("outputs", []) if o.output_type == "error"]
+        assert not errors, f"{what}: the trick did not hide the failure"
+
+
+def test_the_grader_resets_the_kernel_and_judges_by_the_reply(tmp_path):
+    solution, students, honest = _kit_check_notebooks()
+    _write(solution, tmp_path / "solutions" / NAME)
+    for name, (_, nb) in students.items():
+        _write(nb, tmp_path / "subs" / name / NAME)
+    _write(honest, tmp_path / "subs" / "z_honest" / NAME)
+    result = _grade(tmp_path / "subs", tmp_path / "solutions", tmp_path / "grades", "auto")
+    for name, (what, _) in students.items():
+        assert result[(name, "nb01-k2")] == "failed", what
+    assert result[("z_honest", "nb01-k2")] == "passed"

@@ -215,15 +215,56 @@ def _error(cell) -> str | None:
     return None
 
 
-def execute(nb, sandbox: Sandbox, cell_timeout: int,
-            deadline: float) -> tuple[dict[int, str], int | None]:
+# Run silently before every check cell: what a student's cell may have changed in the
+# kernel goes back to the kit's. IPython's hooks (a custom exception handler hides an
+# error's output; input and AST transformers rewrite the check's source; pre-run callbacks
+# run code first), and the check helpers: checks and own_work are imported afresh from the
+# kit's read-only files and every name the notebook holds of them is bound to the fresh one
+# (a redefined or patched check_close, or checks._calls_into, is gone).
+RESET_BEFORE_A_CHECK = """\
+def _blockmem_grader_reset():
+    import importlib, sys
+    from IPython.core.getipython import get_ipython as kernel  # not the notebook's name
+    from IPython.core.inputtransformer2 import TransformerManager
+    shell = kernel()
+    shell.custom_exceptions, shell.CustomTB = (), None
+    shell.input_transformer_manager = TransformerManager()
+    shell.input_transformers_post, shell.ast_transformers = [], []
+    for event in ("pre_execute", "pre_run_cell", "post_execute", "post_run_cell"):
+        shell.events.callbacks[event] = [
+            c for c in shell.events.callbacks[event] if not event.startswith("pre_")
+            and getattr(c, "__module__", "").startswith("blockmem_lite.")]
+    fresh = []
+    for name in ("blockmem_lite.checks", "blockmem_lite.own_work"):
+        sys.modules.pop(name, None)
+        fresh.append(importlib.import_module(name))
+    for module in fresh:
+        for key, value in vars(module).items():
+            if not key.startswith("_") and key in shell.user_ns:
+                shell.user_ns[key] = value
+_blockmem_grader_reset()
+"""
+
+
+RESET_TIMEOUT_S = 120
+
+
+def execute(nb, sandbox: Sandbox, cell_timeout: int, deadline: float,
+            checks: frozenset[int] = frozenset()) -> tuple[dict[int, str], int | None]:
     """Run ``nb`` cell by cell in a fresh kernel inside ``sandbox`` until ``deadline``
-    (``time.monotonic``): (errors by cell index, index it stopped at)."""
+    (``time.monotonic``): (errors by cell index, index it stopped at). Before each cell of
+    ``checks`` the kernel is reset (``RESET_BEFORE_A_CHECK``); a cell fails when its reply
+    says so, whatever its outputs show."""
     from nbclient import NotebookClient
     from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
+    replies = {}
+
+    def record(cell, cell_index, execute_reply):
+        replies[cell_index] = execute_reply.get("content", {})
+
     client = NotebookClient(nb, km=sandbox.kernel_manager(), timeout=cell_timeout,
-                            allow_errors=True,
+                            allow_errors=True, on_cell_executed=record,
                             shutdown_kernel="immediate",   # kills a kernel stuck in a loop
                             resources={"metadata": {"path": str(sandbox.work)}})
     errors = {}
@@ -238,6 +279,12 @@ def execute(nb, sandbox: Sandbox, cell_timeout: int,
                 return errors, i
             client.timeout = min(cell_timeout, int(left))
             try:
+                if i in checks and not _reset_kernel(client, min(max(cell_timeout,
+                                                                      RESET_TIMEOUT_S), left)):
+                    errors[i] = ("the kernel could not be reset before this check (were "
+                                 "IPython or the kit's imports tampered with?)")
+                    continue
+                client.timeout = min(cell_timeout, max(1, int(deadline - time.monotonic())))
                 client.execute_cell(cell, i)
             except CellTimeoutError:
                 errors[i] = (f"timed out after {client.timeout} s; the kernel was killed"
@@ -247,9 +294,40 @@ def execute(nb, sandbox: Sandbox, cell_timeout: int,
             except DeadKernelError:
                 errors[i] = "the kernel died (a crash, os._exit or out of memory?)"
                 return errors, i
-            if (error := _error(cell)) is not None:
+            if (error := _error(cell) or _failed_reply(replies.get(i))) is not None:
                 errors[i] = error
     return errors, None
+
+
+# The reset is not run as a cell (a student's input or AST transformer would rewrite it, a
+# name in the notebook could shadow ``exec``): it is a user expression of an empty request,
+# which IPython evaluates as it is, and it reaches ``exec`` through the builtins of a kit-free
+# class, not through any name the notebook can rebind.
+_REAL_BUILTINS = ("[c for c in ().__class__.__base__.__subclasses__() "
+                  "if c.__name__ == 'catch_warnings'][0]()._module.__builtins__")
+RESET_EXPRESSION = (f"(lambda b: b['exec']({RESET_BEFORE_A_CHECK!r}, "
+                    f"{{'__builtins__': b}}))({_REAL_BUILTINS})")
+
+
+def _reset_kernel(client, timeout: float) -> bool:
+    """Reset the kernel (``RESET_BEFORE_A_CHECK``) silently; True if it worked. It may import
+    torch afresh, so it has its own time limit, not the cell's."""
+    client.timeout = int(timeout)
+    msg_id = client.kc.execute("", silent=True, store_history=False,
+                               user_expressions={"reset": RESET_EXPRESSION})
+    reply = client.wait_for_reply(msg_id)
+    content = reply["content"] if reply else {}
+    return content.get("status") == "ok" and \
+        content.get("user_expressions", {}).get("reset", {}).get("status") == "ok"
+
+
+def _failed_reply(content: dict | None) -> str | None:
+    """``Name: message`` when the kernel replied that the cell failed (an error whose
+    output a handler hid, say); None when it replied ok."""
+    if not content or content.get("status") == "ok":
+        return None
+    name, value = content.get("ename", "Error"), content.get("evalue", "")
+    return _one_line(f"{name}: {value} (the kernel reported an error that showed no output)")
 
 
 def _verdict(index: int, start: int, errors: dict[int, str], stopped: int | None) -> str:
@@ -300,7 +378,8 @@ def grade_notebook(student: str, path: Path, solution: Solution, budget: Budget,
             cell.setdefault("execution_count", None)
     with Sandbox(level, budget.limits, budget.hidden) as sandbox:
         write_notebook(nb, sandbox.work / path.name)      # the private copy it runs beside
-        errors, stopped = execute(nb, sandbox, budget.cell, deadline)
+        errors, stopped = execute(nb, sandbox, budget.cell, deadline,
+                                  frozenset(found.values()))
     order = sorted(found.values())   # an exercise: the cells after the previous check cell
     starts = {index: order[k - 1] + 1 if k else 0 for k, index in enumerate(order)}
 

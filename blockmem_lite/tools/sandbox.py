@@ -108,8 +108,9 @@ def minimal_environment(home: Path, token: str) -> dict[str, str]:
            "BLOCKMEM_FAST": "1", "BLOCKMEM_HEADLESS": "1", "HF_HUB_OFFLINE": "1",
            "HF_DATASETS_OFFLINE": "1", "OMP_WAIT_POLICY": "PASSIVE", "MPLBACKEND": "agg",
            TOKEN_VARIABLE: token}
-    if "BLOCKMEM_DATA" in os.environ:       # the kit's data folder, when the teacher moved it
-        env["BLOCKMEM_DATA"] = os.environ["BLOCKMEM_DATA"]
+    for name in ("BLOCKMEM_DATA", "PYTHONPATH"):   # where the teacher put the data, the kit
+        if name in os.environ:
+            env[name] = os.environ[name]
     return env
 
 
@@ -149,7 +150,10 @@ class Sandbox:
         if self.level != "bubblewrap":
             return limited
         args = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
-                "--tmpfs", "/tmp", "--bind", str(self.root), str(self.root)]
+                "--tmpfs", "/tmp"]
+        for needed in _interpreter_and_kit():      # read-only again where /tmp held them
+            args += ["--ro-bind", str(needed), str(needed)]
+        args += ["--bind", str(self.root), str(self.root)]
         for folder in self.hidden:
             if Path(folder).is_dir() and not self.root.is_relative_to(folder):
                 args += ["--tmpfs", str(Path(folder).resolve())]
@@ -182,6 +186,19 @@ class Sandbox:
                 os.kill(pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
+
+
+def _interpreter_and_kit() -> list[Path]:
+    """The folders under /tmp a kernel needs (the kit, the virtual environment, the
+    interpreter's installation): the sandbox's empty /tmp would hide them."""
+    kit = Path(__file__).resolve().parents[2]          # the repository (or site-packages)
+    places = {kit, Path(sys.prefix), Path(sys.base_prefix), Path(sys.exec_prefix),
+              Path(sys.executable).resolve().parent,
+              *(Path(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)}
+    tmp = Path("/tmp").resolve()
+    inside = sorted(p.resolve() for p in places
+                    if p.resolve().is_relative_to(tmp) and p.resolve().exists())
+    return [p for p in inside if not any(p != q and p.is_relative_to(q) for q in inside)]
 
 
 def _processes_with(variable: str, value: str) -> list[int]:
