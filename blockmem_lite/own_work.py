@@ -52,6 +52,18 @@ def _names_used(code) -> set[str]:
     return names
 
 
+STUB_PREFIX = "Exercise: "     # the message of the raise that ``exercises build`` writes
+
+
+def _still_a_stub(piece) -> bool:
+    """True while ``piece`` (or a method of it) still raises the exercise's NotImplementedError."""
+    def stub(code) -> bool:
+        raises = "NotImplementedError" in code.co_names and any(
+            isinstance(c, str) and c.startswith(STUB_PREFIX) for c in code.co_consts)
+        return raises or any(stub(c) for c in code.co_consts if hasattr(c, "co_names"))
+    return any(stub(f.__code__) for f in _functions_of(piece))
+
+
 def _attributes_used(code) -> set[str]:
     """The attribute names the code object (and the code nested in it) loads: ``x.name``."""
     names = {i.argval for i in dis.get_instructions(code)
@@ -152,6 +164,10 @@ def check_own_work(piece, *library, name: str | None = None) -> None:
     # too common to refuse by name, so methods are caught by identity only
     by_name = {p.__name__: named[id(p)] for p in library
                if hasattr(p, "__name__") and "." not in getattr(p, "__qualname__", "")}
+    if _still_a_stub(piece):          # no "OK ... your own code" for an answer not written
+        raise _failure(label, "not written yet",
+                       "it still raises the exercise's NotImplementedError: write your answer "
+                       "in its place, run that cell, then this check")
     used = _calls_into(piece, named, by_name, set())
     if used is not None:
         short = used.rsplit(".", 1)[-1]

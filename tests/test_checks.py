@@ -564,3 +564,30 @@ def test_check_plugged_in_says_when_nothing_was_replaced_or_weights_differ():
         swap_modules(_tiny_bcmt(), _bcmt.BCMTLayer, lambda old: Renamed())
     with pytest.raises(ValueError, match="batches=.* is not allowed"):
         check_plugged_in(_tiny_bcmt, _plug(_SameLayer), _batches(1), "one batch")
+
+
+def _stub_function(n, alpha):
+    raise NotImplementedError("Exercise: write the missing code here (see the instructions above)")
+
+
+class _StubLayer(torch.nn.Module):
+    def forward(self, m):
+        # HINT: shift by one block
+        raise NotImplementedError("Exercise: replace this line with your code (the HINT above "
+                                  "says where to start)")
+
+
+@pytest.mark.parametrize("stub", [_stub_function, _StubLayer], ids=["function", "class"])
+def test_check_own_work_says_a_blank_stub_is_not_written_and_never_ok(stub, capsys):
+    with pytest.raises(CheckFailed, match="not written yet"):
+        check_own_work(stub, _bcmt.decay_weights)
+    assert "OK" not in capsys.readouterr().out
+
+
+def test_an_answer_that_raises_its_own_not_implemented_error_is_not_a_stub(capsys):
+    def own(n, alpha):
+        if n < 0:
+            raise NotImplementedError("negative sizes")
+        return _own_decay(n, alpha)
+    check_own_work(own, _bcmt.decay_weights)
+    assert "OK own: your own code" in capsys.readouterr().out

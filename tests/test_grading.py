@@ -94,7 +94,7 @@ bob,01_sums,01_sums.ipynb,nb01-c3,Sums,1,0,failed,"AssertionError: add: expected
 bob,01_sums,01_sums.ipynb,nb01-c5,Sums,1,1,passed,
 carol,01_sums,01_sums.ipynb,nb01-c3,Sums,1,0,failed,01_sums.ipynb is not a valid notebook: Expecting value: line 1 column 12 (char 11)
 carol,01_sums,01_sums.ipynb,nb01-c5,Sums,1,0,failed,01_sums.ipynb is not a valid notebook: Expecting value: line 1 column 12 (char 11)
-dave,01_sums,01_sums.ipynb,nb01-c3,Sums,1,0,failed,cell 2: timed out after 2 s; the kernel was killed
+dave,01_sums,01_sums.ipynb,nb01-c3,Sums,1,0,failed,cell 2: timed out after 5 s; the kernel was killed
 dave,01_sums,01_sums.ipynb,nb01-c5,Sums,1,0,failed,not run: the kernel was killed at cell 2
 erin,01_sums,01_sums.ipynb,nb01-c3,Sums,1,0,failed,setup cell 1 failed: ZeroDivisionError: division by zero; fix it first: the exercises after it need what it defines
 erin,01_sums,01_sums.ipynb,nb01-c5,Sums,1,1,passed,
@@ -111,7 +111,7 @@ heidi,,Untitled.ipynb,,,,,failed,cannot tell which exercise this is: keep the NN
 def test_grade_copes_with_every_kind_of_submission(tmp_path, solutions, capsys):
     subs, out = _submissions(tmp_path), tmp_path / "grades"
     assert cli_main(["exercises", "grade", str(subs), "--solutions", str(solutions),
-                     "--out", str(out), "--cell-timeout", "2"]) == 0
+                     "--out", str(out), "--cell-timeout", "5"]) == 0
     assert (out / "grades.csv").read_text() == EXPECTED_CSV
     md = (out / "grades.md").read_text()
     assert md.startswith("Graded in isolation level ")
