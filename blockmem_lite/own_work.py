@@ -1,4 +1,6 @@
-"""``check_own_work``: an exercise's answer is the learner's own, not the kit's piece it asks for.
+"""Checks that keep an exercise honest: ``check_own_work`` (the answer is the learner's own, not
+the kit's piece it asks for) and ``check_prediction`` (a "predict, then test" answer is judged
+without showing the right value).
 
 Checks that compare with the library cannot tell the library's answer from the learner's, so
 an exercise notebook runs this before them. It reads the answer's bytecode (globals, attribute
@@ -14,7 +16,20 @@ import dis
 import functools
 import inspect
 
-from blockmem_lite.checks import _failure, _not_allowed, _ok, _require_text
+import torch
+
+from blockmem_lite.checks import (
+    CheckFailed,
+    _all_close,
+    _as_tensor,
+    _failure,
+    _is_array,
+    _not_allowed,
+    _ok,
+    _plain_equal,
+    _require_text,
+    _tolerances,
+)
 
 
 def _library_names(library) -> dict[int, str]:
@@ -180,3 +195,28 @@ def check_own_work(piece, *library, name: str | None = None) -> None:
                        "this exercise, to check or to compare)")
     _ok(f"{label}: your own code (it does not call the kit's "
         f"{', '.join(sorted(n.rsplit('.', 1)[-1] for n in named.values()))})")
+
+
+def check_prediction(predicted, actual, name: str = "your prediction", hint: str = "",
+                     atol: float | None = None, rtol: float | None = None) -> None:
+    """``predicted`` (what the learner predicted) equals ``actual`` (what the code does), and a
+    wrong prediction is told so without the right value: it is the learner's to reason out,
+    and a check that printed it would answer the exercise. Tensors and arrays compare within
+    the dtype's tolerance (or ``atol`` / ``rtol``), everything else exactly."""
+    _require_text("name", name)
+    _require_text("hint", hint, empty_ok=True)
+    if _is_array(predicted) or _is_array(actual) or isinstance(predicted, torch.Tensor):
+        got, want = _as_tensor(predicted, name, "got"), _as_tensor(actual, name, "expected")
+        right = got.shape == want.shape and _all_close(got, want, *_tolerances(got, want, atol,
+                                                                               rtol))
+    else:
+        try:
+            right = _plain_equal(predicted, actual, name)
+        except CheckFailed:            # its message would describe the right value
+            right = False
+    if not right:
+        raise _failure(name, "does not match what the code does",
+                       "the right value is not shown: a prediction is yours to reason out",
+                       *([hint] if hint else []),
+                       "think it through again, change your prediction, then run this check")
+    _ok(f"{name}: your prediction matches what the code does")

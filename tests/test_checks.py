@@ -591,3 +591,25 @@ def test_an_answer_that_raises_its_own_not_implemented_error_is_not_a_stub(capsy
         return _own_decay(n, alpha)
     check_own_work(own, _bcmt.decay_weights)
     assert "OK own: your own code" in capsys.readouterr().out
+
+
+# --- check_prediction ------------------------------------------------------------------------
+
+from blockmem_lite.own_work import check_prediction  # noqa: E402
+
+
+@pytest.mark.parametrize("predicted, actual", [
+    ([5, 6, 7], [5, 6, 7]), (0.25, 0.25), (torch.tensor([1.0, 2.0]), torch.tensor([1.0, 2.0 + 1e-9]))])
+def test_a_right_prediction_is_ok(predicted, actual, capsys):
+    check_prediction(predicted, actual, "positions that change")
+    assert capsys.readouterr().out.startswith("OK positions that change: your prediction matches")
+
+
+@pytest.mark.parametrize("predicted, actual", [
+    ([5, 6], [5, 6, 7311]), (0.5, 0.7311), (torch.tensor([1.0, 2.0]), torch.tensor([1.0, 7311.0])),
+    (torch.ones(2), torch.ones(3) * 7311), ("five", 7311), (None, 7311)])
+def test_a_wrong_prediction_is_told_so_without_the_right_value(predicted, actual):
+    with pytest.raises(CheckFailed) as err:
+        check_prediction(predicted, actual, "the horizon", hint="which blocks weigh most?")
+    assert "7311" not in str(err.value) and "which blocks weigh most?" in str(err.value)
+    assert "does not match" in str(err.value) or "got None" in str(err.value)
