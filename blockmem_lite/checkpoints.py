@@ -7,7 +7,8 @@
   error for a file that is empty, truncated, not a checkpoint or missing parts.
 * ``RunLock``: a lock file naming the process that writes into a folder, so a
   second run cannot overwrite the first one's checkpoint; a lock whose process
-  is gone is stale and taken over.
+  is gone (or whose pid now names another process) is stale and taken over, and
+  a refusal names the lock file and how to clear it.
 * ``prepare_folder``: the output folder is checked before any training
   (creatable, writable, not a file), with a warning when the disk is short.
 * ``is_disk_full``: the errors a full disk raises (``OSError`` ENOSPC, torch's
@@ -29,11 +30,14 @@ from pathlib import Path
 
 import torch
 
+from blockmem_lite.units import human_bytes
+
 CHECKPOINT_NAME = "checkpoint.pt"
 CHECKPOINT_FORMAT = "blockmem_lite.checkpoint/1"
 CHECKPOINT_KEYS = ("format", "model", "optimizer", "step", "epoch", "position", "data_size",
                    "history", "rng", "train_config")
 LOCK_NAME = ".blockmem_run.lock"
+PROC_ROOT = Path("/proc")            # where Linux describes its processes
 
 
 class CheckpointError(ValueError):
@@ -58,6 +62,27 @@ def _pid_alive(pid: int) -> bool:
     except OSError:
         return False
     return True
+
+
+def _process_start(pid: int) -> int | None:
+    """When process ``pid`` started (clock ticks since boot, /proc/<pid>/stat field 22), which
+    tells it from a later process given the same pid; None where /proc cannot say."""
+    try:
+        fields = (PROC_ROOT / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
+        return int(fields[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _may_be_a_run(pid: int) -> bool:
+    """False when live process ``pid`` cannot be a run of this kit: its command line names
+    neither Python (scripts, notebook kernels, torchrun) nor blockmem_lite, e.g. an init
+    process, a shell or ``sleep`` (pid 1 of a container). True where /proc cannot tell."""
+    try:
+        cmdline = (PROC_ROOT / str(pid) / "cmdline").read_bytes().lower()
+    except OSError:
+        return True
+    return b"python" in cmdline or b"blockmem" in cmdline
 
 
 def remove_stale_temps(path: Path) -> list[Path]:
@@ -150,8 +175,10 @@ class RunLocked(RuntimeError):
 class RunLock:
     """``with RunLock(folder):`` one process at a time writes checkpoints into ``folder``.
 
-    The lock file holds the owner's pid, host and start time. A lock left by a
-    process that no longer runs (on this host) is stale and taken over. The same
+    The lock file holds the owner's pid, host, start time and /proc start ticks. A lock
+    left by a process that no longer runs on this host, or whose pid now names another
+    process (a later one, or one that cannot be a run: pid 1 of a container), is stale and
+    taken over; a lock from another host cannot be checked and is left to the user. The same
     process may take the lock again (nested fits); the outermost release frees it.
     """
 
@@ -162,16 +189,42 @@ class RunLock:
         self.path = self.folder / LOCK_NAME
 
     def owner(self) -> dict | None:
+        """The lock file's content (pid, host, started, process_start); None if unreadable."""
         try:
-            return json.loads(self.path.read_text())
+            owner = json.loads(self.path.read_text())
         except (OSError, ValueError):
             return None
+        return owner if isinstance(owner, dict) else None
 
     def _stale(self, owner: dict | None) -> bool:
+        """True when the run that took the lock is gone (checkable on this host only)."""
         if owner is None:
             return True
-        same_host = owner.get("host") == socket.gethostname()
-        return same_host and not _pid_alive(int(owner.get("pid", -1)))
+        if owner.get("host") != socket.gethostname():
+            return False
+        pid = owner.get("pid")
+        if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+            return True                                  # not a lock this kit wrote
+        if not _pid_alive(pid):
+            return True
+        start = _process_start(pid)
+        if owner.get("process_start") is not None and start is not None:
+            return start != owner["process_start"]       # the pid now names another process
+        return not _may_be_a_run(pid)
+
+    def _refusal(self, owner: dict) -> RunLocked:
+        """The error for a lock held by ``owner``: whose it is and how to clear it."""
+        pid, host = owner.get("pid"), owner.get("host")
+        here = socket.gethostname()
+        who = (f"{self.folder} is in use by another run (pid {pid} on {host}, started "
+               f"{owner.get('started')}; lock file {self.path})")
+        if host != here:
+            return RunLocked(f"{who}: that run is on another host ({host}; this is {here}), "
+                             "so it cannot be checked from here. Wait for it to finish, or "
+                             f"choose another output folder; if that run is gone, delete "
+                             f"{self.path}")
+        return RunLocked(f"{who}: process {pid} still runs. Wait for it to finish, or choose "
+                         f"another output folder; if that run is gone, delete {self.path}")
 
     def acquire(self) -> None:
         key = str(self.folder.resolve())
@@ -185,18 +238,18 @@ class RunLock:
             except FileExistsError:
                 owner = self.owner()
                 if not self._stale(owner):
-                    raise RunLocked(
-                        f"{self.folder} is in use by another run (pid {owner.get('pid')} on "
-                        f"{owner.get('host')}, started {owner.get('started')}): wait for it to "
-                        "finish, or choose another output folder") from None
+                    raise self._refusal(owner) from None
                 self.path.unlink(missing_ok=True)            # stale: its process is gone
                 continue
             with os.fdopen(fd, "w") as f:
                 json.dump({"pid": os.getpid(), "host": socket.gethostname(),
-                           "started": time.strftime("%Y-%m-%d %H:%M:%S")}, f)
+                           "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+                           "process_start": _process_start(os.getpid())}, f)
             self._held[key] = 1
             return
-        raise RunLocked(f"could not take the lock {self.path}")
+        raise RunLocked(f"could not take the lock {self.path}: another run took it at the same "
+                        f"moment; if no other run writes into {self.folder}, delete {self.path} "
+                        "and start again")
 
     def release(self) -> None:
         key = str(self.folder.resolve())
@@ -237,7 +290,7 @@ def prepare_folder(folder, expected_bytes: int = 0, name: str = "checkpoint_dir"
                          f"({err.strerror or err})") from None
     free = shutil.disk_usage(folder).free
     if expected_bytes and free < expected_bytes:
-        warnings.warn(f"only {free / 2**20:.0f} MiB free in {folder}; a checkpoint needs about "
-                      f"{expected_bytes / 2**20:.0f} MiB: free some space or checkpoints will "
+        warnings.warn(f"only {human_bytes(free)} free in {folder}; a checkpoint needs about "
+                      f"{human_bytes(expected_bytes)}: free some space or checkpoints will "
                       "fail", UserWarning, stacklevel=3)
     return folder

@@ -15,6 +15,8 @@ How the kit uses it (kit decisions, see ``train`` and docs/DISTRIBUTED.md):
 * same global batch: each of the W processes takes ``batch_size / W`` rows of the global
   batch a single process would draw, and DDP averages the gradients, so the curve is a
   single process's curve (to float rounding);
+* same settings: before any work every process's run settings are compared
+  (``check_same_settings``) and different ones are refused on every process;
 * rank 0 alone writes checkpoints and history, holds the run-folder lock and prints;
   a choice it makes alone (the lock, a file it read) reaches the others through
   ``World.on_main``, an error included, so no process waits for a peer that failed;
@@ -210,6 +212,41 @@ def check_batch_size(batch_size: int, world_size: int) -> int:
                          f"multiple of {world_size}, e.g. {choices} (--set batch_size=N), or "
                          f"start a number of processes that divides {batch_size}")
     return batch_size // world_size
+
+
+def check_same_settings(settings: dict, world: World, what: str = "settings") -> None:
+    """Refuse (ValueError, raised on every process) ``settings`` (e.g. ``RunConfig.to_dict()``)
+    that differ between the processes of a run; a no-op for a single process.
+
+    Call it on every process before any other collective: processes with another number of
+    steps or another model wait for each other forever (no signal reaches a process blocked
+    in a collective), and another lr or seed trains replicas that silently drift apart.
+    """
+    if not world.distributed:
+        return
+    everyone = [dict(_flat(s)) for s in world.gather_objects(settings)]
+    unset = object()
+    differing = [key for key in dict.fromkeys(k for s in everyone for k in s)
+                 if len({repr(s.get(key, unset)) for s in everyone}) > 1]
+    if not differing:
+        return
+    lines = [f"  {key}: " + ", ".join(f"rank {r} = {s[key]!r}" if key in s else f"rank {r}: unset"
+                                      for r, s in enumerate(everyone))
+             for key in differing]
+    raise ValueError(f"the {world.world_size} processes of this run were started with different "
+                     f"{what}, which is not allowed: every process must train the same model "
+                     "the same way. Differing:\n" + "\n".join(lines) + "\nStart every process "
+                     "with the same command and settings (torchrun starts N copies of one "
+                     "command; on several nodes, give each node the same arguments)")
+
+
+def _flat(settings: dict, prefix: str = ""):
+    """(``"model.d_model"``, 32) pairs of a nested dict's leaves."""
+    for key, value in settings.items():
+        if isinstance(value, dict):
+            yield from _flat(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value
 
 
 def device_for(preference: str, world: World) -> torch.device:

@@ -15,8 +15,7 @@ import builtins
 import dis
 import functools
 import inspect
-
-import torch
+import numbers
 
 from blockmem_lite.checks import (
     CheckFailed,
@@ -197,6 +196,12 @@ def check_own_work(piece, *library, name: str | None = None) -> None:
         f"{', '.join(sorted(n.rsplit('.', 1)[-1] for n in named.values()))})")
 
 
+def _floats(*values) -> bool:
+    """Real numbers (not bools), one of them a float: compared within a tolerance."""
+    real = all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in values)
+    return real and any(isinstance(v, float) for v in values)
+
+
 def check_prediction(predicted, actual, name: str = "your prediction", hint: str = "",
                      atol: float | None = None, rtol: float | None = None) -> None:
     """``predicted`` (what the learner predicted) equals ``actual`` (what the code does), and a
@@ -205,7 +210,7 @@ def check_prediction(predicted, actual, name: str = "your prediction", hint: str
     the dtype's tolerance (or ``atol`` / ``rtol``), everything else exactly."""
     _require_text("name", name)
     _require_text("hint", hint, empty_ok=True)
-    if _is_array(predicted) or _is_array(actual) or isinstance(predicted, torch.Tensor):
+    if _is_array(predicted) or _is_array(actual) or _floats(predicted, actual):
         got, want = _as_tensor(predicted, name, "got"), _as_tensor(actual, name, "expected")
         right = got.shape == want.shape and _all_close(got, want, *_tolerances(got, want, atol,
                                                                                rtol))

@@ -42,9 +42,11 @@ import importlib.util
 import itertools
 import re
 import sys
+import traceback
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from os import PathLike
 from pathlib import Path
 
 from blockmem_lite.validation import fail, parse_int_list
@@ -461,18 +463,38 @@ def _source_of(mechanism: Mechanism) -> str:
     return str(Path(path).resolve()) if path and name != "__main__" else ""
 
 
+def _describe(origin: str) -> str:
+    """A source of ``_SOURCES`` in words, for error messages."""
+    words = {BUILTIN: "the kit (built in)", "": "this session (a notebook or interactive code)"}
+    return words.get(origin, origin if origin.startswith("entry point ") else f"plugin {origin}")
+
+
+def _check_free(mechanism: Mechanism, origin: str) -> None:
+    """Refuse a name already taken, unless it is the same model class (by its qualified name:
+    a re-run cell or a re-imported file defines it again) from the same source."""
+    name, taken = mechanism.name, _REGISTRY.get(mechanism.name)
+    old, new = (getattr(m.model, "__qualname__", m.model) for m in (taken or mechanism, mechanism))
+    if taken is None or (_SOURCES[name] == origin and old == new):
+        return
+    if _SOURCES[name] == BUILTIN:
+        fail("name", name, f"a built-in mechanism has that name (this one from {_describe(origin)})"
+                           f"; choose another (taken: {', '.join(sorted(_REGISTRY))})")
+    fail("name", name, f"already registered by {_describe(_SOURCES[name])} (model {old}), and "
+                       f"{_describe(origin)} registers another one (model {new}): rename one "
+                       f"of them, or registry.unregister({name!r}) first to replace it")
+
+
 def register(mechanism: Mechanism) -> Mechanism:
     """Make the kit know ``mechanism`` by its name; returns it.
 
-    Registering a name again replaces a plugin's entry (re-running a notebook
-    cell is fine) but never a built-in one. ``source(name)`` says where it came from.
+    A name is taken once: registering it again is refused, naming both sources, unless it is
+    the same model class from the same source (a re-run notebook cell), which replaces it.
+    ``source(name)`` says where it came from.
     """
     if not isinstance(mechanism, Mechanism):
         fail("mechanism", mechanism, "expected a registry.Mechanism(...)")
     origin = _source_of(mechanism)
-    if _SOURCES.get(mechanism.name) == BUILTIN and origin != BUILTIN:
-        fail("name", mechanism.name, f"a built-in mechanism has that name; choose another "
-                                     f"(taken: {', '.join(sorted(_REGISTRY))})")
+    _check_free(mechanism, origin)
     _REGISTRY[mechanism.name] = mechanism
     _SOURCES[mechanism.name] = origin
     return mechanism
@@ -518,28 +540,46 @@ def option_owners(field_name: str) -> list[str]:
 
 
 @contextlib.contextmanager
-def _importing(source: str):
+def _importing(source: str, folder: Path | None = None):
+    """Registrations meanwhile come from ``source``; ``folder`` (a plugin's) leads sys.path."""
     _loading.append(source)
+    sys.path[:0] = [str(folder)] if folder is not None else []
     try:
         yield
     finally:
         _loading.pop()
+        if folder is not None and str(folder) in sys.path:
+            sys.path.remove(str(folder))               # the first occurrence: the one put there
 
 
 def _from_source(source: str) -> list[str]:
     return sorted(n for n, origin in _SOURCES.items() if origin == source)
 
 
+def _what_it_raised(err: BaseException, source: str) -> str:
+    """What a plugin file raised while it ran, and where: 'RuntimeError: boom (line 4 ...)'."""
+    if isinstance(err, SystemExit):
+        return f"it raised SystemExit (sys.exit({err.code!r})): a plugin must register, not exit"
+    frames = [f for f in traceback.extract_tb(err.__traceback__)   # the plugin's, its helpers'
+              if not f.filename.startswith(("<", str(Path(__file__).parent)))]
+    where = [f"line {f.lineno} of the plugin" for f in frames if f.filename == source][-1:]
+    where += [f"raised in {Path(f.filename).name}, line {f.lineno}, in {f.name}"
+              for f in frames[-1:] if f.filename != source]
+    return f"{type(err).__name__}: {err}" + (f" ({'; '.join(where)})" if where else "")
+
+
 def load_plugin(path) -> list[str]:
     """Import the Python file at ``path``, which registers one or more mechanisms.
 
-    Returns the names it registered. Loading the same file again does nothing
-    (its mechanisms stay registered). Errors name the file and what went wrong.
+    Returns the names it registered; loading the same file again does nothing. While it
+    runs, its folder is importable (helper files beside it). Errors (ValueError) name the
+    file and what it raised, ``sys.exit`` included; a file that fails registers nothing.
     """
-    resolved = Path(path).expanduser().resolve()
-    if not resolved.is_file() or resolved.suffix != ".py":
-        fail("plugin", str(path), "expected an existing .py file that calls "
-                                  "blockmem_lite.register_mechanism(Mechanism(...)) when imported")
+    named = isinstance(path, (str, PathLike)) and bool(str(path).strip())
+    resolved = Path(path).expanduser().resolve() if named else None
+    if resolved is None or not resolved.is_file() or resolved.suffix != ".py":
+        fail("plugin", str(path) if named else path, "expected an existing .py file that calls "
+             "blockmem_lite.register_mechanism(Mechanism(...)) when imported")
     source = str(resolved)
     if _from_source(source):
         return _from_source(source)
@@ -549,16 +589,19 @@ def load_plugin(path) -> list[str]:
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module
     try:
-        with _importing(source):
+        with _importing(source, resolved.parent):
             spec.loader.exec_module(module)
-    except Exception as err:
+    except (Exception, SystemExit) as err:         # KeyboardInterrupt still stops
         sys.modules.pop(module_name, None)
-        raise ValueError(f"plugin {source} failed to import: {type(err).__name__}: {err}") from err
-    registered = _from_source(source)
-    if not registered:
+        for name in _from_source(source):             # what it registered before failing
+            unregister(name)
+        raise ValueError(f"plugin {source} failed to import: "
+                         f"{_what_it_raised(err, source)}") from None
+    if not _from_source(source):
+        sys.modules.pop(module_name, None)
         raise ValueError(f"plugin {source} registered no mechanism: it must call "
                          "blockmem_lite.register_mechanism(Mechanism(...)) when imported")
-    return registered
+    return _from_source(source)
 
 
 def load_entry_points() -> list[str]:

@@ -12,8 +12,12 @@ import contextlib
 import os
 import random
 import warnings
+from pathlib import Path, PurePosixPath
 
 import torch
+
+CGROUP_ROOT = "/sys/fs/cgroup"           # where the cgroup hierarchies are mounted
+PROC_SELF_CGROUP = "/proc/self/cgroup"   # this process's groups
 
 
 def pick_device(preference: str = "auto") -> torch.device:
@@ -75,29 +79,102 @@ def process_rss_bytes() -> int:
 
 def available_memory_bytes(device) -> int | None:
     """Memory a new allocation can use: free CUDA memory, or the RAM available to this
-    process (the smaller of the system's and a cgroup limit's headroom); None if unknown."""
+    process: the smallest of the system's available RAM, the headroom of every cgroup (v1 or
+    v2) limit above this process and of its address-space limit (``ulimit -v``); None if
+    none is known. A limit the check does not see is an OOM kill without a message."""
     device = torch.device(device)
     if device.type == "cuda":
         return int(torch.cuda.mem_get_info(device)[0])
+    readings = (_system_available(), _cgroup_headroom(), _address_space_headroom())
+    known = [r for r in readings if r is not None]
+    return min(known) if known else None
+
+
+def _system_available() -> int | None:
     try:
         import psutil
-
-        available = int(psutil.virtual_memory().available)
     except ImportError:
         return None
-    limit = _cgroup_headroom()
-    return min(available, limit) if limit is not None else available
+    return int(psutil.virtual_memory().available)
+
+
+# cgroup v2: <root>/<group>/memory.max; v1: <root>/memory/<group>/memory.limit_in_bytes;
+# (limit file, usage file, the memory.stat key of reclaimable page cache)
+_CGROUP_FILES = {"v2": ("", "memory.max", "memory.current", "inactive_file"),
+                 "v1": ("memory", "memory.limit_in_bytes", "memory.usage_in_bytes",
+                        "total_inactive_file")}
 
 
 def _cgroup_headroom() -> int | None:
-    """cgroup v2 ``memory.max - memory.current`` of this process's group, if limited."""
-    root = "/sys/fs/cgroup"
+    """The smallest ``limit - (usage - inactive page cache)`` of this process's memory cgroup
+    and its ancestors, v2 and v1 (None: no limit found). The group's own folder is read
+    where the host's hierarchy is mounted, the mount point itself where a container's is."""
+    found = []
+    for version, group in _cgroup_groups().items():
+        sub, limit_name, usage_name, inactive_key = _CGROUP_FILES[version]
+        base = Path(CGROUP_ROOT) / sub if sub else Path(CGROUP_ROOT)
+        rel = PurePosixPath(group.lstrip("/"))
+        for folder in dict.fromkeys([base / rel, *(base / p for p in rel.parents)]):
+            room = _headroom(folder, limit_name, usage_name, inactive_key)
+            if room is not None:
+                found.append(room)
+    return min(found) if found else None
+
+
+def _cgroup_groups() -> dict[str, str]:
+    """{"v2": group, "v1": group of the memory controller} from ``/proc/self/cgroup``."""
     try:
-        limit = open(f"{root}/memory.max").read().strip()
-        used = int(open(f"{root}/memory.current").read().strip())
+        lines = Path(PROC_SELF_CGROUP).read_text().splitlines()
     except OSError:
+        return {}
+    groups = {}
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        if parts[0] == "0" and parts[1] == "":
+            groups["v2"] = parts[2]
+        elif "memory" in parts[1].split(","):
+            groups["v1"] = parts[2]
+    return groups
+
+
+def _headroom(folder: Path, limit_name: str, usage_name: str, inactive_key: str) -> int | None:
+    """``limit - (usage - inactive page cache)`` of one cgroup folder; None when unlimited
+    or unreadable (the kernel reclaims inactive page cache before it kills)."""
+    try:
+        limit = (folder / limit_name).read_text().strip()
+        used = int((folder / usage_name).read_text().strip())
+    except (OSError, ValueError):
         return None
-    return None if limit == "max" else max(int(limit) - used, 0)
+    if limit == "max" or not limit.isdigit():
+        return None
+    try:
+        stat = dict(line.split() for line in (folder / "memory.stat").read_text().splitlines()
+                    if len(line.split()) == 2)
+        cache = int(stat.get(inactive_key, 0))
+    except (OSError, ValueError):
+        cache = 0
+    return max(int(limit) - max(used - cache, 0), 0)
+
+
+def _address_space_headroom() -> int | None:
+    """``RLIMIT_AS`` (``ulimit -v``) minus this process's virtual size; None: unlimited."""
+    try:
+        import resource
+    except ImportError:                   # Windows
+        return None
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft == resource.RLIM_INFINITY:
+        return None
+    try:
+        import psutil
+
+        size = int(psutil.Process().memory_info().vms)
+    except ImportError:
+        with open("/proc/self/statm") as f:
+            size = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    return max(soft - size, 0)
 
 
 def reset_peak_memory(device: torch.device) -> None:

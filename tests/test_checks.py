@@ -599,7 +599,8 @@ from blockmem_lite.own_work import check_prediction  # noqa: E402
 
 
 @pytest.mark.parametrize("predicted, actual", [
-    ([5, 6, 7], [5, 6, 7]), (0.25, 0.25), (torch.tensor([1.0, 2.0]), torch.tensor([1.0, 2.0 + 1e-9]))])
+    ([5, 6, 7], [5, 6, 7]), (0.25, 0.25), (0.5, 0.5 + 1e-12), (3, 3),
+    (torch.tensor([1.0, 2.0]), torch.tensor([1.0, 2.0 + 1e-9]))])
 def test_a_right_prediction_is_ok(predicted, actual, capsys):
     check_prediction(predicted, actual, "positions that change")
     assert capsys.readouterr().out.startswith("OK positions that change: your prediction matches")
@@ -613,3 +614,9 @@ def test_a_wrong_prediction_is_told_so_without_the_right_value(predicted, actual
         check_prediction(predicted, actual, "the horizon", hint="which blocks weigh most?")
     assert "7311" not in str(err.value) and "which blocks weigh most?" in str(err.value)
     assert "does not match" in str(err.value) or "got None" in str(err.value)
+
+
+def test_a_float_prediction_is_judged_within_the_tolerance_given(capsys):
+    check_prediction(0.5, 0.5004, "the weight", atol=1e-3)
+    with pytest.raises(CheckFailed, match="does not match"):
+        check_prediction(0.5, 0.51, "the weight", atol=1e-3)

@@ -149,7 +149,7 @@ def test_3_an_unwritable_out_folder_is_refused(tmp_path, capsys, monkeypatch):
 
 def test_3_low_disk_space_is_warned_about(tmp_path, monkeypatch):
     monkeypatch.setattr(ck.shutil, "disk_usage", lambda p: type("U", (), {"free": 1024})())
-    with pytest.warns(UserWarning, match="only 0 MiB free .* a checkpoint needs about"):
+    with pytest.warns(UserWarning, match="only 1.0 KiB free .* a checkpoint needs about 10 MiB"):
         ck.prepare_folder(tmp_path, expected_bytes=10 * 2**20)
 
 

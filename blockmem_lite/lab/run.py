@@ -26,7 +26,10 @@ all the processes (``train.Trainer``); rank 0 alone reads and writes ``OUT``, ru
 measurements that are not training (recall curves, benches) while the others wait, and
 hands what it read or measured to them, so every process follows the same plan. A stop
 (Ctrl-C, SIGTERM) ends the run after the current training step, with nothing half-done
-stored.
+stored; the command line exits with 128 + the signal's number, as ``train`` does
+(``TrainingStopped`` carries the stopped training's History). A stored file that cannot be
+read (``results.json``, a trained model) and a model whose training breaks (a non-finite
+loss) are clear errors naming the file or the mechanism; what is stored stays.
 
 The lab names no mechanism: what a mechanism needs beyond "train it, measure it" it
 declares in its ``LabSpec`` (CAT's multi-chunk config and chunk sizes, ARMT starting
@@ -39,8 +42,10 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import pickle
 import sys
 import time
+import zipfile
 from dataclasses import dataclass
 
 import torch
@@ -74,6 +79,15 @@ LAB_SIZES = {
     "gpu": dict(steps=3000, bench_lens=(1024, 4096), state_lens=(1024, 4096, 16384, 65536), warmup=5,
                 repeats=10, decode_burst=32),
 }
+
+
+class TrainingStopped(KeyboardInterrupt):
+    """A stop (Ctrl-C, SIGTERM, SIGHUP) ended a training; ``history.stopped_by`` names the
+    signal. Nothing half-trained is stored."""
+
+    def __init__(self, history):
+        super().__init__(history.stopped_by or "SIGINT")
+        self.history = history
 
 
 # --- the plan ----------------------------------------------------------------------------------
@@ -196,6 +210,9 @@ class Lab:
                              "(lab.figures.recall_monitor)")
         self.live, self.recall_live = live, recall_live
         self.world = distributed.current()
+        distributed.check_same_settings(   # every rank the same plan, before any work
+            {"preset": preset_name, "archs": archs, "steps": steps, "tasks": tasks,
+             "recall_seeds": recall_seeds}, self.world, what="reproduce settings")
         self.preset = preset_name
         self.sizes = dict(LAB_SIZES[preset_name], **({"steps": steps} if steps else {}))
         self.recipe = _recipe(preset_name, recall_seeds)
@@ -230,7 +247,7 @@ class Lab:
         path = self.out / RESULTS_NAME
         if not path.is_file():
             return {"meta": self.meta, "done": {}}
-        stored = json.loads(path.read_text())
+        stored = _read_results(path)
         keys = ("format", "preset", "entries", "sizes", "corpus", "seed")
         changed = [k for k in keys if stored.get("meta", {}).get(k) != self.meta[k]]
         if changed:
@@ -256,7 +273,13 @@ class Lab:
             if key in self.results["done"]:
                 continue
             self.progress.begin(task, label)
-            self._store(key, getattr(self, f"_{task}")(label))
+            try:
+                value = getattr(self, f"_{task}")(label)
+            except FloatingPointError as err:          # a training broke, on every process
+                if label not in self.by_label:         # the bench trains nothing
+                    raise
+                raise FloatingPointError(self._broken_training(task, label, err)) from None
+            self._store(key, value)
             self.progress.finish()
         self.results["claims"] = claims_table(self.results)
         self.results["memory_pays"] = memory_pays(self.results)
@@ -265,6 +288,15 @@ class Lab:
         if self.world.is_main:
             write_report(self.results, self.out)
         return self.results
+
+    def _broken_training(self, task: str, label: str, err: FloatingPointError) -> str:
+        """What failed (the task, the mechanism and where it comes from) and what to do."""
+        arch = self.by_label[label].arch
+        source = registry.source(arch)
+        origin = "" if source == registry.BUILTIN else f" (plugin {source or 'of this session'})"
+        return (f"{task}/{label}: training the {arch} model{origin} failed: {err} The finished "
+                f"tasks are kept in {self.out / RESULTS_NAME}: fix the mechanism or its "
+                "settings, then run the same command again to continue")
 
     def _trainer(self, model, run: RunConfig, train_data, val_data=None,
                  callbacks=()) -> Trainer:
@@ -284,11 +316,15 @@ class Lab:
             path = self.out / "models" / f"{_file_name(entry.label)}.pt"
             if entry.label in self.models:
                 continue
-            state = self.world.on_main(lambda path=path: torch.load(
-                path, map_location="cpu", weights_only=True) if path.is_file() else None)
+            state = self.world.on_main(lambda path=path, label=entry.label:
+                                       _stored_state(path, label))
             if state is not None:
                 model = self._model_without_start(entry)
-                model.load_state_dict(state)
+                try:
+                    model.load_state_dict(state)
+                except (RuntimeError, TypeError):           # other keys or shapes
+                    raise ValueError(_unusable_model(path, entry.label, "its weights are not "
+                                                     "this entry's model's")) from None
                 self.models[entry.label] = model
         return self.models
 
@@ -490,11 +526,44 @@ def _recipe(preset_name: str, seeds) -> recall.RecallRecipe:
 
 
 def _finished(history):
-    """``history``, or KeyboardInterrupt when a stop ended its training (nothing half-trained
+    """``history``, or TrainingStopped when a stop ended its training (nothing half-trained
     is stored; the command line says how to continue)."""
     if history.interrupted:
-        raise KeyboardInterrupt
+        raise TrainingStopped(history)
     return history
+
+
+def _read_results(path) -> dict:
+    """The stored run at ``path``; a ValueError naming the file when it is not readable."""
+    try:
+        stored = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:               # ValueError: bad JSON or bytes
+        problem = f"cannot be read ({err})"
+    else:
+        if isinstance(stored, dict) and all(isinstance(stored.get(k), dict)
+                                            for k in ("meta", "done")):
+            return stored
+        problem = "is not a reproduce result (it lacks the meta and done tables)"
+    raise ValueError(f"{path} {problem}: move it away to keep it, or delete it to start this "
+                     "run over")
+
+
+def _stored_state(path, label: str) -> dict | None:
+    """The state dict of the model stored at ``path`` (None when there is none); a
+    ValueError naming the file when it is damaged."""
+    if not path.is_file():
+        return None
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except (OSError, RuntimeError, EOFError, zipfile.BadZipFile, pickle.UnpicklingError):
+        raise ValueError(_unusable_model(path, label, "it is empty, truncated or not a saved "
+                                                      "model")) from None
+
+
+def _unusable_model(path, label: str, reason: str) -> str:
+    return (f"the stored model {path} cannot be used ({reason}); a later entry starts from it. "
+            f"Delete it and the \"lm/{label}\" entry of {path.parent.parent / RESULTS_NAME} "
+            "to train it again, or start over in a new --out")
 
 
 def _file_name(label: str) -> str:

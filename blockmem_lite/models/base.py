@@ -42,6 +42,48 @@ def build_model(cfg) -> LanguageModel:
     return registry.get(model_cfg.arch).model(model_cfg)
 
 
+def model_name(model) -> str:
+    """A model's arch (where its cfg has one) and class, for messages: 'swa' (SlidingWindowLM)."""
+    arch = getattr(getattr(model, "cfg", None), "arch", None)
+    return f"{arch!r} ({type(model).__name__})" if arch else type(model).__name__
+
+
+def check_output(out, tokens: torch.Tensor, vocab_size: int | None, name: str) -> None:
+    """Refuse (ValueError) what ``forward(tokens, targets)`` returned when it breaks the
+    LanguageModel contract: logits (B, T, vocab_size) and a finite scalar loss with a
+    gradient. ``name`` (``model_name``) is named; the Trainer checks its first step."""
+    b, t = tokens.shape                                              # tokens: (B, T)
+    logits = getattr(out, "logits", None)
+    if not isinstance(logits, torch.Tensor):
+        problem = f"returned {type(out).__name__} without logits: expected a ModelOutput"
+    elif logits.dim() != 3 or tuple(logits.shape[:2]) != (b, t) \
+            or vocab_size not in (None, logits.shape[2]):
+        problem = (f"returned logits of shape {tuple(logits.shape)}: expected "
+                   f"{(b, t, vocab_size or 'V')} = (batch, time, vocab_size), one row per token")
+    else:
+        problem = _loss_problem(out)
+    if problem:
+        raise ValueError(f"mechanism {name} breaks the LanguageModel contract on the first "
+                         f"training step: forward(tokens {(b, t)}, targets) {problem}")
+
+
+def _loss_problem(out) -> str:
+    """What is wrong with ``out``'s losses ('' when nothing): each a scalar tensor, the loss
+    finite (before any update) and differentiable."""
+    for key in ("loss", "ce_loss", "aux_loss"):
+        value = getattr(out, key, None)
+        if (value is not None or key == "loss") and not (
+                isinstance(value, torch.Tensor) and value.dim() == 0):
+            shape = tuple(value.shape) if isinstance(value, torch.Tensor) else value
+            return (f"returned {key}={shape!r}: expected a scalar tensor (shape ()), e.g. "
+                    "self.output(logits, targets)")
+    if not bool(torch.isfinite(out.loss.detach())):
+        return f"returned loss={out.loss.item()} before any update: expected a finite number"
+    if torch.is_grad_enabled() and not out.loss.requires_grad:
+        return "returned a loss without a gradient (detached from the weights)"
+    return ""
+
+
 @dataclass
 class ModelOutput:
     logits: torch.Tensor                 # (B, T, V)

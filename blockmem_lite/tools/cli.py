@@ -233,7 +233,7 @@ def _trainer(args, run_cfg: RunConfig, ckpt: dict | None) -> Trainer:
     seed_everything(run_cfg.train.seed)
     trainer = Trainer(build_model(run_cfg), run_cfg, train_loader, val_loader)
     if ckpt is not None:
-        trainer.restore(ckpt)
+        trainer.restore(ckpt, Path(run_cfg.train.checkpoint_dir) / CHECKPOINT_NAME)
     return trainer
 
 
@@ -562,13 +562,16 @@ def reproduce_main(argv: list[str] | None = None) -> int:
                     lock.release()
         finally:
             distributed.shutdown()                    # waits for every process, then leaves
+    except FloatingPointError as e:                   # a model's training broke (lab.run)
+        say(f"error: {e}", file=sys.stderr)
+        return 1
     except (ValueError, OSError, RunLocked, CorpusUnavailable) as e:
         say(f"error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as stop:                 # 128 + the signal's number, as train
         say(f"stopped; the finished measurements are kept in {out / lab.RESULTS_NAME}: "
             "run the same command again to continue", file=sys.stderr)
-        return 130
+        return _exit_code(stop.history) if isinstance(stop, lab.run.TrainingStopped) else 130
     say(f"wrote {out / lab.RESULTS_NAME}, {out / 'report.md'} and {out / 'plots'}")
     say(lab.summary(results))
     return 0

@@ -10,7 +10,11 @@ notebooks show (``notebooks/figures/``) are copied along.
 
 Headless means the live dashboards print their text lines (a static page cannot run a
 widget); the figures drawn after training are there. A cell that fails stops the build
-with the notebook and cell named: a page with a traceback is never published.
+with the notebook and cell named: a page with a traceback is never published. A cell that
+runs past ``--cell-timeout`` seconds fails its notebook's page only: the other notebooks
+are built, and the build ends with an error naming each notebook and cell that timed out.
+Ctrl-C (or SIGTERM) stops at once: the kernel is shut down and no half-written page is
+left (each page is written beside its final name, then renamed).
 
 ``make site`` builds the fast-mode site into ``site/`` (as CI does); ``make site
 PRESET=class`` the class-mode one, as a teacher would publish it (much longer: the
@@ -20,17 +24,21 @@ notebooks train their class-sized models).
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import html
 import json
 import os
 import re
 import shutil
+import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from blockmem_lite.checkpoints import atomic_write_bytes
+from blockmem_lite.checkpoints import atomic_write_bytes, prepare_folder
 from blockmem_lite.tools.exercises import ExerciseError, notebooks_dir, read_notebook
 
 PRESETS = ("fast", "class")
@@ -39,13 +47,22 @@ PLOTLY_ASSET = "assets/plotly.min.js"
 MATHJAX_ASSET = "assets/mathjax/MathJax.js?config=TeX-AMS-MML_HTMLorMML-full,Safe"  # the configs it ships
 MATHJAX_CDN = "https://cdnjs.cloudflare.com/ajax/libs/mathjax/2.7.7/MathJax.js?config=TeX-AMS_CHTML-full,Safe"
 FIGURE_CLASS = "blockmem-figure"
-CELL_TIMEOUT_S = 1200
+CELL_TIMEOUT_S = {"fast": 600, "class": 1200}   # per cell; fast: as the suite's nbval runs
+STOP_GRACE_S = 30                                # to shut the kernel down after Ctrl-C
 _TABLE_ROW = re.compile(r"^\|\s*(?P<nn>\d{2})\s*\|\s*\[(?P<name>[^\]]+)\]\([^)]*\)\s*\|"
                         r"\s*(?P<what>.*?)\s*\|")
 
 
 class SiteError(RuntimeError):
     """The site could not be built; the message names the notebook and the cell."""
+
+
+class NotebookTimedOut(SiteError):
+    """A cell ran past the cell timeout: that notebook has no page; the others are built."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, which stops the build as Ctrl-C does."""
 
 
 @dataclass
@@ -69,22 +86,35 @@ def run_environment(preset: str) -> dict[str, str]:
     return env
 
 
-def execute(path: Path, preset: str):
-    """The notebook executed in a fresh kernel; SiteError naming the cell that failed."""
+def execute(path: Path, preset: str, cell_timeout: int):
+    """The notebook executed in a fresh kernel; SiteError naming the cell that failed,
+    NotebookTimedOut naming the one that ran past ``cell_timeout`` seconds."""
     from nbclient import NotebookClient
-    from nbclient.exceptions import CellExecutionError
+    from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
 
     nb = read_notebook(path)
+    started: list[int] = []                       # the index of each cell as it starts
+    client = NotebookClient(nb, timeout=cell_timeout, kernel_name="python3",
+                            resources={"metadata": {"path": str(path.parent)}},
+                            shutdown_kernel="immediate",     # a busy kernel, stopped, is quiet
+                            on_cell_start=lambda cell, cell_index: started.append(cell_index))
     saved = {k: os.environ.get(k) for k in (*run_environment("fast"), "BLOCKMEM_FAST")}
     os.environ.update(run_environment(preset))
     if preset != "fast":
         os.environ.pop("BLOCKMEM_FAST", None)
     try:
-        NotebookClient(nb, timeout=CELL_TIMEOUT_S, kernel_name="python3",
-                       resources={"metadata": {"path": str(path.parent)}}).execute()
+        _run_client(client)
     except CellExecutionError as err:
         raise SiteError(f"{path.name}: a cell failed, so its page is not built:\n"
                         f"{_error_text(str(err))}") from None
+    except CellTimeoutError:
+        raise NotebookTimedOut(f"{path.name}: {_cell_named(nb, started[-1])} ran past "
+                               f"--cell-timeout {cell_timeout} s, so its page is not built") \
+            from None
+    except DeadKernelError:
+        raise SiteError(f"{path.name}: the kernel died in {_cell_named(nb, started[-1])} (out "
+                        "of memory, or the cell ended the process), so its page is not built") \
+            from None
     finally:
         for key, value in saved.items():
             if value is None:
@@ -92,6 +122,50 @@ def execute(path: Path, preset: str):
             else:
                 os.environ[key] = value
     return nb
+
+
+def _cell_named(nb, index: int) -> str:
+    """``cell N ('its first line')``, N counted from 0 as in ``error_outputs``."""
+    first = (nb.cells[index].source.strip().splitlines() or [""])[0][:60]
+    return f"cell {index} ({first!r})"
+
+
+def _run_client(client) -> None:
+    """``client``'s execution in a worker thread with its own event loop, so Ctrl-C reaches
+    this thread as a KeyboardInterrupt (in the main thread nbclient's own signal handler
+    kills the kernel mid-cell and leaves a DeadKernelError). On Ctrl-C the execution is
+    cancelled, which shuts its kernel down, and the interrupt goes on. (It waits on an
+    Event: a ``Thread.join`` that a signal interrupted returns at once from then on.)"""
+    loop = asyncio.new_event_loop()
+    execution = loop.create_task(client.async_execute())
+    raised: list[BaseException] = []
+    finished = threading.Event()
+
+    def work() -> None:
+        asyncio.set_event_loop(loop)
+        try:
+            loop.run_until_complete(execution)
+        except BaseException as err:                    # handed to the waiting thread
+            raised.append(err)
+        finally:                                        # a timeout leaves nbclient's pollers
+            pending = asyncio.all_tasks(loop)
+            for task in pending:
+                task.cancel()
+            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+            loop.close()
+            finished.set()
+
+    threading.Thread(target=work, name="site-notebook", daemon=True).start()
+    try:
+        while not finished.wait(0.2):
+            pass
+    except KeyboardInterrupt:
+        with contextlib.suppress(RuntimeError):         # the loop may have just closed
+            loop.call_soon_threadsafe(execution.cancel)
+        finished.wait(STOP_GRACE_S)
+        raise
+    if raised:
+        raise raised[0]
 
 
 def _error_text(text: str, limit: int = 2000) -> str:
@@ -238,20 +312,35 @@ def page_name(path: Path) -> str:
 
 
 def build(out: Path, preset: str = "fast", with_solutions: bool = False,
-          only: list[str] | None = None, root: Path | None = None, log=print) -> list[Page]:
-    """Execute, convert and index; returns the pages (``out``/index.html lists them)."""
+          only: list[str] | None = None, root: Path | None = None, log=print,
+          cell_timeout: int | None = None) -> list[Page]:
+    """Execute, convert and index; returns the pages (``out``/index.html lists them).
+    ``cell_timeout``: seconds a cell may run (default ``CELL_TIMEOUT_S[preset]``); a
+    notebook past it has no page, and NotebookTimedOut names them all at the end."""
     if preset not in PRESETS:
         raise SiteError(f"--preset {preset!r} is not allowed: expected one of "
                         f"{', '.join(PRESETS)}")
+    cell_timeout = CELL_TIMEOUT_S[preset] if cell_timeout is None else cell_timeout
+    if isinstance(cell_timeout, bool) or not isinstance(cell_timeout, int) or cell_timeout < 1:
+        raise SiteError(f"--cell-timeout {cell_timeout!r} is not allowed: expected whole "
+                        "seconds >= 1")
     root = root or notebooks_dir()
     paths = site_notebooks(root, with_solutions, only)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        prepare_folder(out, name="--out")
+    except ValueError as err:
+        raise SiteError(str(err)) from None
     mathjax = _copy_assets(root, out, log)
-    pages = []
+    pages, timed_out = [], []
     for n, path in enumerate(paths, 1):
         t0 = time.perf_counter()
         log(f"[{n}/{len(paths)}] {path.relative_to(root)}: running ({preset} mode) ...")
-        nb = execute(path, preset)
+        try:
+            nb = execute(path, preset, cell_timeout)
+        except NotebookTimedOut as err:
+            log(f"[{n}/{len(paths)}] {err}")
+            timed_out.append(str(err))
+            continue
         errors = error_outputs(nb)
         if errors:
             raise SiteError(f"{path.name}: error outputs in {', '.join(errors)}")
@@ -265,6 +354,9 @@ def build(out: Path, preset: str = "fast", with_solutions: bool = False,
     atomic_write_bytes(out / "index.html",
                        index_html(pages, notebook_map(readme), preset).encode("utf-8"))
     log(f"site: {len(pages)} pages in {out}/ (open {out}/index.html)")
+    if timed_out:
+        raise NotebookTimedOut(f"{len(timed_out)} of {len(paths)} notebooks have no page: "
+                               + "; ".join(timed_out))
     return pages
 
 
@@ -277,8 +369,7 @@ def _copy_assets(root: Path, out: Path, log) -> str:
     if not source.exists():
         raise SiteError(f"plotly.js not found at {source}: reinstall plotly "
                         "(pip install -e '.[notebooks]')")
-    (out / "assets").mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(source, out / PLOTLY_ASSET)
+    atomic_write_bytes(out / PLOTLY_ASSET, source.read_bytes())
     figures = root / "figures"
     if figures.is_dir():
         shutil.copytree(figures, out / "figures", dirs_exist_ok=True)
@@ -304,18 +395,57 @@ def _parser() -> argparse.ArgumentParser:
                    help="also publish the solution notebooks (the exercises' answers)")
     p.add_argument("--notebook", action="append", metavar="NN",
                    help="only notebook NN (repeatable)")
+    p.add_argument("--cell-timeout", type=_seconds, default=None, metavar="S",
+                   help="seconds a cell may run before its notebook fails (default: "
+                        + ", ".join(f"{k} {v}" for k, v in CELL_TIMEOUT_S.items()) + ")")
     return p
 
 
+def _seconds(text: str) -> int:
+    """--cell-timeout's value: whole seconds >= 1."""
+    try:
+        seconds = int(text)
+    except ValueError:                                   # "1.5", "soon"
+        seconds = 0
+    if seconds < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not allowed: expected whole seconds "
+                                         ">= 1, e.g. 600")
+    return seconds
+
+
+@contextlib.contextmanager
+def _sigterm_stops():
+    """SIGTERM raises Terminated while building, so it stops as Ctrl-C does (the kernel,
+    in a session of its own, shut down) instead of killing this process alone."""
+    def stop(signum, frame):
+        raise Terminated
+
+    ours = threading.current_thread() is threading.main_thread() and \
+        signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    previous = signal.signal(signal.SIGTERM, stop) if ours else None
+    try:
+        yield
+    finally:
+        if ours:
+            signal.signal(signal.SIGTERM, previous)
+
+
 def main(argv: list[str] | None = None) -> int:
+    """``python -m blockmem_lite site ...``: 0 built, 1 some notebooks timed out, 2 a bad
+    argument or a failed cell, 130 (Ctrl-C) or 143 (SIGTERM) stopped."""
     args = _parser().parse_args(argv)
     try:
-        build(args.out, args.preset, args.with_solutions, args.notebook)
+        with _sigterm_stops():
+            build(args.out, args.preset, args.with_solutions, args.notebook,
+                  cell_timeout=args.cell_timeout)
+    except NotebookTimedOut as err:
+        print(f"site: {err}", file=sys.stderr)
+        return 1
     except (SiteError, ExerciseError) as err:
         print(f"site: {err}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as err:
         print("site: interrupted; the pages written so far are complete, index.html is not "
               "updated", file=sys.stderr)
-        return 130
+        return 143 if isinstance(err, Terminated) else 130
     return 0

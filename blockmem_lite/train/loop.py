@@ -38,7 +38,7 @@ from blockmem_lite.checkpoints import (
 )
 from blockmem_lite.compiling import compile_training
 from blockmem_lite.config import RunConfig, TrainConfig
-from blockmem_lite.models.base import IGNORE_INDEX, build_model
+from blockmem_lite.models.base import IGNORE_INDEX, build_model, check_output, model_name
 from blockmem_lite.runtime import (
     autocast_context,
     peak_memory,
@@ -90,6 +90,9 @@ class Trainer:
         self.cfg = cfg
         self.run_cfg = run_cfg
         self.world = distributed.current()
+        # every rank the same settings, before anything a rank could fail alone
+        distributed.check_same_settings(run_cfg.to_dict() if run_cfg is not None
+                                        else dataclasses.asdict(cfg), self.world)
         distributed.check_batch_size(cfg.batch_size, self.world.world_size)
         self.device = distributed.joined_device(cfg.device, self.world)
         autocast_context(self.device, cfg.precision)   # fails early for bf16 off CUDA
@@ -112,6 +115,7 @@ class Trainer:
         self._seeded = False
         self._mid_update = False
         self._saved_step: int | None = None           # step of the last checkpoint written here
+        self._contract_checked = False                # the model's outputs, on the first step
 
     # --- public API ---------------------------------------------------------------------------
     def fit(self, steps: int | None = None) -> History:
@@ -206,11 +210,13 @@ class Trainer:
     def load_checkpoint(self, path) -> None:
         """Restore model, optimizer, step, data position, history and RNG states (with
         several processes: rank 0 reads the file and hands it to the others)."""
-        self.restore(self.world.on_main(lambda: load_checkpoint_file(path)))
+        self.restore(self.world.on_main(lambda: load_checkpoint_file(path)), path)
 
-    def restore(self, ckpt: dict) -> None:
-        """``load_checkpoint`` with the checkpoint already read (``load_checkpoint_file``)."""
-        self.model.load_state_dict(ckpt["model"])
+    def restore(self, ckpt: dict, path=None) -> None:
+        """``load_checkpoint`` with the checkpoint already read (``load_checkpoint_file``) from
+        ``path`` (named in errors). Weights that are not finite, or of another architecture,
+        are refused (``CheckpointError``)."""
+        resume.load_weights(self.model, ckpt, path)
         self.optimizer.load_state_dict(ckpt["optimizer"])
         self.step = int(ckpt["step"])
         self._stream.seek(int(ckpt["epoch"]), int(ckpt["position"]))
@@ -233,7 +239,7 @@ class Trainer:
         trainer = cls(model if model is not None else build_model(run_cfg),
                       run_cfg if run_cfg is not None else train_cfg, train_data, val_data,
                       callbacks)
-        trainer.restore(ckpt)
+        trainer.restore(ckpt, path)
         return trainer
 
     def _checkpoint_state(self) -> dict:
@@ -274,9 +280,10 @@ class Trainer:
             group["lr"] = lr * group.get("lr_scale", 1.0)
         with autocast_context(self.device, self.cfg.precision):
             out = self._train_model(x, y)
-        if out.loss is None:
-            raise ValueError("the model returned loss=None: its forward(tokens, targets) must "
-                             "return a ModelOutput with a loss")
+        if not self._contract_checked:                  # the first step of this Trainer
+            check_output(out, x, getattr(getattr(self.model, "cfg", None), "vocab_size", None),
+                         model_name(self.model))
+            self._contract_checked = True
         self.optimizer.zero_grad(set_to_none=True)
         ce = out.ce_loss if out.ce_loss is not None else out.loss
         aux = out.aux_loss if out.aux_loss is not None else torch.zeros_like(out.loss)

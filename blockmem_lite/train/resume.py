@@ -16,6 +16,7 @@ import dataclasses
 import random
 import shutil
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Callable
 
@@ -23,14 +24,16 @@ import torch
 
 from blockmem_lite import distributed
 from blockmem_lite.checkpoints import (
+    CheckpointError,
     RunLock,
     atomic_write,
     load_checkpoint_file,
     prepare_folder,
 )
 from blockmem_lite.config import ModelConfig, RunConfig, TrainConfig
-from blockmem_lite.models.base import build_model
+from blockmem_lite.models.base import build_model, model_name
 from blockmem_lite.runtime import pick_device
+from blockmem_lite.units import human_bytes
 
 
 class CheckpointNotSaved(OSError):
@@ -162,8 +165,8 @@ def disk_full_advice(folder, need_bytes: int) -> str:
     """What to free when a checkpoint of about ``need_bytes`` did not fit into ``folder``."""
     folder = Path(folder)
     free = shutil.disk_usage(folder).free if folder.exists() else 0
-    return (f"the disk is full ({free / 2**20:.0f} MiB free in {folder}; a checkpoint needs "
-            f"about {need_bytes / 2**20:.0f} MiB): free that much space")
+    return (f"the disk is full ({human_bytes(free)} free in {folder}; a checkpoint needs "
+            f"about {human_bytes(need_bytes)}): free that much space")
 
 
 # --- reading back ------------------------------------------------------------------------------
@@ -185,6 +188,63 @@ def configs_to_resume(ckpt: dict, path, *, model_given: bool, device: str | None
     return run_cfg, train_cfg
 
 
+def check_finite_weights(ckpt: dict, path=None) -> None:
+    """Refuse (CheckpointError) a checkpoint whose weights hold NaN or inf, naming the file and
+    the first such tensor: a run resumed from it would train on garbage and refuse to save."""
+    weights = ckpt["model"]
+    if not isinstance(weights, Mapping):
+        raise CheckpointError(f"{_checkpoint(path)} is not usable: its 'model' entry is a "
+                              f"{type(weights).__name__}, not a state dict")
+    floats = {k: t for k, t in weights.items() if torch.is_tensor(t) and t.is_floating_point()}
+    bad = [k for k, t in floats.items() if not bool(torch.isfinite(t).all())]
+    if bad:
+        first = floats[bad[0]]
+        raise CheckpointError(
+            f"{_checkpoint(path)} is not usable: its weights are not finite (tensor {bad[0]!r} "
+            f"holds {int(first.isnan().sum())} NaN and {int(first.isinf().sum())} inf values; "
+            f"{len(bad)} of {len(floats)} tensors are not finite): it comes from a run that "
+            "diverged; resume from an earlier copy, or train again")
+
+
+def load_weights(model: torch.nn.Module, ckpt: dict, path=None) -> None:
+    """``ckpt``'s weights into ``model``, refused (CheckpointError) when they are not finite or
+    do not fit: the error names the checkpoint's arch and the model's, not torch's key list."""
+    check_finite_weights(ckpt, path)
+    try:
+        model.load_state_dict(ckpt["model"])
+    except RuntimeError:
+        raise CheckpointError(weights_mismatch(model, ckpt, path)) from None
+
+
+def weights_mismatch(model: torch.nn.Module, ckpt: dict, path=None) -> str:
+    """Why ``ckpt``'s weights do not fit ``model``: another arch, other sizes, other tensors."""
+    stored = (ckpt.get("run_config") or {}).get("model") or {}
+    own = getattr(model, "cfg", None)
+    arch, mine = stored.get("arch"), getattr(own, "arch", None)
+    head = f"{_checkpoint(path)} holds a {arch!r} model" if arch else \
+        f"{_checkpoint(path)} holds another model (it stores no model config)"
+    if arch and mine and arch != mine:
+        return (f"{head}, not a {model_name(model)} one: its weights do not fit. "
+                f"Resume with a {arch!r} model (model=None rebuilds the checkpoint's), or train "
+                f"this {mine!r} model into another folder")
+    ours = own.to_dict() if isinstance(own, ModelConfig) else {}
+    differ = [f"{k}={v!r} (checkpoint) vs {ours[k]!r} (this model)"
+              for k, v in stored.items() if k in ours and ours[k] != v]
+    if differ:
+        return (f"{head} with other settings than this one: {'; '.join(differ)}. "
+                "Build the model with the checkpoint's settings (model=None rebuilds it)")
+    have, want = model.state_dict(), ckpt["model"]
+    odd = sorted(set(have) ^ set(want)) + [
+        k for k in have if k in want and have[k].shape != getattr(want[k], "shape", None)]
+    return (f"{head} whose weights do not fit this {model_name(model)} ({len(odd)} tensors "
+            f"missing, extra or of another shape, e.g. {odd[:3]}): pass the model the "
+            "checkpoint was trained with")
+
+
+def _checkpoint(path) -> str:
+    return f"checkpoint {path}" if path is not None else "the checkpoint"
+
+
 def load_model(path, device: str | None = None) -> torch.nn.Module:
     """The model stored in a Trainer checkpoint at ``path``, rebuilt from its run config and
     with its weights loaded (e.g. to wrap a pretrained dense model: ``ARMT.wrap(load_model(p))``)."""
@@ -194,5 +254,5 @@ def load_model(path, device: str | None = None) -> torch.nn.Module:
         raise ValueError(f"checkpoint {path} stores no run config, so its model cannot be "
                          "rebuilt: build the model yourself, then load_state_dict(ckpt['model'])")
     model = build_model(ModelConfig.from_dict(run["model"]))
-    model.load_state_dict(ckpt["model"])
+    load_weights(model, ckpt, path)
     return model.to(pick_device(device)) if device else model

@@ -96,5 +96,7 @@ MUTANTS = {
          "if causal else", "if not causal else"),
         ("without the mask: only the positions up to the change predicted to move",
          "else list(range(seq_len))", "else list(range(changed_at + 1))"),
+        ("without the mask: the same positions predicted as with it",
+         "else list(range(seq_len))", "else list(range(changed_at, seq_len))"),
     ],
 }

@@ -100,5 +100,7 @@ MUTANTS = {
          'return 1 if limit == "zero"', 'return 0 if limit == "zero"'),
         ("alpha = 1 horizon: every block instead of 90%",
          "math.ceil(0.9 * n_blocks)", "n_blocks"),
+        ("alpha -> 0 memory predicted as the previous block's summary (the shift folded in)",
+         "return summaries.clone()", "return summaries.roll(1, dims=1)"),
     ],
 }

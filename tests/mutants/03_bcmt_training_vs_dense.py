@@ -44,6 +44,8 @@ MUTANTS = {
          "lower.sum(dim=-1, keepdim=True)", "lower.sum(dim=-2, keepdim=True)"),
         ("alpha = 1: the diagonal left out (a block does not weigh its own summary)",
          ".tril()", ".tril(-1)"),
+        ("alpha = 0 predicted as the previous block (the shift folded into W)",
+         "return torch.eye(n_blocks)", "return torch.ones(n_blocks - 1).diag(-1)"),
     ],
     "nb03-22": [  # key_in_query_block
         ("first key token off by one",

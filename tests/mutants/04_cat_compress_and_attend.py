@@ -65,5 +65,7 @@ MUTANTS = {
          "leak_reaches = 3", "leak_reaches = 4"),
         ("leak reaches the whole sequence",
          "leak_reaches = 3", "leak_reaches = 15"),
+        ("leak reaches the end of the next chunk",
+         "leak_reaches = 3", "leak_reaches = 7"),
     ],
 }

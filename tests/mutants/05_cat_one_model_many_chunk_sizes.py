@@ -47,6 +47,9 @@ MUTANTS = {
          "change = measured[min(sizes)] - measured[max(sizes)]"),
         ("direction: up and down swapped",
          '("up" if change > 0 else "down")', '("down" if change > 0 else "up")'),
+        ("direction guessed flat instead of read off the measurement",
+         'direction = "flat" if abs(change) < 0.01 else ("up" if change > 0 else "down")',
+         'direction = "flat"'),
     ],
     "nb05-17": [  # resize_columns
         ("align_corners=True grid instead of pixel centres",

@@ -57,6 +57,8 @@ MUTANTS = {
          "z_growth_after_4 = 4.0", "z_growth_after_4 = 3.0"),
         ("with correction: still diluted",
          "fraction_with_correction_after_4 = 1.0", "fraction_with_correction_after_4 = 0.5"),
+        ("after 4 writes: back to the full value (the delta rule fixes the read)",
+         "fraction_after_4 = 0.5", "fraction_after_4 = 1.0"),
     ],
     "nb06-19": [  # the capstone: MyAssociativeMemoryLayer plugged into an ARMT
         ("no correction term: gamma = 1 at every write",

@@ -57,6 +57,9 @@ MUTANTS = {
          "return dense / swa", "return flop_ceiling(dense, swa)"),
         ("short sequences: T keys instead of T / 2 on average",
          "keys = seq_len / 2 if seq_len <= window", "keys = seq_len if seq_len <= window"),
+        ("the LM head counted in the dense cost only",
+         "swa = n_layer * (24 * d * d + 4 * d * keys) + 2 * d * vocab",
+         "swa = n_layer * (24 * d * d + 4 * d * keys)"),
     ],
     "cell-22": [  # chunked_window_attention
         ("chunk 0's padding keys not blocked",
