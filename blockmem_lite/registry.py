@@ -370,12 +370,16 @@ _BENCH: dict[str, BenchSpec] = {}
 _LAB: dict[str, LabSpec] = {}
 
 
+def _register_spec(table: dict, name: str, spec, kind: type):
+    if not isinstance(spec, kind):
+        fail("spec", spec, f"expected a registry.{kind.__name__}(...)")
+    table[name] = spec
+    return spec
+
+
 def register_bench(name: str, spec: BenchSpec) -> BenchSpec:
     """Give mechanism ``name`` bench options, variants or special benches of its own."""
-    if not isinstance(spec, BenchSpec):
-        fail("spec", spec, "expected a registry.BenchSpec(...)")
-    _BENCH[name] = spec
-    return spec
+    return _register_spec(_BENCH, name, spec, BenchSpec)
 
 
 def bench_spec(name: str) -> BenchSpec:
@@ -429,10 +433,7 @@ def checked_bench_options(options: dict | None) -> dict:
 
 def register_lab(name: str, spec: LabSpec) -> LabSpec:
     """Tell the comparison lab how to run mechanism ``name`` and which claims it answers."""
-    if not isinstance(spec, LabSpec):
-        fail("spec", spec, "expected a registry.LabSpec(...)")
-    _LAB[name] = spec
-    return spec
+    return _register_spec(_LAB, name, spec, LabSpec)
 
 
 def lab_spec(name: str) -> LabSpec:

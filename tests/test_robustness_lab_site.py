@@ -15,10 +15,10 @@ import textwrap
 import time
 from pathlib import Path
 
-import nbformat
 import pytest
 import torch
-from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+from nbformat.v4 import new_code_cell, new_markdown_cell
+from test_site import _write
 
 from blockmem_lite import lab, registry
 from blockmem_lite.lab import run as lab_run
@@ -26,15 +26,6 @@ from blockmem_lite.tools import site
 from blockmem_lite.tools.cli import reproduce_main
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def _write(root: Path, name: str, cells) -> Path:
-    root.mkdir(parents=True, exist_ok=True)
-    nb = new_notebook(cells=cells)
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
-                                 "language": "python"}
-    nbformat.write(nb, str(root / name))
-    return root / name
 
 
 def _three_notebooks(root: Path, slow_cell: str) -> None:

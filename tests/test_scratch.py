@@ -59,16 +59,21 @@ class NoShiftBCMT(bcmt.BCMTLM):
     shift = staticmethod(no_shift)
 
 
-def test_a_bcmt_subclass_with_another_shift_leaks_and_the_library_does_not():
-    cfg = ModelConfig(arch="bcmt", d_model=16, n_layer=1, n_head=2, seq_len=32, block_size=8)
+def _model_and_planted(cfg, planted_class):
+    """The library's model (fp64, eval) and ``planted_class`` with the same weights."""
     torch.manual_seed(0)
     model = build_model(cfg).double().eval()
-    leaky = NoShiftBCMT(cfg).double().eval()
-    leaky.load_state_dict(model.state_dict())
-    with torch.no_grad():
-        for layers in (model.blocks, leaky.blocks):
-            torch.nn.init.normal_(layers[0].memory_proj.weight, std=0.3, generator=None)
-        leaky.blocks[0].memory_proj.weight.copy_(model.blocks[0].memory_proj.weight)
+    if cfg.arch == "bcmt":                     # W_p = 0 at init: give the memory a voice
+        with torch.no_grad():
+            torch.nn.init.normal_(model.blocks[0].memory_proj.weight, std=0.3)
+    planted = planted_class(cfg).double().eval()
+    planted.load_state_dict(model.state_dict())
+    return model, planted
+
+
+def test_a_bcmt_subclass_with_another_shift_leaks_and_the_library_does_not():
+    cfg = ModelConfig(arch="bcmt", d_model=16, n_layer=1, n_head=2, seq_len=32, block_size=8)
+    model, leaky = _model_and_planted(cfg, NoShiftBCMT)
     tokens = torch.randint(0, 256, (1, 32))
     check_causal(model, tokens)
     with pytest.raises(CheckFailed, match="future"):
@@ -88,10 +93,7 @@ class LateReadoutCAT(cat.CATLM):
 
 def test_a_cat_subclass_with_a_late_readout_leaks_and_the_library_does_not():
     cfg = ModelConfig(arch="cat", d_model=16, n_layer=2, n_head=2, seq_len=32, chunk_size=4)
-    torch.manual_seed(0)
-    model = build_model(cfg).double().eval()
-    leaky = LateReadoutCAT(cfg).double().eval()
-    leaky.load_state_dict(model.state_dict())
+    model, leaky = _model_and_planted(cfg, LateReadoutCAT)
     tokens = torch.randint(0, 256, (1, 24))
     check_causal(model, tokens)
     with pytest.raises(CheckFailed, match="future"):
