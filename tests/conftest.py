@@ -4,6 +4,12 @@ Tests use tiny models, which gain nothing from intra-op threads; one thread
 keeps them fast and steady on a busy 2-core machine (benchmarks pin their own).
 """
 
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -54,6 +60,27 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
 
 
 def pytest_configure(config):
+    # Every notebook kernel and subprocess of the session keeps its runs in one fresh folder:
+    # nothing a developer trained in runs/ is read or overwritten, and the fast lab run is
+    # made once (fast_reproduce) for the lab tests, notebook 10 and its exercise copy.
+    os.environ["BLOCKMEM_RUNS"] = tempfile.mkdtemp(prefix="blockmem-test-runs-")
     config.addinivalue_line(
         "markers", "browser: runs the notebooks in JupyterLab in headless Chromium "
         "(skipped without Chromium or playwright); deselect with -m 'not browser'")
+
+
+def pytest_unconfigure(config):
+    shutil.rmtree(os.environ.get("BLOCKMEM_RUNS", ""), ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def fast_reproduce():
+    """``reproduce --preset fast`` run once, where notebook 10 looks for it: (out, results)."""
+    from blockmem_lite import lab
+    from blockmem_lite.corpora import runs_dir
+    from blockmem_lite.tools.cli import reproduce_main
+
+    out = runs_dir() / "reproduce_fast"
+    assert not (out / lab.RESULTS_NAME).exists(), "a lab run was already there: not a fresh one"
+    assert reproduce_main(["--preset", "fast", "--out", str(out)]) == 0
+    return Path(out), json.loads((out / lab.RESULTS_NAME).read_text())

@@ -15,10 +15,8 @@ DETERMINISTIC_DROP = ("seconds",)          # wall-clock fields differ between ru
 
 
 @pytest.fixture(scope="module")
-def fast_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("reproduce_fast")
-    assert reproduce_main(["--preset", "fast", "--out", str(out)]) == 0
-    return out, json.loads((out / lab.RESULTS_NAME).read_text())
+def fast_run(fast_reproduce):
+    return fast_reproduce
 
 
 def test_every_registered_architecture_is_trained_measured_and_benched(fast_run):
