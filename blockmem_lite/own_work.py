@@ -1,6 +1,7 @@
 """Checks that keep an exercise honest: ``check_own_work`` (the answer is the learner's own, not
-the kit's piece it asks for) and ``check_prediction`` (a "predict, then test" answer is judged
-without showing the right value).
+the kit's piece it asks for, which stays switched off inside it while the check runs),
+``check_prediction`` (a "predict, then test" answer is judged without showing the right value)
+and fresh inputs (``fresh_generator``, ``fresh_int``) that hard-coded answers cannot know.
 
 Checks that compare with the library cannot tell the library's answer from the learner's, so
 an exercise notebook runs this before them. It reads the answer's bytecode (globals, attribute
@@ -16,7 +17,12 @@ import dis
 import functools
 import inspect
 import numbers
+import os
+import random
 
+import torch
+
+from blockmem_lite import guard as _guard
 from blockmem_lite.checks import (
     CheckFailed,
     _all_close,
@@ -28,6 +34,7 @@ from blockmem_lite.checks import (
     _plain_equal,
     _require_text,
     _tolerances,
+    check_close,
 )
 
 
@@ -157,14 +164,64 @@ def _is_own_helper(value, piece) -> bool:
         getattr(value, "__module__", None) == getattr(piece, "__module__", None)
 
 
-def check_own_work(piece, *library, name: str | None = None) -> None:
+def _learner_functions(piece, seen: set[int] | None = None) -> list:
+    """The functions of ``piece`` and of the notebook helpers (functions, classes) it names or
+    closes over, recursively: the code that is the learner's answer."""
+    seen = set() if seen is None else seen
+    if id(piece) in seen:
+        return []
+    seen.add(id(piece))
+    if isinstance(piece, functools.partial):
+        return _learner_functions(piece.func, seen)
+    found = _functions_of(piece)
+    for fn in list(found):
+        scope = fn.__globals__
+        values = [scope.get(n) for n in _names_used(fn.__code__)]
+        values += [c.cell_contents for c in (fn.__closure__ or ()) if _cell_filled(c)]
+        for value in values:
+            if _is_own_helper(value, piece):
+                found += _learner_functions(value, seen)
+    return found
+
+
+def _recompiled(functions: list, library) -> str | None:
+    """The name of the library piece one of ``functions`` is a copy of, compiled again from
+    its source (``exec(inspect.getsource(...))``), or None."""
+    copies = {_guard.fingerprint(f.__code__): f"{f.__module__}.{f.__qualname__}"
+              for p in library for f in _functions_of(p)}
+    for fn in functions:
+        if not _guard._has_source_file(fn.__code__):
+            hit = copies.get(_guard.fingerprint(fn.__code__))
+            if hit:
+                return hit
+    return None
+
+
+def _switched_off(library, named: dict[int, str]) -> dict:
+    """{function or built-in: readable name} for the guard: a class by each of its methods."""
+    pieces = {}
+    for piece in library:
+        functions = _functions_of(piece)
+        if isinstance(piece, type):
+            pieces.update({f: f"{named[id(piece)]}.{f.__name__}" for f in functions})
+        else:
+            pieces[functions[0] if functions else piece] = named[id(piece)]
+    return pieces
+
+
+def check_own_work(piece, *library, name: str | None = None) -> _guard.Guard:
     """``piece`` (a function or class the learner wrote) is not, does not subclass and does not
-    call any of ``library``, the kit's own version of what the exercise asks for.
+    call any of ``library``, the kit's own version of what the exercise asks for (or a helper
+    of the check cell that computes it).
 
     Checks that compare with the library cannot tell the library's answer from the learner's,
     so an exercise that asks for a piece the library has runs this first. It reads the
     bytecode: globals, attribute names (``armt.dpfp``), closures, base classes, and the
-    helpers the notebook defines that ``piece`` uses, recursively.
+    helpers the notebook defines that ``piece`` uses, recursively. Then it switches
+    ``library`` off inside the learner's code (``guard.Guard``) for the rest of the notebook
+    cell (elsewhere: of the calling function, or of a ``with check_own_work(...):`` block), so
+    no other route reaches it either.
+    Returns the guard.
     """
     if not callable(piece):
         raise _not_allowed("piece", piece, "the function or class the exercise asks for")
@@ -183,6 +240,12 @@ def check_own_work(piece, *library, name: str | None = None) -> None:
                        "it still raises the exercise's NotImplementedError: write your answer "
                        "in its place, run that cell, then this check")
     used = _calls_into(piece, named, by_name, set())
+    functions = _learner_functions(piece)
+    copied = _recompiled(functions, library)
+    if copied is not None:
+        raise _failure(label, f"is the kit's own {copied}, compiled again from its source",
+                       "this exercise asks you to write that piece yourself",
+                       "write it from torch operations, in a notebook cell")
     if used is not None:
         short = used.rsplit(".", 1)[-1]
         whose = "the kit's own " if used.startswith("blockmem_lite.") else ""
@@ -194,6 +257,10 @@ def check_own_work(piece, *library, name: str | None = None) -> None:
                        "this exercise, to check or to compare)")
     _ok(f"{label}: your own code (it does not call the kit's "
         f"{', '.join(sorted(n.rsplit('.', 1)[-1] for n in named.values()))})")
+    guard = _guard.Guard(_guard.learner_codes(functions), _switched_off(library, named),
+                         label, entries={f.__code__ for f in _functions_of(piece)}).install()
+    _guard.end_with_the_cell(guard, inspect.currentframe().f_back)
+    return guard
 
 
 def _floats(*values) -> bool:
@@ -225,3 +292,62 @@ def check_prediction(predicted, actual, name: str = "your prediction", hint: str
                        *([hint] if hint else []),
                        "think it through again, change your prediction, then run this check")
     _ok(f"{name}: your prediction matches what the code does")
+
+
+_SYSTEM_RANDOM = random.SystemRandom()
+
+
+def fresh_generator(device=None) -> torch.Generator:
+    """A torch generator seeded from the operating system: inputs that no answer can know in
+    advance, so hard-coding the results of a check's fixed cases does not pass it. A check
+    names the inputs it drew in its messages, so a failure can be reproduced."""
+    return torch.Generator(device=device or "cpu").manual_seed(int.from_bytes(os.urandom(8),
+                                                                               "little"))
+
+
+def fresh_int(low: int, high: int) -> int:
+    """An integer in ``low .. high`` (both included) from the operating system's randomness."""
+    if not (isinstance(low, int) and isinstance(high, int)) or low > high:
+        raise ValueError(f"fresh_int(low={low!r}, high={high!r}) is not allowed: expected two "
+                         "integers with low <= high")
+    return _SYSTEM_RANDOM.randint(low, high)
+
+
+def _as_outputs(value, name: str) -> tuple:
+    outputs = value if isinstance(value, (tuple, list)) else (value,)
+    if not outputs or not all(isinstance(o, torch.Tensor) for o in outputs):
+        raise _not_allowed(name, value, "a tensor or a tuple of tensors")
+    return tuple(outputs)
+
+
+def check_gradients(yours, kit, inputs, name: str = "your function", names=None,
+                    atol: float | None = None, rtol: float | None = None) -> None:
+    """``yours(*inputs)`` and ``kit(*inputs)`` give the same gradient with respect to every
+    tensor of ``inputs``: what the forward values cannot show, e.g. a stop-gradient
+    (``.detach()``) the task asks for. Each output is weighted by fresh random numbers (the
+    same for both) before summing, so no gradient cancels out. ``names``: one per input."""
+    _require_text("name", name)
+    inputs = tuple(inputs)
+    names = tuple(names) if names is not None else tuple(f"input {i}" for i in range(len(inputs)))
+    if not inputs or not all(isinstance(x, torch.Tensor) and x.is_floating_point()
+                             for x in inputs):
+        raise _not_allowed("inputs", inputs, "floating-point tensors")
+    if len(names) != len(inputs):
+        raise _not_allowed("names", names, f"{len(inputs)} names, one per input")
+    gen, weights = fresh_generator(), None
+    grads = []
+    for fn, role in ((yours, name), (kit, "the kit's version")):
+        leaves = [x.detach().clone().requires_grad_() for x in inputs]
+        outputs = _as_outputs(fn(*leaves), role)
+        if weights is None:
+            weights = [torch.randn(o.shape, generator=gen, dtype=torch.float64).to(o)
+                       for o in outputs]
+        if len(outputs) != len(weights):
+            raise _failure(name, f"returns {len(outputs)} outputs", f"expected {len(weights)}")
+        total = sum((w * o).sum() for w, o in zip(weights, outputs, strict=True))
+        found = torch.autograd.grad(total, leaves, allow_unused=True)
+        grads.append([torch.zeros_like(x) if g is None else g
+                      for x, g in zip(leaves, found, strict=True)])
+    for label, mine, theirs in zip(names, *grads, strict=True):
+        check_close(mine, theirs, f"{name}: gradient with respect to {label}", atol=atol,
+                    rtol=rtol)

@@ -45,16 +45,18 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if not notebooks:
         return
     tr = terminalreporter
-    tr.write_sep("=", "mutation teeth: mutants tried / killed per notebook")
+    tr.write_sep("=", "mutation teeth: mutants and cheating mutants tried / killed per notebook")
     tr.write_line(f"{'notebook':<42} {'checks':>6} {'tried':>6} {'killed':>6} {'by check':>8} "
-                  f"{'problems':>8} {'seconds':>8}")
+                  f"{'cheats':>6} {'killed':>6} {'problems':>8} {'seconds':>8}")
     for nb in notebooks:
-        rows = nb["rows"]
+        rows = [r for r in nb["rows"] if not r["cheat"]]
+        cheats = [r for r in nb["rows"] if r["cheat"]]
         killed = [r for r in rows if r["verdict"] == "killed"]
         by_check = [r for r in killed if r["kind"] in ("CheckFailed", "AssertionError")]
         tr.write_line(f"{nb['notebook']:<42} {len({r['check'] for r in rows}):>6} {len(rows):>6} "
-                      f"{len(killed):>6} {len(by_check):>8} {len(nb['problems']):>8} "
-                      f"{nb['seconds']:>8.0f}")
+                      f"{len(killed):>6} {len(by_check):>8} {len(cheats):>6} "
+                      f"{sum(r['verdict'] == 'killed' for r in cheats):>6} "
+                      f"{len(nb['problems']):>8} {nb['seconds']:>8.0f}")
         for problem in nb["problems"]:
             tr.write_line(f"    ! {problem}")
 

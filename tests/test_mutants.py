@@ -5,6 +5,12 @@ cell to a list of ``(description, original, replacement)``; ``original`` is text
 exactly once in the solution regions (``### BEGIN SOLUTION`` .. ``### END SOLUTION``) of the
 code cells between the previous check cell and this one, the exercise that check judges.
 
+``CHEATS`` (same form) holds the cheating mutants: answers that pass without being the
+learner's own (the kit's function reached by getattr, eval, a dict, a default argument, a copy
+of its code; hard-coded results; the check helpers or the kernel's hooks tampered with). Each
+check cell runs after the grader's reset (``tools.grading.RESET_BEFORE_A_CHECK``, sent as the grader sends it), as in
+``exercises grade``, so a cheat is judged as a graded notebook would be.
+
 ``test_mutants_match_their_solutions`` (no kernel) fails on drift: an original no longer in its
 exercise, an unknown check id, an exercise with fewer than ``MIN_MUTANTS`` mutants.
 
@@ -40,6 +46,7 @@ from blockmem_lite.tools.exercises import (
     solutions_dir,
     stub_code,
 )
+from blockmem_lite.tools.grading import RESET_TIMEOUT_S, _reset_kernel
 
 MUTANTS_DIR = Path(__file__).parent / "mutants"
 MIN_MUTANTS = 3
@@ -48,6 +55,8 @@ CELL_TIMEOUT = 240
 MUTANT_FAULTS = {"SyntaxError", "IndentationError", "TabError", "NameError", "UnboundLocalError",
                  "NotImplementedError", "ImportError", "ModuleNotFoundError", "AttributeError",
                  "KeyboardInterrupt"}
+# A cheat passes unless a check catches it: any other error means the cheat itself is broken.
+CHECK_KINDS = {"CheckFailed", "AssertionError"}
 FAST_ENV = {"BLOCKMEM_FAST": "1", "BLOCKMEM_HEADLESS": "1", "PLOTLY_RENDERER": "json",
             "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_WAIT_POLICY": "PASSIVE"}
 
@@ -78,6 +87,7 @@ class Mutant:
     description: str
     original: str
     replacement: str
+    cheat: bool = False         # a cheating mutant (CHEATS), not an honest mistake (MUTANTS)
 
 
 def _regions(source: str, cell: int) -> list[Region]:
@@ -110,8 +120,13 @@ def mutants_path(notebook: Path) -> Path:
 
 
 def load_mutants(notebook: Path) -> dict[str, list[Mutant]]:
-    raw = runpy.run_path(str(mutants_path(notebook)))["MUTANTS"]
-    return {check_id: [Mutant(*m) for m in mutants] for check_id, mutants in raw.items()}
+    """The honest mistakes (``MUTANTS``) then the cheats (``CHEATS``) of each check cell."""
+    data = runpy.run_path(str(mutants_path(notebook)))
+    found: dict[str, list[Mutant]] = {}
+    for key, cheat in (("MUTANTS", False), ("CHEATS", True)):
+        for check_id, mutants in data.get(key, {}).items():
+            found.setdefault(check_id, []).extend(Mutant(*m, cheat=cheat) for m in mutants)
+    return found
 
 
 def locate(nb, ex: Exercise, original: str) -> list[tuple[int, int]]:
@@ -128,9 +143,10 @@ def drift_problems(nb, mutants: dict[str, list[Mutant]], name: str) -> list[str]
     problems = []
     by_id = {ex.check_id: ex for ex in exercises_of(nb)}
     for ex in by_id.values():
-        if ex.regions and len(mutants.get(ex.check_id, [])) < MIN_MUTANTS:
-            problems.append(f"{name}: check {ex.check_id} has "
-                            f"{len(mutants.get(ex.check_id, []))} mutants, needs {MIN_MUTANTS}")
+        honest = [m for m in mutants.get(ex.check_id, []) if not m.cheat]
+        if ex.regions and len(honest) < MIN_MUTANTS:
+            problems.append(f"{name}: check {ex.check_id} has {len(honest)} mutants, needs "
+                            f"{MIN_MUTANTS}")
     for check_id, ms in mutants.items():
         ex = by_id.get(check_id)
         if ex is None or not ex.regions:
@@ -181,12 +197,17 @@ def _error(cell) -> tuple[str, str] | None:
 
 
 class _Kernel:
-    """One kernel for one notebook; runs cells (copies, with an optional new source)."""
+    """One kernel for one notebook; runs cells (copies, with an optional new source), each
+    check cell after the grader's reset."""
 
-    def __init__(self, client):
+    def __init__(self, client, check_cells: set[int]):
         self.client = client
+        self.check_cells = check_cells
 
     def run(self, nb, index: int, source: str | None = None):
+        if index in self.check_cells:
+            assert _reset_kernel(self.client, RESET_TIMEOUT_S), "the grader's reset failed"
+            self.client.timeout = CELL_TIMEOUT
         cell = copy.deepcopy(nb.cells[index])
         if source is not None:
             cell.source = source
@@ -260,7 +281,7 @@ def run_mutants(path: Path, mutants: dict[str, list[Mutant]]) -> tuple[list[dict
                             resources={"metadata": {"path": str(path.parent)}})
     rows, problems, done = [], [], -1
     with client.setup_kernel():
-        kernel = _Kernel(client)
+        kernel = _Kernel(client, set(check_cell_indices(nb)))
         for ex in exercises_of(nb):
             if not ex.regions:
                 continue
@@ -282,7 +303,7 @@ def run_mutants(path: Path, mutants: dict[str, list[Mutant]]) -> tuple[list[dict
                 t0 = time.perf_counter()
                 err = kernel.run_span(nb, ex.first, ex.check, mutate(nb, ex, m))
                 row = {"notebook": path.stem[:2], "check": ex.check_id, "mutant": m.description,
-                       "seconds": time.perf_counter() - t0}
+                       "seconds": time.perf_counter() - t0, "cheat": m.cheat}
                 if err is None:
                     row.update(verdict="SURVIVED", message="the check passed")
                     problems.append(f"{ex.check_id}: mutant survived: {m.description}")
@@ -291,7 +312,7 @@ def run_mutants(path: Path, mutants: dict[str, list[Mutant]]) -> tuple[list[dict
                     problems.append(f"{ex.check_id}: mutant {m.description!r} fails in cell "
                                     f"{err[0]} before the check ({err[1]}: "
                                     f"{_first_line(err[2])}): fix the mutant")
-                elif err[1] in MUTANT_FAULTS:
+                elif err[1] in MUTANT_FAULTS or m.cheat and err[1] not in CHECK_KINDS:
                     row.update(verdict="INVALID", message=f"{err[1]}: {_first_line(err[2])}")
                     problems.append(f"{ex.check_id}: mutant {m.description!r} raises {err[1]}: "
                                     "that is the mutant's fault, fix it")
@@ -303,7 +324,8 @@ def run_mutants(path: Path, mutants: dict[str, list[Mutant]]) -> tuple[list[dict
                                 f"(state left behind?): {err[1]}: {_first_line(err[2])}")
                 break
             kernel.unanswer(nb, ex)
-            killed = sum(r["verdict"] == "killed" for r in rows if r["check"] == ex.check_id)
+            killed = sum(r["verdict"] == "killed" for r in rows
+                         if r["check"] == ex.check_id and not r["cheat"])
             if killed < MIN_MUTANTS:
                 problems.append(f"{ex.check_id}: only {killed} mutants killed, needs "
                                 f"{MIN_MUTANTS}")

@@ -100,3 +100,79 @@ MUTANTS = {
          "else list(range(seq_len))", "else list(range(changed_at, seq_len))"),
     ],
 }
+
+# Cheating mutants: answers that are not the learner's own. Each replaces the answer's last line
+# and, where the route needs it, redefines the function after it at the top level of its cell.
+_REDEFINE = "return None\n\n\n"          # ends the original body; what follows is top level
+_MASK = "return k_pos <= q_pos"
+CHEATS = {
+    "nb01-05": [  # my_causal_mask: every route to the kit's causal_mask
+        ("getattr on importlib.import_module, the name built at run time",
+         _MASK, "import importlib\n    return getattr(importlib.import_module("
+                "'blockmem_lite.masks'), 'causal_' + 'mask')(q_len, kv_len)"),
+        ("eval of the name", _MASK, "return eval('causal' + '_mask')(q_len, kv_len)"),
+        ("kept in a dict",
+         _MASK, _REDEFINE + "_KEPT = {'mask': causal_mask}\n\n\n"
+                "def my_causal_mask(q_len, kv_len):\n    return _KEPT['mask'](q_len, kv_len)"),
+        ("a default argument",
+         _MASK, _REDEFINE + "def my_causal_mask(q_len, kv_len, _mask=causal_mask):\n"
+                "    return _mask(q_len, kv_len)"),
+        ("a class attribute",
+         _MASK, _REDEFINE + "class _Holder:\n    mask = staticmethod(causal_mask)\n\n\n"
+                "def my_causal_mask(q_len, kv_len):\n    return _Holder.mask(q_len, kv_len)"),
+        ("types.FunctionType from the kit's __code__",
+         _MASK, _REDEFINE + "import types\n_copy = types.FunctionType(causal_mask.__code__, "
+                "causal_mask.__globals__, 'c', causal_mask.__defaults__)\n\n\n"
+                "def my_causal_mask(q_len, kv_len):\n    return _copy(q_len, kv_len)"),
+        ("the kit's source compiled again under another name, as the answer",
+         _MASK, _REDEFINE + "import inspect\n_ns = {}\nexec(inspect.getsource(causal_mask)"
+                ".replace('def causal_mask', 'def my_causal_mask'), dict(causal_mask.__globals__),"
+                " _ns)\nmy_causal_mask = _ns['my_causal_mask']"),
+        ("the kit's source compiled again, called from the answer",
+         _MASK, _REDEFINE + "import inspect\n_ns = {}\nexec(inspect.getsource(causal_mask), "
+                "dict(causal_mask.__globals__), _ns)\n\n\n"
+                "def my_causal_mask(q_len, kv_len):\n    return _ns['causal_mask'](q_len, kv_len)"),
+        ("a decorator that looks the kit's function up at call time",
+         _MASK, _REDEFINE + "def _looked_up(fn):\n    def wrapper(q_len, kv_len):\n"
+                "        return globals()['causal' + '_mask'](q_len, kv_len)\n    return wrapper\n"
+                "\n\n@_looked_up\ndef my_causal_mask(q_len, kv_len):\n    return None"),
+        ("the refusal caught and the kit called again",
+         _MASK, _REDEFINE + "_KEPT = [causal_mask]\n\n\ndef my_causal_mask(q_len, kv_len):\n"
+                "    try:\n        return _KEPT[0](q_len, kv_len)\n    except Exception:\n"
+                "        return _KEPT[0](q_len, kv_len)"),
+        ("the check's profiler switched off first",
+         _MASK, _REDEFINE + "import sys as _sys\n_KEPT = [causal_mask]\n\n\n"
+                "def my_causal_mask(q_len, kv_len, _off=_sys.setprofile):\n    _off(None)\n"
+                "    return _KEPT[0](q_len, kv_len)"),
+        ("hard-coded: the kit's answers for the check's fixed cases, kept before it runs",
+         _MASK, _REDEFINE + "_KNOWN = {qk: causal_mask(*qk) for qk in [(6, 6), (3, 8), (1, 5)]}"
+                "\n\n\ndef my_causal_mask(q_len, kv_len):\n    return _KNOWN.get((q_len, kv_len),"
+                " torch.ones(q_len, kv_len, dtype=torch.bool))"),
+        ("a wrong answer, and the check helper redefined to print OK",
+         _MASK, "return k_pos < q_pos\n\n\ndef check_equal(*args, **kwargs):\n    print('OK')"),
+        ("the kit's function, and own_work's bytecode reader patched to see nothing",
+         _MASK, "return causal_mask(q_len, kv_len)\n\n\nimport blockmem_lite.own_work as _ow\n"
+                "_ow._calls_into = lambda *args: None"),
+        ("a wrong answer, and a custom exception handler that hides the failure",
+         _MASK, "return k_pos < q_pos\n\n\n"
+                "get_ipython().set_custom_exc((Exception,), lambda *args, **kwargs: None)"),
+        ("a wrong answer, and an input transformer that empties the check cell",
+         _MASK, "return k_pos < q_pos\n\n\n"
+                "get_ipython().input_transformers_post.append(lambda lines: ['pass\\n'])"),
+        ("a wrong answer, and a post-run callback that clears the error output",
+         _MASK, "return k_pos < q_pos\n\n\nfrom IPython.display import clear_output\n"
+                "get_ipython().events.register('post_run_cell', lambda result: clear_output())"),
+    ],
+    "nb01-08": [  # masked_attention: "by hand"
+        ("torch's scaled_dot_product_attention instead of attention by hand",
+         "return weights @ v, weights",
+         "out = F.scaled_dot_product_attention(q, k, v, attn_mask=per_head).nan_to_num(0.0)\n"
+         "    return torch.where(~per_head.any(-1, keepdim=True), 0.0, out), weights"),
+        ("scaled_dot_product_attention kept in a default argument",
+         "return weights @ v, weights",
+         "return _sdpa_output(q, k, v, per_head), weights\n\n\n"
+         "def _sdpa_output(q, k, v, per_head, _sdpa=F.scaled_dot_product_attention):\n"
+         "    out = _sdpa(q, k, v, attn_mask=per_head).nan_to_num(0.0)\n"
+         "    return torch.where(~per_head.any(-1, keepdim=True), 0.0, out)"),
+    ],
+}

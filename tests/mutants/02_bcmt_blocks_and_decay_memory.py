@@ -104,3 +104,23 @@ MUTANTS = {
          "return summaries.clone()", "return summaries.roll(1, dims=1)"),
     ],
 }
+
+_REDEFINE = "return None\n\n\n"          # ends the original body; what follows is top level
+CHEATS = {
+    "nb02-05": [  # multi_rate_decay_weights
+        ("float32 where the task says float64",
+         "return powers / powers.sum(dim=-1, keepdim=True)",
+         "return (powers / powers.sum(dim=-1, keepdim=True)).float()"),
+        ("the kit's decay_weights kept in a default argument, one rate at a time",
+         "return powers / powers.sum(dim=-1, keepdim=True)",
+         _REDEFINE + "def multi_rate_decay_weights(n_blocks, alphas, _kit=decay_weights):\n"
+         "    return torch.stack([_kit(n_blocks, a, torch.float64) for a in alphas])"),
+    ],
+    "nb02-08": [  # padded_block_summaries
+        ("the check cell's own reference helper called by name",
+         "return summaries, pi", "return tuple(kit_summaries(states, scores, lengths))"),
+        ("the check cell's reference helper looked up at call time",
+         "return summaries, pi",
+         "return tuple(globals()['kit_' + 'summaries'](states, scores, lengths))"),
+    ],
+}

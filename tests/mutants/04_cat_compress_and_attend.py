@@ -69,3 +69,24 @@ MUTANTS = {
          "leak_reaches = 3", "leak_reaches = 7"),
     ],
 }
+
+_REDEFINE = "return None\n\n\n"          # ends the original body; what follows is top level
+CHEATS = {
+    "nb04-05": [  # allowed, and the given my_cat_mask the check builds from it
+        ("a wrong rule, and the given my_cat_mask edited to call the kit's cat_mask",
+         "return (n <= q) & (same_group | is_vector)",
+         "return n <= q\n\n\ndef my_cat_mask(n_chunks, chunk_size, separator=False):\n"
+         "    return cat_mask(n_chunks, chunk_size, separator)"),
+    ],
+    "nb04-11": [  # cat_pairs
+        ("hard-coded: the kit's counts for the check's fixed cases, kept before it runs",
+         "return vectors + tokens",
+         _REDEFINE + "_KNOWN = {kc: int(cat_mask(*kc).sum()) for kc in "
+         "[(1, 1), (3, 4), (8, 16), (16, 2), (4096 // 64, 64)]}\n\n\n"
+         "def cat_pairs(n_chunks, chunk_size):\n    return _KNOWN.get((n_chunks, chunk_size), 0)"),
+        ("the kit's cat_mask counted, reached through a default argument",
+         "return vectors + tokens",
+         _REDEFINE + "def cat_pairs(n_chunks, chunk_size, _kit=cat_mask):\n"
+         "    return int(_kit(n_chunks, chunk_size).sum())"),
+    ],
+}

@@ -88,3 +88,30 @@ MUTANTS = {
          "return armt.associative_read(q, A, z, self.eps)"),
     ],
 }
+
+_REDEFINE = "return None\n\n\n"          # ends the original body; what follows is top level
+CHEATS = {
+    "nb06-05": [  # my_dpfp
+        ("float32 features where the task keeps float64",
+         "return F.normalize(phi, dim=-1) if normalize else phi",
+         "return (F.normalize(phi, dim=-1) if normalize else phi).float()"),
+        ("the kit's dpfp copied with types.FunctionType",
+         "return F.normalize(phi, dim=-1) if normalize else phi",
+         _REDEFINE + "import types\n_copy = types.FunctionType(armt.dpfp.__code__, "
+         "armt.dpfp.__globals__, 'c', armt.dpfp.__defaults__)\n\n\n"
+         "def my_dpfp(u, nu=3, normalize=True):\n    return _copy(u, nu, normalize)"),
+    ],
+    "nb06-09": [  # my_write_heads
+        ("gamma without the stop-gradient the task asks for",
+         "novelty = (1 - k_dot_z / k_phi.pow(2).sum(-1)).clamp(0, 1).detach()",
+         "novelty = (1 - k_dot_z / k_phi.pow(2).sum(-1)).clamp(0, 1)"),
+        ("the kit's associative_write reached through getattr, head by head",
+         "return A, z",
+         _REDEFINE + "def my_write_heads(A, z, k_phi, v, beta, correction=True, eps=EPS):\n"
+         "    kit = getattr(armt, 'associative_' + 'write')\n"
+         "    flat = lambda x: None if x is None else x.flatten(0, 1)\n"
+         "    new_A, new_z = kit(flat(A), flat(z), flat(k_phi), flat(v), flat(beta), correction)\n"
+         "    b, h = k_phi.shape[:2]\n"
+         "    return new_A.view(b, h, *new_A.shape[1:]), new_z.view(b, h, *new_z.shape[1:])"),
+    ],
+}

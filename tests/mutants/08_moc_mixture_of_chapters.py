@@ -112,3 +112,17 @@ MUTANTS = {
          "block.routed_scale))"),
     ],
 }
+
+_REDEFINE = "return None\n\n\n"          # ends the original body; what follows is top level
+_LAST = "return torch.cat([shared_ids, top_i + n_shared], dim=-1), weights"
+CHEATS = {
+    "nb08-05": [  # my_chapter_weights: routes to the kit's moc.chapter_weights
+        ("getattr with the name built at run time",
+         _LAST, "return getattr(moc, 'chapter_' + 'weights')(probs, top_k, routed_scale)"),
+        ("kept in a default argument",
+         _LAST, _REDEFINE + "def my_chapter_weights(probs, top_k, routed_scale, n_shared=1, "
+                "_kit=moc.chapter_weights):\n    return _kit(probs, top_k, routed_scale)"),
+        ("eval of the name",
+         _LAST, "return eval('moc.chapter' + '_weights')(probs, top_k, routed_scale)"),
+    ],
+}

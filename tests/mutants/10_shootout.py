@@ -99,3 +99,18 @@ MUTANTS["cell-22"] = [  # my_slot_accuracy + my_cat_slots
     ("calls the kit's slot_accuracy", "return min(slots, n_pairs) / n_pairs",
      "return recall.slot_accuracy(n_pairs, slots, chance)"),
 ]
+
+_REDEFINE = "return None\n\n\n"          # ends the original body; what follows is top level
+CHEATS = {
+    "cell-5": [  # my_pareto_front: routes around the check's mock.patch of the module name
+        ("the kit's pareto_front kept in a default argument before the check patches it",
+         "    return front",
+         "    return front\n\n\n"
+         "def my_pareto_front(points, _kit=lab_figures.pareto_front):\n    return _kit(points)"),
+        ("the kit's pareto_front copied with types.FunctionType",
+         "    return front",
+         "    return front\n\n\nimport types\n_copy = types.FunctionType("
+         "lab_figures.pareto_front.__code__, lab_figures.pareto_front.__globals__)\n\n\n"
+         "def my_pareto_front(points):\n    return _copy(points)"),
+    ],
+}

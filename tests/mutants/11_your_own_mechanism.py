@@ -82,3 +82,35 @@ MUTANTS = {
          "return F.scaled_dot_product_attention(q, k, v, attn_mask=sliding(t, t, window))"),
     ],
 }
+
+_REDEFINE = "return None\n\n\n"          # ends the original body; what follows is top level
+CHEATS = {
+    "cell-8": [  # dilated_window_mask
+        ("the check cell's own brute force called by name",
+         "return (lag >= 0) & (lag % dilation == 0) & (lag < window * dilation)",
+         "return brute_force_dilated(q_len, kv_len, window, dilation)"),
+        ("hard-coded: the brute force's answers for the check's fixed cases, kept in advance",
+         "return (lag >= 0) & (lag % dilation == 0) & (lag < window * dilation)",
+         "return (lag >= 0) & (lag % dilation == 0) & (lag < window * dilation) if (q_len, kv_len,"
+         " window, dilation) in {(24, 24, 4, 3), (24, 24, 5, 1), (3, 30, 4, 2), (16, 16, 1, 4), "
+         "(20, 20, 6, 2), (30, 30, 4, 3)} else torch.ones(q_len, kv_len, dtype=torch.bool)"),
+    ],
+    "cell-12": [  # sink_window_mask + sink_keys_per_query
+        ("the check cell's own brute force looked up at call time",
+         "return masks.sliding_window_mask(q_len, kv_len, window=window) | sink",
+         "return globals()['brute_force_' + 'sinks'](q_len, kv_len, window, sinks)"),
+        ("the keys per query counted from the check's brute force",
+         "return min(t + 1, window) + max(0, min(sinks, t - window + 1))",
+         "return int(brute_force_sinks(t + 1, t + 1, window, sinks)[-1].sum())"),
+    ],
+    "cell-16": [  # predicted_ceiling
+        ("dense's FLOP model reached through the registry, not predicted",
+         "return dense / swa",
+         "from blockmem_lite import registry as _r\n"
+         "    from blockmem_lite.config import ModelConfig as _M\n"
+         "    sizes = dict(d_model=d, n_layer=n_layer, n_head=4, vocab_size=vocab, "
+         "seq_len=seq_len)\n"
+         "    return _r.get('dense').flops(_M(**sizes), seq_len) / "
+         "_r.get('swa').flops(_M(arch='swa', window=window, **sizes), seq_len)"),
+    ],
+}
