@@ -37,7 +37,8 @@ import torch
 
 from blockmem_lite import checks
 
-_TAMPERING = (sys.setprofile, sys.settrace, threading.setprofile, threading.settrace)
+_TAMPERING = (sys.setprofile, sys.settrace)                 # C functions: refused by identity
+_THREAD_HOOKS = (threading.setprofile, threading.settrace)   # Python ones: by their code
 
 
 _LOCAL_OPS = {"LOAD_FAST", "STORE_FAST", "DELETE_FAST", "LOAD_DEREF", "STORE_DEREF",
@@ -86,7 +87,8 @@ class Guard:
         self._entries = {id(c): c for c in entries}     # the answer's own functions
         self._inputs: dict[int, list] = {}              # id(frame) -> [(name, tensor, version)]
         self.notes: list[str] = []
-        self._codes, self._builtins, self._copies = {}, {}, {}
+        self._codes, self._copies = {}, {}
+        self._builtins = {id(t): (t, None) for t in _TAMPERING}   # C functions, by identity
         for piece, name in library.items():
             code = getattr(piece, "__code__", None)
             if code is None:
@@ -94,6 +96,10 @@ class Guard:
             else:
                 self._codes[id(code)] = (code, name)
                 self._copies[fingerprint(code)] = name
+        for hook in _THREAD_HOOKS:                        # the profiler of new threads
+            self._codes[id(hook.__code__)] = (hook.__code__, f"threading.{hook.__name__}")
+        # a copy compiled from a piece's source loads the same names: look closer only then
+        self._copy_names = {(c.co_argcount, c.co_names) for c, _ in self._codes.values()}
         self._seen: dict[int, tuple] = {}          # id(code) -> (code, name or None)
         self.refusals: list[str] = []
         self._installed = False
@@ -171,22 +177,29 @@ class Guard:
         self.refusals.append(what)
         raise self._failure(what)
 
-    def _watch(self, frame, event, arg) -> None:
-        if event == "return" and frame is self._owner:
+    # --- watching (called for every event while installed: keep the common path short) ----
+    def _call(self, frame) -> None:
+        key = id(frame.f_code)
+        if key in self._entries:
+            self._watch_inputs(frame, "call")
+        hit = self._codes.get(key)
+        name = hit[1] if hit is not None and hit[0] is frame.f_code else \
+            self._copied(frame.f_code)
+        if name is not None and self._from_learner(frame.f_back):
+            self._refuse(f"calls {name}, which is switched off in this check")
+
+    def _c_call(self, frame, function) -> None:
+        hit = self._builtins.get(id(function))
+        if hit is not None and hit[0] is function and self._from_learner(frame):
+            self._refuse("switches the check's profiler off (sys.setprofile / settrace)"
+                         if hit[1] is None else
+                         f"calls {hit[1]}, which is switched off in this check")
+
+    def _return(self, frame) -> None:
+        if frame is self._owner:
             self.close()
-            return
-        if event in ("call", "return") and id(frame.f_code) in self._entries:
-            self._watch_inputs(frame, event)
-        if event == "call":
-            name = self._switched_off(frame.f_code)
-            if name is not None and self._from_learner(frame.f_back):
-                self._refuse(f"calls {name}, which is switched off in this check")
-        elif event == "c_call":
-            if any(arg is t for t in _TAMPERING) and self._from_learner(frame):
-                self._refuse("switches the check's profiler off (sys.setprofile / settrace)")
-            hit = self._builtins.get(id(arg))
-            if hit is not None and hit[0] is arg and self._from_learner(frame):
-                self._refuse(f"calls {hit[1]}, which is switched off in this check")
+        elif id(frame.f_code) in self._entries:
+            self._watch_inputs(frame, "return")
 
     def _watch_inputs(self, frame, event) -> None:
         """Note a tensor argument the answer changes in place (its version counter moves): the
@@ -203,14 +216,14 @@ class Guard:
             if tensor._version != version and note not in self.notes:
                 self.notes.append(note)
 
-    def _switched_off(self, code) -> str | None:
-        """The piece's name when ``code`` is one (or a copy compiled from its source)."""
-        hit = self._codes.get(id(code))
-        if hit is not None and hit[0] is code:
-            return hit[1]
+    def _copied(self, code) -> str | None:
+        """The piece's name when ``code`` was compiled again from a piece's source."""
         seen = self._seen.get(id(code))
         if seen is None or seen[0] is not code:
-            name = None if _has_source_file(code) else self._copies.get(fingerprint(code))
+            name = None
+            if (code.co_argcount, code.co_names) in self._copy_names and \
+                    not _has_source_file(code):
+                name = self._copies.get(fingerprint(code))
             seen = self._seen[id(code)] = (code, name)
         return seen[1]
 
@@ -233,8 +246,15 @@ def _off_at_exit() -> None:
 
 def _watch_all(frame, event, arg, guards=checks.ACTIVE_GUARDS) -> None:
     """The profiler while guards are installed: each one judges the event."""
-    for guard in list(guards):
-        guard._watch(frame, event, arg)
+    if event == "c_call":
+        for guard in guards:
+            guard._c_call(frame, arg)
+    elif event == "call":
+        for guard in guards:
+            guard._call(frame)
+    elif event == "return":
+        for guard in tuple(guards):          # a guard may close itself here
+            guard._return(frame)
 
 
 def learner_codes(functions: list) -> set:

@@ -4,6 +4,7 @@ learner's code, whatever route reaches it, and the check's own calls of it still
 import importlib
 import inspect
 import sys
+import threading
 import types
 
 import pytest
@@ -66,6 +67,8 @@ ROUTES = {   # each passes the bytecode check (check_own_work prints its OK firs
     "a decorator looking it up at call time": looked_up_at_call_time(honest_mask),
     "the refusal caught and the call repeated": swallows_the_refusal,
     "the profiler switched off": switches_the_profiler_off,
+    "the profiler of new threads switched off":
+        lambda q, k: (threading.setprofile(None), KEPT["mask"](q, k))[1],
 }
 
 
@@ -88,7 +91,7 @@ def test_every_route_to_the_switched_off_piece_is_refused(route, capsys):
 
 def test_the_same_routes_reach_the_kit_when_no_check_runs():
     for route, answer in ROUTES.items():
-        if route != "the profiler switched off":
+        if "profiler" not in route:
             assert torch.equal(answer(3, 5), masks.causal_mask(3, 5)), route
 
 
