@@ -26,6 +26,7 @@ from blockmem_lite import checkpoints as ck
 from blockmem_lite.corpora import load_corpus
 from blockmem_lite.tools.cli import bench_main, train_main
 from blockmem_lite.train import CheckpointNotSaved, Trainer
+from blockmem_lite.train.resume import RESCUE_ENV
 from blockmem_lite.train.stopping import StopButton
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -189,6 +190,53 @@ def test_4_the_cli_stops_cleanly_on_a_full_disk_with_history_saved(tmp_path, mon
     err = capsys.readouterr().err
     assert "the disk is full" in err and "free that much space" in err
     assert json.loads((tmp_path / "history.json").read_text())["step"][-1] == 6
+
+
+def _full_inside(folder: Path):
+    """A torch.save that fails with ENOSPC for files inside ``folder`` only."""
+    real = torch.save
+
+    def save(obj, f, *a, **kw):
+        if str(folder) in str(getattr(f, "name", f)):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(obj, f, *a, **kw)
+    return save
+
+
+def test_4_the_final_state_is_rescued_to_another_folder_when_the_disk_is_full(
+        tmp_path, monkeypatch, capsys):
+    out, rescue = tmp_path / "out", tmp_path / "rescue"
+    rescue.mkdir()
+    monkeypatch.setattr(torch, "save", _full_inside(out))
+    monkeypatch.setenv(RESCUE_ENV, str(rescue))
+    assert train_main([*TINY, "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert f"the final state was saved instead to {rescue / 'checkpoint.pt'}" in err, err
+    assert torch.load(rescue / "checkpoint.pt", weights_only=False)["step"] == 6
+    monkeypatch.setattr(torch, "save", _full_inside(tmp_path / "nowhere"))
+    assert f"continue from it with --out {rescue} --resume" in err
+    assert train_main([*TINY[:2], "--steps", "8", "--out", str(rescue), "--resume"]) == 0
+    assert json.loads((rescue / "history.json").read_text())["step"][-1] == 8
+
+
+def test_4_without_a_folder_with_room_the_cli_says_the_final_state_is_lost(
+        tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(torch, "save", _full_inside(tmp_path))
+    monkeypatch.setenv(RESCUE_ENV, str(tmp_path / "not-a-folder"))
+    assert train_main([*TINY, "--out", str(tmp_path / "out")]) == 1
+    assert "no other folder had room for the final state, so it is lost" in \
+        capsys.readouterr().err
+
+
+def test_4_a_rescue_folder_on_the_same_full_disk_is_not_chosen(tmp_path, monkeypatch):
+    from blockmem_lite.train import resume
+
+    monkeypatch.delenv(RESCUE_ENV, raising=False)
+    monkeypatch.setattr(resume.tempfile, "gettempdir", lambda: str(tmp_path))
+    monkeypatch.setattr(resume.Path, "home", classmethod(lambda cls: tmp_path))
+    assert resume.rescue_folder(tmp_path / "run", 1024) is None     # same filesystem
+    (tmp_path / "run").mkdir()
+    assert resume.rescue_folder(tmp_path / "run", 1024) is None
 
 
 # --- 6. temp files left by killed writers -----------------------------------------------------

@@ -45,6 +45,7 @@ from blockmem_lite.models.base import build_model
 from blockmem_lite.runtime import seed_everything
 from blockmem_lite.tokenizer import get_tokenizer
 from blockmem_lite.train import CheckpointNotSaved, Trainer, check_fits_in_memory
+from blockmem_lite.train.resume import RESCUE_ENV
 from blockmem_lite.validation import fail, parse_int_list
 
 PROTOCOL_WARMUP, PROTOCOL_REPEATS = 3, 5          # PERFORMANCE.md's minimum counts
@@ -365,12 +366,25 @@ def _train_in(args, run_cfg: RunConfig, out: Path, world: distributed.World,
     return _fit_and_report(trainer, run_cfg, out, world, say)
 
 
+def _rescue_note(error, rescued: Path | None) -> str:
+    """What became of the final state when its checkpoint did not fit on the disk."""
+    if not getattr(error, "disk_full", False):
+        return ""
+    if rescued is None:
+        return (f"no other folder had room for the final state, so it is lost (set "
+                f"{RESCUE_ENV} to a folder on another disk to keep it next time)\n")
+    return (f"the final state was saved instead to {rescued}: move it into place once there "
+            f"is room, or continue from it with --out {rescued.parent} --resume\n")
+
+
 def _fit_and_report(trainer: Trainer, run_cfg: RunConfig, out: Path, world, say) -> int:
     try:
         history = trainer.fit()
     except (FloatingPointError, CheckpointNotSaved) as e:      # raised on every process
+        rescued = trainer.rescue_checkpoint() if getattr(e, "disk_full", False) else None
         if world.is_main:
-            print(f"error: {e}\n{_save_history(trainer.history, out)}", file=sys.stderr)
+            print(f"error: {e}\n{_rescue_note(e, rescued)}{_save_history(trainer.history, out)}",
+                  file=sys.stderr)
         return 1
     saved = _save_history(history, out) if world.is_main else ""
     if trainer.val_dataset is not None and not history.interrupted:

@@ -421,9 +421,27 @@ class Trainer:
                 raise
             return CheckpointNotSaved(f"the checkpoint of step {self.step} was not written: "
                                       f"{self._disk_full_advice()}; the model and history are "
-                                      f"still in memory (save_checkpoint() once there is room); "
-                                      f"{resume.last_good(self._saved_step)}")
+                                      f"still in memory (save_checkpoint() once there is room, "
+                                      f"or rescue_checkpoint()); "
+                                      f"{resume.last_good(self._saved_step)}", disk_full=True)
         return None
+
+    def rescue_checkpoint(self) -> Path | None:
+        """Save the checkpoint that did not fit into ``checkpoint_dir`` somewhere else
+        (``resume.rescue_folder``: ``$BLOCKMEM_RESCUE_DIR``, or the temp or home folder on
+        another filesystem); the path, or None when no folder has room. Call it on every
+        process, like ``save_checkpoint``."""
+        folder = self.world.on_main(lambda: resume.rescue_folder(self.cfg.checkpoint_dir,
+                                                                 self.checkpoint_bytes()))
+        if folder is None:
+            return None
+        try:
+            self.world.on_main(lambda: Path(folder).mkdir(parents=True, exist_ok=True))
+            return self.save_checkpoint(Path(folder) / CHECKPOINT_NAME)
+        except (OSError, RuntimeError) as err:
+            if not is_disk_full(err):
+                raise
+            return None
 
     def _disk_full_advice(self) -> str:
         return resume.disk_full_advice(self.cfg.checkpoint_dir, self.checkpoint_bytes())

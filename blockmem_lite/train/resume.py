@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import random
 import shutil
+import tempfile
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
@@ -37,7 +39,16 @@ from blockmem_lite.units import human_bytes
 
 
 class CheckpointNotSaved(OSError):
-    """The end-of-run checkpoint could not be written (the model is still in memory)."""
+    """The end-of-run checkpoint could not be written (the model is still in memory).
+    ``disk_full``: because its folder had no room (``Trainer.rescue_checkpoint`` may save it
+    elsewhere)."""
+
+    def __init__(self, message: str, disk_full: bool = False):
+        super().__init__(message)
+        self.disk_full = disk_full
+
+    def __str__(self) -> str:
+        return self.args[0]
 
 
 # --- RNG states ------------------------------------------------------------------------------
@@ -159,6 +170,30 @@ def last_good(saved_step: int | None) -> str:
     if saved_step is None:
         return "no checkpoint was written in this run"
     return f"the checkpoint on disk (step {saved_step}) is intact"
+
+
+RESCUE_ENV = "BLOCKMEM_RESCUE_DIR"      # where a checkpoint goes when its own disk is full
+
+
+def rescue_folder(folder, need_bytes: int) -> Path | None:
+    """Where a checkpoint of about ``need_bytes`` that did not fit into ``folder`` can go
+    instead: ``$BLOCKMEM_RESCUE_DIR`` if set and it has room, else the temp folder or the
+    home folder when it is on another filesystem with room (the same full disk would fail
+    again); None when there is none."""
+    def has_room(path: Path) -> bool:
+        return path.is_dir() and shutil.disk_usage(path).free >= need_bytes * 1.2
+
+    chosen = os.environ.get(RESCUE_ENV)
+    if chosen:
+        return Path(chosen) if has_room(Path(chosen)) else None
+    existing = Path(folder).resolve()
+    while not existing.exists():
+        existing = existing.parent
+    full = existing.stat().st_dev
+    for candidate in (Path(tempfile.gettempdir()), Path.home()):
+        if has_room(candidate) and candidate.stat().st_dev != full:
+            return candidate / f"blockmem-rescue-{os.getpid()}"
+    return None
 
 
 def disk_full_advice(folder, need_bytes: int) -> str:
