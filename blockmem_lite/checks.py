@@ -139,6 +139,9 @@ def _as_tensor(value, name: str, role: str) -> torch.Tensor:
         raise _failure(name, f"{got} None, not {NEEDS_NUMBERS}",
                        "did the cell forget to return or assign the result?")
     if isinstance(value, torch.Tensor):
+        if value.is_meta:
+            raise _failure(name, f"{got} a meta tensor, which holds no values",
+                           "build it on a real device (cpu or cuda), not 'meta'")
         return value.detach().cpu()
     if isinstance(value, (str, bytes, dict, set)):
         raise _failure(name, f"{got} {_kind(value)}, not {NEEDS_NUMBERS}")
@@ -507,6 +510,9 @@ def _as_tokens(tokens) -> torch.Tensor:
 
 def default_probes(seq_len: int, block_sizes: Iterable[int] = ()) -> list[int]:
     """Probe positions: 0, T/4, T/2, T-2, and L-1, L, 2L-1 for each block size L."""
+    if not _is_int(seq_len) or seq_len < 2:
+        raise _not_allowed("seq_len", seq_len, "an integer >= 2 (a probe needs a later token)")
+    block_sizes = _int_list("block_sizes", list(block_sizes or ()), 1)
     probes = {0, seq_len // 4, seq_len // 2, seq_len - 2}
     for size in block_sizes:
         probes |= {size - 1, size, 2 * size - 1}

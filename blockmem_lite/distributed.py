@@ -172,6 +172,23 @@ def _portable(error: Exception | None) -> Exception | None:
 
 
 SINGLE = World()
+
+
+class PeerLost(RuntimeError):
+    """A process of the run ended without warning (kill -9, a crash, a lost node)."""
+
+
+# What gloo and NCCL say when the process at the other end of a collective is gone.
+_PEER_GONE = ("connection reset by peer", "connection closed by peer", "broken pipe",
+              "remote worker", "communicator was aborted", "connection refused")
+
+
+def peer_lost(err: BaseException) -> bool:
+    """True when ``err``, raised by a collective, says another process is gone."""
+    network_error = getattr(dist, "DistNetworkError", None)
+    if network_error is not None and isinstance(err, network_error):
+        return True
+    return isinstance(err, RuntimeError) and any(p in str(err).lower() for p in _PEER_GONE)
 _current = SINGLE
 _started_here = False            # True when setup() joined the process group (shutdown leaves it)
 

@@ -228,8 +228,9 @@ def check_own_work(piece, *library, name: str | None = None) -> _guard.Guard:
     if not library:
         raise ValueError("library=() is not allowed: expected the library pieces the exercise "
                          "asks the learner to write")
+    if name is not None:
+        _require_text("name", name)
     label = name or getattr(piece, "__name__", "your answer")
-    _require_text("name", label)
     named = _library_names(library)
     # attribute names to refuse: functions and classes; a method's name (forward, read) is
     # too common to refuse by name, so methods are caught by identity only
@@ -334,18 +335,21 @@ def check_gradients(yours, kit, inputs, name: str = "your function", names=None,
         raise _not_allowed("inputs", inputs, "floating-point tensors")
     if len(names) != len(inputs):
         raise _not_allowed("names", names, f"{len(inputs)} names, one per input")
-    gen, weights = fresh_generator(), None
-    grads = []
+    runs = []
     for fn, role in ((yours, name), (kit, "the kit's version")):
         leaves = [x.detach().clone().requires_grad_() for x in inputs]
-        outputs = _as_outputs(fn(*leaves), role)
-        if weights is None:
-            weights = [torch.randn(o.shape, generator=gen, dtype=torch.float64).to(o)
-                       for o in outputs]
-        if len(outputs) != len(weights):
-            raise _failure(name, f"returns {len(outputs)} outputs", f"expected {len(weights)}")
-        total = sum((w * o).sum() for w, o in zip(weights, outputs, strict=True))
-        found = torch.autograd.grad(total, leaves, allow_unused=True)
+        runs.append((leaves, _as_outputs(fn(*leaves), role)))
+    (_, mine), (_, theirs) = runs
+    if len(mine) != len(theirs):
+        raise _failure(name, f"returns {len(mine)} outputs", f"the kit's version returns "
+                                                            f"{len(theirs)}")
+    gen = fresh_generator()
+    weights = [torch.randn(o.shape, generator=gen, dtype=torch.float64) for o in mine]
+    grads = []
+    for leaves, outputs in runs:
+        total = sum((w.to(o) * o).sum() for w, o in zip(weights, outputs, strict=True))
+        found = torch.autograd.grad(total, leaves, allow_unused=True) \
+            if total.requires_grad else [None] * len(leaves)   # no path to any input
         grads.append([torch.zeros_like(x) if g is None else g
                       for x, g in zip(leaves, found, strict=True)])
     for label, mine, theirs in zip(names, *grads, strict=True):

@@ -1,6 +1,7 @@
 """check_* helpers: one OK line on success, precise messages on failure, causality with teeth."""
 
 import math
+import re
 from types import SimpleNamespace
 
 import numpy as np
@@ -20,6 +21,7 @@ from blockmem_lite.checks import (
 )
 from blockmem_lite.masks import causal_mask
 from blockmem_lite.nn import reference_attention
+from blockmem_lite.own_work import check_gradients, check_own_work
 
 
 def _one_ok_line(capsys) -> str:
@@ -406,7 +408,6 @@ from blockmem_lite import lab as _lab  # noqa: E402
 from blockmem_lite.checks import check_plugged_in, swap_modules  # noqa: E402
 from blockmem_lite.mechanisms import bcmt as _bcmt_mechanism  # noqa: E402
 from blockmem_lite.models import bcmt as _bcmt  # noqa: E402
-from blockmem_lite.own_work import check_own_work  # noqa: E402
 
 
 def _own_decay(n, alpha):
@@ -620,3 +621,43 @@ def test_a_float_prediction_is_judged_within_the_tolerance_given(capsys):
     check_prediction(0.5, 0.5004, "the weight", atol=1e-3)
     with pytest.raises(CheckFailed, match="does not match"):
         check_prediction(0.5, 0.51, "the weight", atol=1e-3)
+
+
+# --- edge cases of the argument checks (issue 23, part 5.13) -----------------------------------
+
+@pytest.mark.parametrize("call, error, message", [
+    (lambda: check_close(torch.ones(2, device="meta"), torch.ones(2)), CheckFailed,
+     "a meta tensor, which holds no values"),
+    (lambda: default_probes(0), ValueError, "seq_len=0 is not allowed"),
+    (lambda: default_probes(True), ValueError, "seq_len=True is not allowed"),
+    (lambda: default_probes(8, [0]), ValueError, "block_sizes=[0] is not allowed"),
+    (lambda: check_own_work(lambda: 1, len, name=""), ValueError, "name='' is not allowed"),
+    (lambda: check_gradients(lambda a: (a, a), lambda a: a, (torch.ones(2),)), CheckFailed,
+     "returns 2 outputs"),
+    (lambda: check_gradients(lambda a: a.detach(), lambda a: a, (torch.ones(2),)), CheckFailed,
+     "gradient with respect to input 0"),
+    (lambda: check_gradients(lambda a: a, lambda a: a, (torch.ones(2, dtype=torch.long),)),
+     ValueError, "expected floating-point tensors"),
+])
+def test_edge_cases_of_the_helpers_arguments_get_a_clear_error(call, error, message):
+    with pytest.raises(error, match=re.escape(message)):
+        call()
+
+
+def test_default_probes_take_no_block_sizes_as_none_or_a_set():
+    assert default_probes(8, None) == default_probes(8) == [0, 2, 4, 6]
+    assert default_probes(64, {16}) == [0, 15, 16, 31, 32, 62]
+
+
+def test_check_gradients_passes_the_same_function_and_names_a_missing_stop_gradient(capsys):
+    x, y = torch.randn(3, dtype=torch.float64), torch.randn(3, dtype=torch.float64)
+
+    def kit(a, b):
+        return a * b.sum().detach(), a.sum()
+
+    check_gradients(lambda a, b: (a * b.sum().detach(), a.sum()), kit, (x, y), "mine",
+                    names=("a", "b"))
+    assert capsys.readouterr().out.count("OK mine: gradient with respect to") == 2
+    with pytest.raises(CheckFailed, match="mine: gradient with respect to b"):
+        check_gradients(lambda a, b: (a * b.sum(), a.sum()), kit, (x, y), "mine",
+                        names=("a", "b"))

@@ -189,6 +189,34 @@ def test_a_sigterm_to_one_process_stops_both_and_the_resumed_run_equals_the_whol
     _curves_close(a, _history(tmp_path / "split_one"))
 
 
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="finds workers through /proc")
+def test_a_worker_killed_with_sigkill_leaves_rank_0_saving_the_last_whole_step(tmp_path):
+    """kill -9 of rank 1 with the default checkpoint_every=0: rank 0 sees its collective fail,
+    saves the last whole step alone (under its stop button, so torchrun's SIGTERM waits) and
+    says so; the checkpoint holds that step and its history."""
+    out = tmp_path / "run"
+    proc = subprocess.Popen(_torchrun(*BASE, "--steps", "3000", "--set", "log_every=1",
+                                      "--out", str(out)), cwd=ROOT, env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    workers = _worker_pids(proc)
+    seen = 0
+    for line in proc.stdout:
+        seen += line.startswith("step")
+        if seen == 3:
+            break
+    os.kill(workers[1], signal.SIGKILL)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode != 0
+    assert "another process of the run ended without warning" in stderr, stderr[-3000:]
+    assert "rank 0 saved step" in stderr and "alone to" in stderr, stderr[-3000:]
+    saved = torch.load(out / "checkpoint.pt", weights_only=True)
+    stopped = _history(out)
+    assert 3 <= saved["step"] == stopped["step"][-1] < 3000
+    assert stopped["interrupted"] and stopped["stopped_by"] == "a lost process"
+    assert "rng_ranks" not in saved                    # rank 0's own streams only
+    assert not (out / ".blockmem_run.lock").exists()
+
+
 # --- masked targets: a library script under torchrun -----------------------------------------
 
 DRIVER = """

@@ -380,6 +380,11 @@ def _rescue_note(error, rescued: Path | None) -> str:
 def _fit_and_report(trainer: Trainer, run_cfg: RunConfig, out: Path, world, say) -> int:
     try:
         history = trainer.fit()
+    except distributed.PeerLost as e:                   # raised on every surviving process
+        print(f"error: {e}", file=sys.stderr)
+        if world.is_main:
+            print(_save_history(trainer.history, out), file=sys.stderr)
+        return 1
     except (FloatingPointError, CheckpointNotSaved) as e:      # raised on every process
         rescued = trainer.rescue_checkpoint() if getattr(e, "disk_full", False) else None
         if world.is_main:

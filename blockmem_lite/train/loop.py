@@ -160,6 +160,10 @@ class Trainer:
                 interrupted = stop.requested if agreed is None else bool(agreed)
             except KeyboardInterrupt:
                 interrupted = True
+            except RuntimeError as err:          # still under the stop button: torchrun's
+                if not (self.world.distributed and distributed.peer_lost(err)):   # SIGTERM
+                    raise                                                         # waits
+                self._end_peer_lost(err)
             finally:
                 self._stream.close()
             name = signal.Signals(agreed).name if agreed else stop.signal_name
@@ -261,8 +265,11 @@ class Trainer:
         step_before = self.step
         try:
             self._train_step(total, clock)
-        except KeyboardInterrupt:
-            if self.step == step_before and not self._mid_update:
+        except (KeyboardInterrupt, RuntimeError) as err:
+            lost = isinstance(err, RuntimeError) and self.world.distributed and \
+                distributed.peer_lost(err)
+            if (lost or isinstance(err, KeyboardInterrupt)) and self.step == step_before \
+                    and not self._mid_update:
                 self._stream.seek(*mark)
             raise
 
@@ -393,6 +400,33 @@ class Trainer:
         self._emit("on_end", self.history)
         if failure:
             raise failure
+
+    def _end_peer_lost(self, err: RuntimeError) -> None:
+        """Another process is gone mid-run: rank 0 saves the last whole step alone (no
+        collective can run any more), then every survivor raises ``PeerLost``."""
+        self.history.interrupted = True
+        self.history.stopped_by = "a lost process"
+        where = "nothing was saved (no checkpoint_dir)"
+        if self.cfg.checkpoint_dir and self.world.is_main:
+            path = self.checkpoint_path()
+            try:
+                if resume.non_finite_tensors(self.model):
+                    raise FloatingPointError("its weights are not finite")
+                resume.write_checkpoint(path, self._checkpoint_state, self.device,
+                                        distributed.SINGLE)
+                self._saved_step = self.step
+                where = (f"rank 0 saved step {self.step} alone to {path} (resume with "
+                         "--resume: the other processes' random streams are reseeded, so the "
+                         "result is close to an uninterrupted run, not bit for bit)")
+            except (OSError, RuntimeError, FloatingPointError) as failure:
+                where = f"rank 0 could not save step {self.step} ({failure}); " \
+                        f"{resume.last_good(self._saved_step)}"
+        elif self.cfg.checkpoint_dir:
+            where = "rank 0 saves the last whole step, unless it is the process that was lost"
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise distributed.PeerLost(f"rank {self.world.rank}: another process of the run ended "
+                                   f"without warning at step {self.step + 1} ({first[:200]}); "
+                                   f"{where}") from err
 
     def _end_interrupted(self, total: int) -> None:
         self.history.interrupted = True
