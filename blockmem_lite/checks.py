@@ -15,7 +15,8 @@ argument (a negative tolerance, a str where a bool is needed) is a ValueError
 ``name=value is not allowed: expected ...``, not a CheckFailed.
 
 An exercise's first check, that the answer does not call the kit's own version of it
-(``check_own_work``), is in ``own_work.py``.
+(``check_own_work``), is in ``own_work.py``; a learner's layer plugged into a kit model and
+trained beside it (``check_plugged_in``, ``swap_modules``) in ``plugged_in.py``.
 """
 
 from __future__ import annotations
@@ -142,7 +143,8 @@ def _as_tensor(value, name: str, role: str) -> torch.Tensor:
         if value.is_meta:
             raise _failure(name, f"{got} a meta tensor, which holds no values",
                            "build it on a real device (cpu or cuda), not 'meta'")
-        return value.detach().cpu()
+        with torch._C.DisableTorchFunctionSubclass():   # a subclass's own ==, allclose: not used
+            return value.detach().cpu().as_subclass(torch.Tensor)
     if isinstance(value, (str, bytes, dict, set)):
         raise _failure(name, f"{got} {_kind(value)}, not {NEEDS_NUMBERS}")
     try:
@@ -310,11 +312,26 @@ def _check_equal_tensors(got, expected, name: str) -> None:
     _ok(f"{name}: equal, shape {_shape_text(g.shape)}")
 
 
+def _notebook_object(value, depth: int = 3):
+    """An object of a class the notebook defined, in ``value`` or the containers in it."""
+    if type(value).__module__ == "__main__":
+        return value
+    if depth and isinstance(value, (list, tuple, set, frozenset, dict)):
+        items = [*value.keys(), *value.values()] if isinstance(value, dict) else value
+        return next((o for o in map(lambda v: _notebook_object(v, depth - 1), items)
+                     if o is not None), None)
+    return None
+
+
 def _plain_equal(got, expected, name: str) -> bool:
     """``got == expected`` as one bool (NaN matches NaN); CheckFailed if it is not one."""
     if isinstance(got, float) and isinstance(expected, float) and math.isnan(got) \
             and math.isnan(expected):
         return True
+    own = _notebook_object(got)
+    if own is not None and _notebook_object(expected) is None:        # its own __eq__ decides
+        raise _failure(name, f"got an object of the notebook's own class {type(own).__name__}",
+                       f"expected {_kind(expected)}: return the values themselves")
     try:
         return bool(got == expected)
     except (TypeError, ValueError, RuntimeError) as err:
@@ -358,116 +375,6 @@ def check_true(condition, message: str, detail: str = "") -> None:
     if not _truth(condition):
         raise _failure("check", f"expected: {message}", *([detail] if detail else []))
     _ok(message)
-
-
-# --- a learner's layer plugged into a model ----------------------------------------------------
-
-
-def swap_modules(model: torch.nn.Module, library_cls: type, make_yours: Callable) -> int:
-    """Replace every ``library_cls`` module inside ``model`` by ``make_yours(old)``, loading the
-    old module's weights into the new one (so both start from the same numbers); returns how
-    many were replaced. A weight name or shape the new module lacks is a CheckFailed naming it.
-    """
-    if not isinstance(library_cls, type):
-        raise _not_allowed("library_cls", library_cls, "a torch.nn.Module class of the kit")
-    targets = [(name, m) for name, m in model.named_modules() if type(m) is library_cls]
-    for name, old in targets:
-        new = make_yours(old)
-        if not isinstance(new, torch.nn.Module):
-            raise _not_allowed("make_yours", new, "a function returning your torch.nn.Module")
-        like = next(old.parameters(), None)
-        if like is not None:                      # the kit's device and dtype (float64 too)
-            new = new.to(device=like.device, dtype=like.dtype)
-        _load_same_weights(new, old, name)
-        parent_name, _, child = name.rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, new)
-    return len(targets)
-
-
-def _load_same_weights(new: torch.nn.Module, old: torch.nn.Module, where: str) -> None:
-    mine, theirs = new.state_dict(), old.state_dict()
-    missing = sorted(set(theirs) - set(mine))
-    extra = sorted(set(mine) - set(theirs))
-    wrong = sorted(k for k in set(mine) & set(theirs) if mine[k].shape != theirs[k].shape)
-    if missing or extra or wrong:
-        raise _failure(f"your {type(new).__name__} at {where}",
-                       "its weights do not match the kit's layer, so they cannot be shared",
-                       *([f"missing: {', '.join(missing)}"] if missing else []),
-                       *([f"not in the kit's layer: {', '.join(extra)}"] if extra else []),
-                       *(f"{k}: shape {tuple(mine[k].shape)}, the kit's is "
-                         f"{tuple(theirs[k].shape)}" for k in wrong),
-                       "name and shape the parameters as the kit's layer does "
-                       f"({type(old).__name__}: {', '.join(list(theirs)[:8])}...)")
-    new.load_state_dict(theirs)
-
-
-def _loss_curve(model: torch.nn.Module, batches, lr: float, seed: int) -> list[float]:
-    """Train ``model`` on ``batches`` [(tokens, targets)] with AdamW; the loss before each step."""
-    torch.manual_seed(seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
-    model.train()
-    curve = []
-    for tokens, targets in batches:
-        loss = model(tokens, targets).loss
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        curve.append(float(loss.detach()))
-    model.eval()
-    return curve
-
-
-def check_plugged_in(make_model: Callable, plug_in: Callable, batches, name: str = "your layer",
-                     lr: float = 3e-3, seed: int = 0, atol: float | None = None,
-                     curve_rtol: float = 2e-3) -> tuple[list[float], list[float]]:
-    """The learner's piece, plugged into a model, does what the kit's does.
-
-    ``make_model()`` builds the kit's model (seeded: two calls give the same weights);
-    ``plug_in(model)`` puts the learner's piece into it in place of the kit's and returns how
-    many places it replaced (``swap_modules`` does this for a layer class). Then, against a
-    second ``make_model()`` with the kit's piece:
-
-    1. the weights are the same (the swap shares them) and the forward on ``batches[0]``'s
-       tokens gives the same logits (``atol`` as in ``check_close``);
-    2. the model with the learner's piece is causal (``check_causal``);
-    3. training both on ``batches`` (AdamW, ``lr``) gives the same early loss curve, to
-       ``curve_rtol``, and the loss falls.
-
-    Returns ``(kit_curve, your_curve)`` for a plot.
-    """
-    _require_text("name", name)
-    lr = _tolerance("lr", lr, positive=True)
-    curve_rtol = _tolerance("curve_rtol", curve_rtol)
-    batches = list(batches)
-    if len(batches) < 2:
-        raise _not_allowed("batches", batches, "two or more (tokens, targets) pairs")
-    kit, yours = make_model(), make_model()
-    replaced = plug_in(yours)
-    if not _is_int(replaced) or replaced < 1:
-        raise _failure(name, f"plug_in replaced {replaced!r} pieces of the model",
-                       "expected it to put your piece in at least one place (it returns how "
-                       "many it replaced)")
-    for (key, theirs), (key2, mine) in zip(kit.state_dict().items(), yours.state_dict().items(),
-                                           strict=False):
-        if key != key2 or theirs.shape != mine.shape or not torch.equal(theirs, mine):
-            raise _failure(name, "the weights are not shared with the kit's model",
-                           f"first difference at {key!r} / {key2!r}; plug_in must copy the "
-                           "kit's weights into your piece (swap_modules does)")
-    tokens = batches[0][0]
-    kit.eval()
-    yours.eval()
-    with torch.no_grad():
-        check_close(yours(tokens).logits, kit(tokens).logits,
-                    f"{name}: logits on shared weights vs the kit's", atol=atol)
-    check_causal(yours, tokens)
-    kit_curve = _loss_curve(kit, batches, lr, seed)
-    your_curve = _loss_curve(yours, batches, lr, seed)
-    check_close(your_curve, kit_curve, f"{name}: loss over {len(batches)} training steps vs "
-                "the kit's", atol=1e-4, rtol=curve_rtol)
-    check_true(your_curve[-1] < your_curve[0],
-               f"{name}: the loss falls in training ({your_curve[0]:.3f} -> {your_curve[-1]:.3f})")
-    return kit_curve, your_curve
 
 
 # --- causality ------------------------------------------------------------------------------

@@ -262,13 +262,26 @@ def learner_codes(functions: list) -> set:
     return {c for fn in functions for c in _nested_codes(fn.__code__)}
 
 
+def _running_a_cell(frame) -> bool:
+    """True when ``frame`` runs inside an IPython cell (InteractiveShell.run_code is below)."""
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "run_code" and code.co_filename.endswith(_IPYTHON_SHELL):
+            return True
+        frame = frame.f_back
+    return False
+
+
+_IPYTHON_SHELL = os.path.join("IPython", "core", "interactiveshell.py")
+
+
 def end_with_the_cell(guard: Guard, caller) -> None:
     """Close ``guard`` when the running notebook cell ends (IPython runs a cell's last line
     apart from the others, so the cell's end is its ``post_run_cell`` event); elsewhere when
     ``caller``, the frame that installed it, returns."""
     ipython = sys.modules.get("IPython")
     shell = ipython.get_ipython() if ipython is not None else None
-    if shell is None or not hasattr(shell, "events"):
+    if shell is None or not hasattr(shell, "events") or not _running_a_cell(caller):
         guard._owner = caller
         return
 

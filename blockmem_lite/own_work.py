@@ -184,6 +184,27 @@ def _learner_functions(piece, seen: set[int] | None = None) -> list:
     return found
 
 
+# Names an answer never needs and a cheat does: the check's frames and globals, code objects,
+# the profiler that guards the check, code built from strings.
+INTROSPECTION_GLOBALS = {"eval", "exec", "compile", "globals", "vars", "__import__",
+                         "__builtins__"}
+INTROSPECTION_ATTRIBUTES = {"_getframe", "currentframe", "f_back", "f_locals", "f_globals",
+                            "f_code", "getsource", "__code__", "__globals__", "__closure__",
+                            "setprofile", "settrace", "getprofile", "gettrace"}
+
+
+def _introspection(functions: list) -> str | None:
+    """The first name of the two sets above that the answer's code loads, or None."""
+    for fn in functions:
+        for code in _guard._nested_codes(fn.__code__):
+            for ins in dis.get_instructions(code):
+                if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME") and \
+                        ins.argval in INTROSPECTION_GLOBALS or ins.opname in (
+                        "LOAD_ATTR", "LOAD_METHOD") and ins.argval in INTROSPECTION_ATTRIBUTES:
+                    return ins.argval
+    return None
+
+
 def _recompiled(functions: list, library) -> str | None:
     """The name of the library piece one of ``functions`` is a copy of, compiled again from
     its source (``exec(inspect.getsource(...))``), or None."""
@@ -242,6 +263,12 @@ def check_own_work(piece, *library, name: str | None = None) -> _guard.Guard:
                        "in its place, run that cell, then this check")
     used = _calls_into(piece, named, by_name, set())
     functions = _learner_functions(piece)
+    peeked = _introspection(functions)
+    if peeked is not None:
+        raise _failure(label, f"uses {peeked}",
+                       "an answer may not look into the check: its frames and globals, code "
+                       "objects, its profiler, or code run from strings (eval, exec)",
+                       "write it from torch operations")
     copied = _recompiled(functions, library)
     if copied is not None:
         raise _failure(label, f"is the kit's own {copied}, compiled again from its source",

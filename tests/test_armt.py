@@ -543,8 +543,8 @@ class _ReadWriteOnly(torch.nn.Module):
 def test_the_model_uses_its_memory_layers_only_through_read_and_write():
     """The seam notebook 06's capstone relies on: any module with read(h, (A, z)) and
     write(m, memory or None) can stand in for an AssociativeMemoryLayer (swap_modules)."""
-    from blockmem_lite.checks import swap_modules
     from blockmem_lite.models.armt import AssociativeMemoryLayer
+    from blockmem_lite.plugged_in import swap_modules
 
     model, x = _model(), _tokens()
     expected = model(x).logits

@@ -6,12 +6,13 @@ import pytest
 import torch
 
 from blockmem_lite import build_model, preset
-from blockmem_lite.checks import check_causal, swap_modules
+from blockmem_lite.checks import check_causal
 from blockmem_lite.masks import cat_mask
 from blockmem_lite.models import cat
 from blockmem_lite.models.base import State
 from blockmem_lite.models.cat import CATLM
 from blockmem_lite.nn import Block, RotaryEmbedding, SelfAttention, reference_attention
+from blockmem_lite.plugged_in import swap_modules
 from blockmem_lite.trace import trace
 
 SIZES = (2, 4, 8)

@@ -405,9 +405,9 @@ def test_a_failed_check_renders_briefly_in_ipython():
 # --- check_own_work ----------------------------------------------------------------------------
 
 from blockmem_lite import lab as _lab  # noqa: E402
-from blockmem_lite.checks import check_plugged_in, swap_modules  # noqa: E402
 from blockmem_lite.mechanisms import bcmt as _bcmt_mechanism  # noqa: E402
 from blockmem_lite.models import bcmt as _bcmt  # noqa: E402
+from blockmem_lite.plugged_in import check_plugged_in, swap_modules  # noqa: E402
 
 
 def _own_decay(n, alpha):

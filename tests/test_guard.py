@@ -77,11 +77,18 @@ def _judge(answer):
         check_equal(answer(3, 5), masks.causal_mask(3, 5), "mask")
 
 
+SEEN_IN_THE_BYTECODE = {"eval": "uses eval",       # the bytecode check refuses these at once
+                        "the profiler of new threads switched off": "uses setprofile"}
+
+
 @pytest.mark.parametrize("route", list(ROUTES))
 def test_every_route_to_the_switched_off_piece_is_refused(route, capsys):
     with pytest.raises(CheckFailed) as failed:
         _judge(ROUTES[route])
     out = capsys.readouterr().out
+    if route in SEEN_IN_THE_BYTECODE:
+        assert SEEN_IN_THE_BYTECODE[route] in str(failed.value) and "OK" not in out
+        return
     assert "OK my_mask: your own code" in out, "the bytecode check alone would have passed"
     assert "OK mask" not in out, "a check passed after the refusal"
     assert ("switched off in this check" in str(failed.value)
@@ -202,3 +209,48 @@ def test_outside_a_notebook_the_guard_ends_with_the_function_that_installed_it(c
     check_equal(1, 1, "a later, unrelated check")            # the refusal does not leak here
     assert torch.equal(answer(3, 5), masks.causal_mask(3, 5))
     assert checks.ACTIVE_GUARDS == [] and sys.getprofile() is None
+
+
+@pytest.mark.parametrize("answer, name", [
+    (lambda q, k: sys._getframe(1).f_locals["expected"], "_getframe"),
+    (lambda q, k: globals()["KEPT"]["mask"](q, k), "globals"),
+    (lambda q, k: exec("pass"), "exec"),
+    (lambda q, k: masks.causal_mask.__code__, "__code__"),
+])
+def test_an_answer_that_looks_into_the_check_is_refused_by_its_bytecode(answer, name):
+    with pytest.raises(CheckFailed, match=f"uses {name}"):
+        check_own_work(answer, masks.causal_mask)
+
+
+def test_an_object_of_the_notebooks_own_class_is_not_equal_to_a_plain_value():
+    class AlwaysEqual:
+        def __eq__(self, other):
+            return True
+
+    AlwaysEqual.__module__ = "__main__"                  # as a notebook cell defines it
+    for answer in (AlwaysEqual(), [AlwaysEqual()] * 3, {"a": AlwaysEqual()}):
+        with pytest.raises(CheckFailed, match="object of the notebook's own class AlwaysEqual"):
+            check_equal(answer, [0, 2, 4], "front")
+
+
+def test_a_tensor_subclass_cannot_answer_the_comparison_itself():
+    class Agreeable(torch.Tensor):
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            name = getattr(func, "__name__", "")
+            if name in ("ne", "__ne__"):
+                return torch.zeros(torch.broadcast_shapes(*(a.shape for a in args)),
+                                   dtype=torch.bool)
+            if name in ("eq", "__eq__", "isclose"):
+                return torch.ones(torch.broadcast_shapes(*(a.shape for a in args)),
+                                  dtype=torch.bool)
+            if name in ("allclose", "equal"):
+                return True
+            return super().__torch_function__(func, types, args, kwargs or {})
+
+    wrong = torch.zeros(3).as_subclass(Agreeable)
+    assert not bool((wrong.detach() != torch.ones(3)).any())     # unprotected, it agrees
+    with pytest.raises(CheckFailed, match="3 of 3 elements differ"):
+        check_equal(wrong, torch.ones(3), "values")
+    with pytest.raises(CheckFailed, match="differ by more than"):
+        check_close(wrong, torch.ones(3), "values")

@@ -23,7 +23,8 @@ LAYERS = (
     ("registrations", ("mechanisms", "mechanisms.*")),
     ("data", ("corpora", "tasks")),
     ("measuring and training", ("checkpoints", "measure.*", "train", "train.*",
-                                "checks", "guard", "own_work", "recall", "knowledge")),
+                                "checks", "guard", "own_work", "plugged_in", "recall",
+                                "knowledge")),
     ("lab", ("lab", "lab.run", "lab.verdicts", "lab.readers", "lab.report")),
     ("viz", ("viz", "viz.*")),
     ("lessons", ("lessons",)),
@@ -33,7 +34,8 @@ LAYERS = (
 # The core asks the registry: it imports no mechanism module and compares with no name.
 CORE = ("config", "runtime", "distributed", "tokenizer", "compiling", "nn", "masks",
         "trace", "models.base", "corpora", "tasks", "measure", "measure.*", "train", "train.*",
-        "checks", "guard", "own_work", "recall", "knowledge", "checkpoints", "labdata", "lab",
+        "checks", "guard", "own_work", "plugged_in", "recall", "knowledge", "checkpoints",
+        "labdata", "lab",
         "lab.*", "viz", "viz.*", "scratch", "lessons", "tools.cli", "tools.site")
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from blockmem_lite import ModelConfig, build_model, preset
-from blockmem_lite.checks import CheckFailed, check_causal, swap_modules
+from blockmem_lite.checks import CheckFailed, check_causal
 from blockmem_lite.measure import metrics
 from blockmem_lite.models.moc import (
     MemoryRead,
@@ -21,6 +21,7 @@ from blockmem_lite.models.moc import (
     prefix_means,
     z_loss,
 )
+from blockmem_lite.plugged_in import swap_modules
 from blockmem_lite.trace import trace
 
 R = 8        # routing window of the test models

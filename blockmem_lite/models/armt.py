@@ -207,7 +207,7 @@ class AssociativeMemoryLayer(nn.Module):
     """The associative memory of one wrapped layer: W_Q, W_K (d -> d_mem), W_V (d -> d), w_beta.
 
     ARMT uses it only through ``read(h, (A, z))`` and ``write(m, memory or None)``, so any
-    module with those two methods (and these parameter names, for ``checks.swap_modules``) can
+    module with those two methods (and these parameter names, for ``plugged_in.swap_modules``) can
     stand in for it: notebook 06's capstone plugs in a learner's layer this way.
     """
 

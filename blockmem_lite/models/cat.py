@@ -41,7 +41,7 @@ separator and bilinear resize of W_f; generation keeping only compressed past
   generation stops with an error past that many chunks.
 
 The decoder's attention is a module, ``CATAttention`` (SelfAttention's weights, CAT's
-pattern), so a learner's version can be swapped in (``checks.swap_modules``).
+pattern), so a learner's version can be swapped in (``plugged_in.swap_modules``).
 
 ``reference_forward(model, tokens, chunk_size)`` builds the compressor outputs
 chunk by chunk, the interleaved sequence slot by slot and the readout token by
@@ -89,7 +89,7 @@ class CATAttention(SelfAttention):
     Called without ``n_chunks`` it is SelfAttention's forward: cached generation appends
     slots causally, ``reference_forward`` passes its S x S mask.
 
-    The seam of notebook 05's capstone: ``checks.swap_modules(model, CATAttention, ...)``
+    The seam of notebook 05's capstone: ``plugged_in.swap_modules(model, CATAttention, ...)``
     puts a learner's module with the same weights in its place; the model calls it with
     keywords, ``(x, positions, n_chunks=, chunk_size=, separator=)``, adding ``path=`` and
     ``mask=`` only for the other paths (and when tracing the attention weights).

@@ -462,7 +462,7 @@ def _block_options(cache, reference: bool, layer_state) -> dict:
     """The keywords a memory block is called with beyond ``(x, positions, bank)``: only those
     in use. So training calls ``block(x, positions, bank)``, and any module with that forward,
     MoCBlock's parameter names and a ``(y, Routing)`` result can stand in for a MoCBlock
-    (``checks.swap_modules``; notebook 08's capstone plugs the learner's block in this way)."""
+    (``plugged_in.swap_modules``; notebook 08's capstone plugs the learner's block in this way)."""
     options = {"cache": cache, "layer_state": layer_state, "reference": reference or None}
     return {k: v for k, v in options.items() if v is not None}
 

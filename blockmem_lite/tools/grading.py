@@ -235,7 +235,8 @@ def _blockmem_grader_reset():
             c for c in shell.events.callbacks[event] if not event.startswith("pre_")
             and getattr(c, "__module__", "").startswith("blockmem_lite.")]
     fresh = []
-    for name in ("blockmem_lite.checks", "blockmem_lite.guard", "blockmem_lite.own_work"):
+    for name in ("blockmem_lite.checks", "blockmem_lite.guard", "blockmem_lite.own_work",
+                 "blockmem_lite.plugged_in"):
         sys.modules.pop(name, None)
         fresh.append(importlib.import_module(name))
     for module in fresh:
