@@ -112,5 +112,14 @@ CHEATS = {
          "    return front\n\n\nimport types\n_copy = types.FunctionType("
          "lab_figures.pareto_front.__code__, lab_figures.pareto_front.__globals__)\n\n\n"
          "def my_pareto_front(points):\n    return _copy(points)"),
+        ("the check's expected answer read from its calling frame",
+         "    return front",
+         "    return front\n\n\nimport sys\n\n\ndef my_pareto_front(points):\n"
+         "    check = sys._getframe(1)\n"
+         "    return check.f_globals['expected'][check.f_globals['case']]"),
+        ("the check's expected answer read from the notebook's globals",
+         "    return front",
+         "    return front\n\n\ndef my_pareto_front(points):\n"
+         "    return globals()['expected'][globals()['case']]"),
     ],
 }
