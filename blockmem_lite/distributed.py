@@ -175,7 +175,9 @@ SINGLE = World()
 
 
 class PeerLost(RuntimeError):
-    """A process of the run ended without warning (kill -9, a crash, a lost node)."""
+    """A process of the run ended without warning (kill -9, a crash, a lost node). Once a
+    Trainer raises it, SIGTERM is ignored (torchrun sends it to every survivor): write what
+    must be kept, then exit."""
 
 
 # What gloo and NCCL say when the process at the other end of a collective is gone.

@@ -49,8 +49,12 @@ class StopButton:
         return self
 
     def __exit__(self, *exc) -> None:
+        # After a lost process torchrun's SIGTERM is on its way to the survivors: it is
+        # ignored from here on, so the caller can still write what it must, then exit.
+        lost = exc[0] is not None and issubclass(exc[0], distributed.PeerLost)
         for number, previous in self._previous.items():
-            signal.signal(number, previous)
+            signal.signal(number, signal.SIG_IGN if lost and number == signal.SIGTERM
+                          else previous)
         self._previous.clear()
 
 
