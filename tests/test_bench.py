@@ -30,7 +30,11 @@ KEY_TYPES = {
     "flops_per_step": (float, type(None)), "bytes_per_step": (float, type(None)),
     "roofline_bound": (str, type(None)), "roofline_ms": (float, type(None)),
     "roofline_fraction": (float, type(None)), "peak_flops_per_s": (float, type(None)),
-    "peak_bytes_per_s": (float, type(None)),
+    "peak_bytes_per_s": (float, type(None)), "peak_launch_s": (float, type(None)),
+    "counted_flops_per_step": (float, type(None)), "launches_per_step": (int, type(None)),
+    "matmul_flops_per_s": (float, type(None)), "compute_ms": (float, type(None)),
+    "memory_ms": (float, type(None)), "launch_ms": (float, type(None)),
+    "bound_ceiling": (float, type(None)), "frac_of_bound_ceiling": (float, type(None)),
 }
 
 
@@ -239,19 +243,29 @@ def test_bcmt_and_honly_share_the_block_size_option():
 
 def test_records_carry_a_consistent_roofline(dense_records):
     for r in dense_records:
-        assert r["peak_flops_per_s"] > 0 and r["peak_bytes_per_s"] > 0
+        assert r["peak_flops_per_s"] > 0 and r["peak_bytes_per_s"] > 0 and r["peak_launch_s"] > 0
         tokens = r["batch"] * (r["seq_len"] if r["phase"] == "train" else 1)
         assert r["flops_per_step"] == pytest.approx(r["flops_per_token"] * tokens)
-        cfg = ModelConfig(d_model=32, n_layer=2, n_head=2, seq_len=r["seq_len"])
-        assert r["bytes_per_step"] == pytest.approx(roofline.step_bytes(
-            cfg, r["phase"], batch=r["batch"], seq_len=r["seq_len"], params=r["params"],
-            precision="fp32", state_bytes=r["state_bytes"]))
-        compute_s = r["flops_per_step"] / r["peak_flops_per_s"]
-        memory_s = r["bytes_per_step"] / r["peak_bytes_per_s"]
-        assert r["roofline_ms"] == pytest.approx(1000 * max(compute_s, memory_s))
-        assert r["roofline_bound"] == ("compute" if compute_s >= memory_s else "memory")
+        assert r["launches_per_step"] > 0 and r["bytes_per_step"] > 0
+        assert r["counted_flops_per_step"] > 0 and r["matmul_flops_per_s"] > 0
+        terms = {term: r[f"{term}_ms"] for term in roofline.TERMS}
+        assert all(ms > 0 for ms in terms.values())
+        assert r["roofline_ms"] == pytest.approx(sum(terms.values()))       # a CPU: they add
+        assert r["roofline_bound"] == max(terms, key=terms.get)
         assert r["roofline_fraction"] == pytest.approx(r["roofline_ms"] / r["ms_per_step"])
-        assert 0 < r["roofline_fraction"]
+        assert r["bound_ceiling"] is None and r["frac_of_bound_ceiling"] is None   # dense
+
+
+def test_the_bound_ceiling_is_the_ratio_of_the_two_bounds():
+    records = bench.run_bench(["honly"], [32], memory=("none",), options={"block_size": [8]},
+                              **TINY)
+    for phase in bench.PHASES:
+        dense, honly = (r for r in records if r["phase"] == phase)
+        assert honly["bound_ceiling"] == pytest.approx(dense["roofline_ms"] / honly["roofline_ms"])
+        assert honly["frac_of_bound_ceiling"] == pytest.approx(
+            honly["ratio_vs_dense"] / honly["bound_ceiling"])
+    table = bench.format_table(records)
+    assert "roof ceil" in table and "% roof ceil" in table
 
 
 def test_the_header_gives_the_measured_peaks_and_the_table_the_bound(dense_records):
@@ -266,36 +280,13 @@ def test_the_header_gives_the_measured_peaks_and_the_table_the_bound(dense_recor
 def test_without_probes_the_roofline_keys_are_none():
     (record,) = bench.run_bench(["dense"], [16], phases=("train",), memory=("none",),
                                 **{**TINY, "roofline_seconds": None})
-    assert record["flops_per_step"] > 0 and record["bytes_per_step"] > 0
+    assert record["flops_per_step"] > 0
     for key in ("roofline_bound", "roofline_ms", "roofline_fraction", "peak_flops_per_s",
-                "peak_bytes_per_s"):
+                "peak_bytes_per_s", "peak_launch_s", "bytes_per_step", "launches_per_step",
+                "compute_ms", "bound_ceiling"):
         assert record[key] is None, key
     assert "matmul=" not in bench.format_table([record])
 
-
-def test_the_traffic_model_by_phase():
-    cfg = ModelConfig(d_model=32, n_layer=2, n_head=2, seq_len=16)
-    e = roofline.activation_elements(cfg)
-    assert e == 2 * (13 * 32 + 4 * roofline.mlp_hidden(cfg)) + 2 * 32 + 256
-    train = roofline.step_bytes(cfg, "train", batch=2, seq_len=16, params=1000)
-    assert train == 3 * 1000 * 4 + 3 * 2 * (2 * 16) * e * 4
-    prefill = roofline.step_bytes(cfg, "prefill", batch=2, seq_len=16, params=1000,
-                                  state_bytes=500)
-    assert prefill == 1000 * 4 + 2 * (2 * 16) * e * 4 + 500
-    decode = roofline.step_bytes(cfg, "decode", batch=2, seq_len=16, params=1000,
-                                 state_bytes=500, precision="bf16")
-    assert decode == 1000 * 4 + 500 + 2 * 2 * e * 2
-    with pytest.raises(ValueError, match="traffic='infer' is not allowed"):
-        roofline.step_bytes(cfg, "infer", batch=1, seq_len=16, params=1)
-
-
-def test_the_bound_is_the_larger_of_compute_and_memory_time():
-    peaks = roofline.Peaks(flops_per_s=1e9, bytes_per_s=1e8, dtype="fp32", matmul_n=1,
-                           copy_bytes=1, seconds=0.0)
-    assert roofline.bound(2e9, 1e8, peaks) == ("compute", 2.0)
-    assert roofline.bound(1e9, 3e8, peaks) == ("memory", 3.0)
-    assert roofline.bound(None, 1e8, peaks) == (None, None)
-    assert roofline.bound(1e9, 1e8, None) == (None, None)
 
 
 def test_measure_peaks_is_brief_and_positive():

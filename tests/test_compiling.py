@@ -9,7 +9,7 @@ from torch.utils.data import TensorDataset
 from blockmem_lite import build_model, preset
 from blockmem_lite.compiling import compile_decoding, is_decoding_compiled, uncompile_decoding
 from blockmem_lite.config import TrainConfig
-from blockmem_lite.measure import bench
+from blockmem_lite.measure import bench, bench_compile
 from blockmem_lite.train import Callback, Trainer
 
 SPAN = 8                       # block / segment size of the tiny models
@@ -81,7 +81,7 @@ def test_bench_compile_marks_its_records_and_warms_up_across_a_block():
     entries = [bench.Entry("bcmt", "", {}, preset("tiny", arch="bcmt", block_size=8).model)]
     ctx = bench.BenchContext({}, [16], 1, torch.device("cpu"), "fp32", 1, 1, 1, 4, ("none",),
                              False, compile=True)
-    assert bench.compile_warmup_calls(ctx, entries) == 3        # (8 + 4) / 4 bursts
+    assert bench_compile.compile_warmup_calls(ctx, entries) == 3        # (8 + 4) / 4 bursts
 
 
 def test_bench_rejects_a_non_boolean_compile():
@@ -105,7 +105,7 @@ def test_boundary_span_reads_every_mechanisms_fields_tuples_included():
     """The compiled bench warms up across the longest boundary span; CAT's chunk_sizes is a
     tuple (a multi-chunk model's span is its largest chunk)."""
     def span(**settings):
-        return bench.boundary_span(preset("tiny", **settings).model)
+        return bench_compile.boundary_span(preset("tiny", **settings).model)
 
     assert span(arch="cat", chunk_size=4, chunk_sizes=(4, 8)) == 8
     assert span(arch="cat", chunk_size=4) == 4

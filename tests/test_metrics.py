@@ -100,7 +100,8 @@ def test_model_flops_sum_layers_and_head_through_the_registry():
     moc_cfg = cfg("moc", n_chapters=17, top_k=2, chapter_len=8, routing="sequence")
     assert M.flops_per_token(moc_cfg) == pytest.approx(                # one memory layer, 1
         3 * dense_layer_flops(64, 512) + moc.moc_extra_flops(64, 17, 2, 8, 512) + head)
-    assert M.flops_per_token(moc_cfg, decode=True) is None            # no decoding model
+    assert M.flops_per_token(moc_cfg, decode=True) == pytest.approx(   # the route amortised
+        3 * dense_decode_layer_flops(64, 512) + moc.moc_extra_flops(64, 17, 2, 8, 512) + head)
 
 
 def test_model_flops_cat_counts_compressor_depth_projection_and_wide_head():

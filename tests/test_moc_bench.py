@@ -32,7 +32,7 @@ def test_moc_variants_are_benched_with_dense_in_train_and_decode(records):
     assert train["flops_per_token"] == pytest.approx(3 * metrics.flops_per_token(cfg))
     assert train["flop_ceiling"] < 1                              # MoC adds work
     decode = next(r for r in records if r["arch"] == "moc" and r["phase"] == "decode")
-    assert decode["flop_ceiling"] is None and decode["state_bytes"] > 0
+    assert decode["flop_ceiling"] < 1 and decode["state_bytes"] > 0   # the held route's read
 
 
 def test_read_records_compare_routed_and_whole_bank_reads(records):

@@ -90,7 +90,13 @@ class SlidingWindowLM(DenseLM):
 
 
 def flops_per_token(cfg, seq_len: int, decode: bool = False) -> float:
-    """Each query sees at most W keys: about min(W, T/2) on average in training."""
+    """Each query sees at most W keys: about min(W, T/2) on average in training.
+
+    This is the algorithm's cost. The kernel here is dense attention under a mask, which
+    computes every key and throws the far ones away, so torch's counter sees 4·d·T per
+    query in training (the mask is not a causal flag, so no half is skipped) and 4·d·t per
+    decoding step: the gap ``test_its_flop_model_gap_is_the_masked_keys`` checks term by term.
+    """
     if decode:
         layer = dense_decode_layer_flops(cfg.d_model, min(cfg.window, seq_len))
     else:
@@ -101,6 +107,19 @@ def flops_per_token(cfg, seq_len: int, decode: bool = False) -> float:
 SWA = register_mechanism(Mechanism(
     name="swa", model=SlidingWindowLM, options=WindowOptions, flops=flops_per_token,
     summary="sliding-window attention (a test plugin)"))
+
+
+@pytest.mark.parametrize("phase", ("train", "decode"))
+@pytest.mark.parametrize("seq_len", (64, 128))
+def test_its_flop_model_gap_is_the_masked_keys(phase, seq_len):
+    from blockmem_lite.measure import flopcount
+    cfg = preset("fast", arch="swa").model
+    gap = flopcount.flop_model_gap(cfg, phase, seq_len)
+    seen = min(cfg.window, seq_len) if phase == "decode" else min(cfg.window, seq_len / 2)
+    masked = cfg.n_layer * 4.0 * cfg.d_model * (seq_len - seen)       # computed, then masked
+    explained = gap.analytic + (masked if phase == "decode" else 3 * masked)
+    assert gap.ratio > 1.1                                     # a real gap at these lengths
+    assert gap.counted == pytest.approx(explained, rel=0.10)
 
 
 def _model(**overrides):

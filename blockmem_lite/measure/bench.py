@@ -51,17 +51,22 @@ Extra record keys: ``saved_bytes``, ``rss_peak_bytes``, ``rss_base_bytes``
 a busy machine slows multi-threaded kernels a lot, which the same-run ratios
 cancel but absolute tokens/s do not).
 
-Roofline (``roofline.py`` holds the peaks' probes and the traffic model): each run
-first measures the machine (``peak_flops_per_s``: square matmuls in the run's
-dtype; ``peak_bytes_per_s``: a large copy), printed in the table's header and
-stored in every record. Each record then carries ``flops_per_step`` (analytic
-FLOPs per token x tokens per step: B·T for train, B for one decode step),
-``bytes_per_step`` (the traffic model of its phase: train, decode, or prefill for
-a special bench that says so), ``roofline_bound`` ("compute" or "memory": the
-larger of FLOPs / peak and bytes / bandwidth), ``roofline_ms`` (that bound's
-time per step) and ``roofline_fraction`` (``roofline_ms / ms_per_step``). All
-None where a figure is missing (no FLOP model, no traffic model, peaks not
-measured).
+Roofline (``roofline.py`` holds the probes and the bound, ``opcount.py`` the counted
+step): each run first measures the machine (``peak_flops_per_s``: square matmuls in the
+run's dtype; ``peak_bytes_per_s``: a large copy; ``peak_launch_s``: one small operator),
+printed in the table's header and stored in every record. Each entry's step is then run
+twice more, under the profiler and the operator counter (decode: a burst of token steps
+of its own). Records carry
+``flops_per_step`` (the analytic FLOPs per token x tokens per step: B·T for train, B for
+one decode step), what the counter saw (``counted_flops_per_step`` by torch's formulas,
+``launches_per_step``, ``bytes_per_step`` of the non-matmul operators,
+``matmul_flops_per_s``: the speed the step's own matmuls reach), the three terms
+(``compute_ms``, ``memory_ms``, ``launch_ms``), ``roofline_bound`` (the binding term),
+``roofline_ms`` (the bound per step), ``roofline_fraction`` (``roofline_ms /
+ms_per_step``), ``bound_ceiling`` (dense's bound / this one's: the ratio vs dense the
+machine allows) and ``frac_of_bound_ceiling`` (``ratio_vs_dense / bound_ceiling``; above
+about 1.05 a term is missing or a model is wrong, PERFORMANCE.md). All None where a figure
+is missing (no FLOP model, peaks not measured, dense itself for the ceiling).
 """
 
 from __future__ import annotations
@@ -70,20 +75,19 @@ import json
 import os
 import platform
 import sys
-import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 import torch
 
 from blockmem_lite import registry
-from blockmem_lite.compiling import compile_decoding, compile_training
 from blockmem_lite.config import ModelConfig
-from blockmem_lite.measure import metrics, roofline
+from blockmem_lite.measure import metrics, opcount, roofline
+from blockmem_lite.measure.bench_compile import compile_warmup_calls, compiled, timed_warmup
 from blockmem_lite.measure.flops import flop_ceiling, training_flops_per_token
 from blockmem_lite.models.base import build_model
-from blockmem_lite.runtime import pick_device, seed_everything, synchronize
+from blockmem_lite.runtime import pick_device, seed_everything
 from blockmem_lite.units import fmt, human_bytes
 from blockmem_lite.validation import fail
 
@@ -95,6 +99,7 @@ DEFAULT_SEQ_LENS = (256, 1024, 4096)
 RECORD_KEYS = ("arch", "variant", "phase", "seq_len", "batch", "tokens_per_s", "ms_per_step",
                "ratio_vs_dense", "flop_ceiling", "frac_of_ceiling", "memory_bytes",
                "memory_method", "state_bytes", "device", "dtype", "threads", "torch_version")
+CEILING_TOLERANCE = 1.05        # a ratio vs dense above this x its roofline ceiling is flagged
 NO_MEMORY = {"memory_bytes": None, "memory_method": "none", "saved_bytes": None,
              "rss_peak_bytes": None, "rss_base_bytes": None}
 
@@ -176,6 +181,7 @@ class BenchContext:
     progress: bool
     peaks: roofline.Peaks | None = None     # the machine's measured limits (None: not measured)
     compile: bool = False
+    replays: opcount.ReplayCache = field(default_factory=opcount.ReplayCache)
 
     # --- models ---------------------------------------------------------------------------
     def entry(self, arch: str, seq_len: int, variant: str = "",
@@ -240,41 +246,53 @@ class BenchContext:
     def ceiling(self, dense_flops, flops) -> float | None:
         return flop_ceiling(dense_flops, flops) if dense_flops and flops else None
 
-    def step_cost(self, cfg: ModelConfig, traffic: str, *, batch: int, seq_len: int,
-                  params: int, flops_per_token: float | None,
-                  state_bytes: int | None = None) -> dict:
-        """``flops_per_step`` and ``bytes_per_step`` of one step by ``roofline``'s traffic
-        model ``traffic`` (train, prefill or decode); ``flops_per_token`` as recorded
-        (train: 3 x the forward). Keyword arguments for ``record``."""
-        tokens = roofline.tokens_per_step(traffic, batch, seq_len)
+    def step_cost(self, step_fn: Callable[[], object], *, tokens: int,
+                  flops_per_token: float | None, steps: int = 1) -> dict:
+        """The roofline inputs of one step, keyword arguments for ``record``:
+        ``flops_per_step`` (the analytic FLOPs per token x ``tokens``, the tokens one step
+        processes; train: 3 x the forward, as recorded) and ``count`` (``step_fn`` run once
+        under ``opcount.count_step``, ``steps`` steps per call; None without peaks)."""
+        count = None if self.peaks is None else \
+            opcount.count_step(step_fn, self.device, self.replays, steps)
         return {"flops_per_step": None if flops_per_token is None else flops_per_token * tokens,
-                "bytes_per_step": roofline.step_bytes(
-                    cfg, traffic, batch=batch, seq_len=seq_len, params=params,
-                    precision=self.precision, state_bytes=state_bytes)}
+                "count": count}
 
-    def roofline_fields(self, flops_per_step, bytes_per_step, ms_per_step: float) -> dict:
+    def roofline_fields(self, flops_per_step, count: opcount.StepCount | None,
+                        ms_per_step: float) -> dict:
         """The roofline keys of a record (module docstring); None where a figure is missing."""
-        kind, seconds = roofline.bound(flops_per_step, bytes_per_step, self.peaks)
-        return {"peak_flops_per_s": self.peaks.flops_per_s if self.peaks else None,
-                "peak_bytes_per_s": self.peaks.bytes_per_s if self.peaks else None,
-                "flops_per_step": flops_per_step, "bytes_per_step": bytes_per_step,
-                "roofline_bound": kind,
-                "roofline_ms": None if seconds is None else 1000.0 * seconds,
-                "roofline_fraction": None if seconds is None or not ms_per_step
-                else 1000.0 * seconds / ms_per_step}
+        peaks = self.peaks
+        limit = roofline.bound(count, peaks, self.device.type,
+                               ms_per_step / 1000.0 if ms_per_step else None)
+        ms = None if limit is None else 1000.0 * limit.seconds
+        return {"peak_flops_per_s": peaks.flops_per_s if peaks else None,
+                "peak_bytes_per_s": peaks.bytes_per_s if peaks else None,
+                "peak_launch_s": peaks.launch_s if peaks else None,
+                "flops_per_step": flops_per_step,
+                "counted_flops_per_step": count.heavy_flops if count else None,
+                "launches_per_step": count.launches if count else None,
+                "bytes_per_step": count.other_bytes if count else None,
+                "matmul_flops_per_s": count.heavy_flops / count.heavy_s
+                if count and count.heavy_s else None,
+                **{f"{term}_ms": None if limit is None else 1000.0 * getattr(limit, f"{term}_s")
+                   for term in roofline.TERMS},
+                "roofline_bound": None if limit is None else limit.binding, "roofline_ms": ms,
+                "roofline_fraction": None if ms is None or not ms_per_step else ms / ms_per_step}
 
     # --- records --------------------------------------------------------------------------
     def record(self, *, arch: str, variant: str, phase: str, seq_len: int, batch: int,
                timing: metrics.Timing, ratio, ceiling, flops, memory: dict,
                state_bytes, model_fields: dict, params: int, overrides: dict,
                per_call: int = 1, flops_per_step: float | None = None,
-               bytes_per_step: float | None = None, **extra) -> dict:
+               count: opcount.StepCount | None = None,
+               baseline_roofline_ms: float | None = None, **extra) -> dict:
         """One record with every ``RECORD_KEYS`` key, the run's settings and ``extra`` keys.
 
-        ``flops_per_step`` / ``bytes_per_step`` (from ``step_cost``) give the roofline keys;
-        without them those keys are None.
+        ``flops_per_step`` / ``count`` (from ``step_cost``) give the roofline keys; without
+        them those keys are None. ``baseline_roofline_ms``: dense's bound at the same tokens
+        per step, for the bound ceiling (None for dense itself).
         """
         ms_per_step = timing.ms_per_step / per_call
+        roof = self.roofline_fields(flops_per_step, count, ms_per_step)
         return {
             "arch": arch, "variant": variant, "phase": phase, "seq_len": seq_len, "batch": batch,
             "tokens_per_s": timing.tokens_per_s, "ms_per_step": ms_per_step,
@@ -283,8 +301,8 @@ class BenchContext:
             **{**NO_MEMORY, **memory}, "state_bytes": state_bytes,
             "device": self.device.type, "dtype": self.precision, "threads": self.threads,
             "torch_version": torch.__version__, "machine": machine(self.device),
-            "flops_per_token": flops,
-            **self.roofline_fields(flops_per_step, bytes_per_step, ms_per_step),
+            "flops_per_token": flops, **roof,
+            **bound_ceiling_fields(ratio, baseline_roofline_ms, roof["roofline_ms"]),
             "step_times_ms": [1000.0 * t / per_call for t in timing.times_s],
             **model_fields, "params": params, "overrides": overrides,
             "warmup": self.warmup, "repeats": self.repeats, "load_avg_1m": load_average(),
@@ -294,6 +312,16 @@ class BenchContext:
     def log(self, message: str) -> None:
         if self.progress:
             print(f"[bench] {message}", file=sys.stderr, flush=True)
+
+
+def bound_ceiling_fields(ratio, baseline_roofline_ms, roofline_ms) -> dict:
+    """``bound_ceiling``: dense's bound / this record's (the same tokens per step), the
+    ratio vs dense the machine allows; ``frac_of_bound_ceiling``: ``ratio`` / that. None
+    for dense and where a bound is missing."""
+    if ratio is None or not baseline_roofline_ms or not roofline_ms:
+        return {"bound_ceiling": None, "frac_of_bound_ceiling": None}
+    ceiling = baseline_roofline_ms / roofline_ms
+    return {"bound_ceiling": ceiling, "frac_of_bound_ceiling": ratio / ceiling}
 
 
 def model_fields(cfg: ModelConfig) -> dict:
@@ -356,87 +384,58 @@ def bench_phase(ctx: BenchContext, entries: list[Entry], phase: str, seq_len: in
     models = [ctx.build(e.cfg) for e in entries]
     extra = compile_warmup_calls(ctx, entries) if phase == "decode" else 0
     if phase == "train":
-        steps = [metrics.make_train_step(_compiled(ctx, m, phase), batch, seq_len,
+        steps = [metrics.make_train_step(compiled(ctx, m, phase), batch, seq_len,
                                          precision=ctx.precision) for m in models]
         tokens_per_call, per_call = batch * seq_len, 1
     else:
-        steps = [metrics.make_decode_step(_compiled(ctx, m, phase), batch, seq_len,
+        steps = [metrics.make_decode_step(compiled(ctx, m, phase), batch, seq_len,
                                           n_calls=ctx.warmup + ctx.repeats + extra,
                                           burst=ctx.burst, precision=ctx.precision)
                  for m in models]
         tokens_per_call, per_call = batch * ctx.burst, ctx.burst
-    warmup_s = _compile_warmup(ctx, entries, steps, phase)
+    warmup_s = timed_warmup(ctx, entries, steps, phase)
     ctx.log(f"T={seq_len} {phase} batch={batch}: timing {len(entries)} model(s) interleaved, "
             f"{ctx.warmup} warm-up + {ctx.repeats} timed round(s)")
     timings = ctx.time(steps, tokens_per_call)
-    del steps
     decode = phase == "decode"
     dense_flops = ctx.flops(entries[0].cfg, seq_len, decode)
+    flops = [ctx.flops(entry.cfg, seq_len, decode) for entry in entries]
+    recorded_flops = [training_flops_per_token(f) if f is not None and not decode else f
+                      for f in flops]
+    costs = [_step_cost(ctx, model, phase, batch, seq_len, train_step, f)
+             for model, train_step, f in zip(models, steps, recorded_flops, strict=True)]
+    del steps
+    baseline_ms = ctx.roofline_fields(costs[0]["flops_per_step"], costs[0]["count"],
+                                      timings[0].ms_per_step / per_call)["roofline_ms"]
     records = []
     for i, (entry, model, timing) in enumerate(zip(entries, models, timings, strict=True)):
         ctx.log(f"T={seq_len} {phase} {entry.arch} {entry.variant}".rstrip()
                 + f": {timing.tokens_per_s:,.0f} tok/s; memory")
-        flops = ctx.flops(entry.cfg, seq_len, decode)
         baseline = i == 0                                   # the first entry is dense
-        recorded_flops = training_flops_per_token(flops) if flops is not None and not decode \
-            else flops
         state_bytes = _state_bytes(model, batch, seq_len, ctx.precision) if decode else None
         records.append(ctx.record(
             arch=entry.arch, variant=entry.variant, phase=phase, seq_len=seq_len, batch=batch,
             timing=timing,
             ratio=None if baseline else timing.tokens_per_s / timings[0].tokens_per_s,
-            ceiling=ctx.ceiling(dense_flops, flops), flops=recorded_flops,
+            ceiling=ctx.ceiling(dense_flops, flops[i]), flops=recorded_flops[i],
             memory=_memory(ctx, entry, model, phase, batch, seq_len), state_bytes=state_bytes,
             model_fields=model_fields(entry.cfg), params=model.num_params(),
             overrides=entry.overrides, per_call=per_call, compiled=ctx.compile,
-            compile_warmup_s=warmup_s[i],
-            **ctx.step_cost(entry.cfg, phase, batch=batch, seq_len=seq_len,
-                            params=model.num_params(), flops_per_token=recorded_flops,
-                            state_bytes=state_bytes)))
+            compile_warmup_s=warmup_s[i], baseline_roofline_ms=None if baseline else baseline_ms,
+            **costs[i]))
     return records
 
 
-def boundary_span(cfg: ModelConfig) -> int:
-    """Tokens between the mechanism's boundaries (block, segment: its ``boundary`` knobs), 0
-    for none: decoding runs another code path once per span."""
-    values = []
-    for name in registry.boundary_fields(cfg.arch):
-        value = getattr(cfg, name)                      # an int, or a tuple (CAT's chunk_sizes)
-        values.extend(value if isinstance(value, (tuple, list)) else [value])
-    return max((int(v) for v in values if v is not None), default=0)
-
-
-def compile_warmup_calls(ctx: BenchContext, entries: list[Entry]) -> int:
-    """Extra untimed decode calls (bursts) for compiled models: enough to cross the longest
-    boundary span of ``entries`` once, plus one burst, so recompiles happen before timing."""
-    if not ctx.compile:
-        return 0
-    span = max(boundary_span(e.cfg) for e in entries)
-    return -(-(span + ctx.burst) // ctx.burst)
-
-
-def _compiled(ctx: BenchContext, model, phase: str):
-    if not ctx.compile:
-        return model
-    return compile_training(model) if phase == "train" else compile_decoding(model)
-
-
-def _compile_warmup(ctx: BenchContext, entries: list[Entry], steps, phase: str) -> list:
-    """Compiled models: run each step fn untimed (train: once; decode: the extra bursts) and
-    return the wall seconds per entry (compilation included); None each when not compiling."""
-    if not ctx.compile:
-        return [None] * len(entries)
-    calls = 1 if phase == "train" else compile_warmup_calls(ctx, entries)
-    seconds = []
-    for entry, step in zip(entries, steps, strict=True):
-        start = time.perf_counter()
-        for _ in range(calls):
-            step()
-        synchronize(ctx.device)
-        seconds.append(time.perf_counter() - start)
-        ctx.log(f"{phase} {entry.arch} {entry.variant}".rstrip()
-                + f": compiled, {calls} warm-up call(s) took {seconds[-1]:.1f} s")
-    return seconds
+def _step_cost(ctx: BenchContext, model, phase: str, batch: int, seq_len: int, train_step,
+               flops_per_token) -> dict:
+    """``ctx.step_cost`` of one entry: the timed train step itself, or a burst of decoding
+    steps after a prefill of ``seq_len`` (a step fn of its own, two calls: the timed one's
+    state is sized for the timed calls only)."""
+    if phase == "train":
+        return ctx.step_cost(train_step, tokens=batch * seq_len, flops_per_token=flops_per_token)
+    step = metrics.make_decode_step(model, batch, seq_len, n_calls=2, burst=ctx.burst,
+                                    precision=ctx.precision) if ctx.peaks is not None else None
+    return ctx.step_cost(step, tokens=batch, flops_per_token=flops_per_token, steps=ctx.burst)
 
 
 # --------------------------------------------------------------------------------------
@@ -567,15 +566,15 @@ PHASE_COLUMNS = (
     ("ms/step", lambda r: f"{r['ms_per_step']:.2f}"),
     ("x dense", lambda r: fmt(r["ratio_vs_dense"], ".2f")),
     ("ceiling", lambda r: fmt(r["flop_ceiling"], ".2f")),
-    ("% ceil", lambda r: "-" if r.get("frac_of_ceiling") is None
-     else f"{100 * r['frac_of_ceiling']:.0f}%"),
+    ("% ceil", lambda r: _percent(r.get("frac_of_ceiling"))),
     ("memory", lambda r: human_bytes(r["memory_bytes"])), ("method", lambda r: r["memory_method"]),
     ("saved", lambda r: human_bytes(r.get("saved_bytes"))),
     ("rss delta", lambda r: human_bytes(rss_delta(r))),
     ("state", lambda r: human_bytes(r["state_bytes"])),
     ("bound", lambda r: r.get("roofline_bound") or "-"),
-    ("% roof", lambda r: "-" if r.get("roofline_fraction") is None
-     else f"{100 * r['roofline_fraction']:.0f}%"),
+    ("% roof", lambda r: _percent(r.get("roofline_fraction"))),
+    ("roof ceil", lambda r: fmt(r.get("bound_ceiling"), ".2f")),
+    ("% roof ceil", lambda r: _percent(r.get("frac_of_bound_ceiling"))),
 )
 PHASE_LEGEND = (
     "x dense: tokens/s ratio to dense in the same run; ceiling: analytic FLOP ratio "
@@ -585,16 +584,26 @@ PHASE_LEGEND = (
     "saved for backward; cuda_max_allocated = CUDA peak.\n"
     "train = forward+backward, no optimizer step; decode ms/step is per token step; "
     "state = decoding state bytes at t = T.\n"
-    "bound: what limits the step by the roofline (compute: FLOPs / matmul peak; memory: bytes "
-    "moved by the traffic model / copy bandwidth); % roof = that bound's time / measured time.")
+    "bound: the largest of the roofline's terms for the counted step (compute: its matmuls "
+    "replayed at their shapes; memory: its other operators' bytes / copy bandwidth; launch: "
+    "its operators x the launch cost); % roof = bound / measured time; roof ceil = dense's "
+    "bound / this one's (the ratio vs dense the machine allows); % roof ceil = x dense / "
+    "roof ceil.")
+
+
+def _percent(value) -> str:
+    return "-" if value is None else f"{100 * value:.0f}%"
 
 
 def roofline_header(record: dict) -> str:
-    """``  matmul=… GFLOP/s  copy=… GB/s`` from a record's measured peaks ('' if none)."""
+    """``  matmul=… GFLOP/s  copy=… GB/s  launch=… us`` from a record's measured peaks ('' if
+    none)."""
     flops, bandwidth = record.get("peak_flops_per_s"), record.get("peak_bytes_per_s")
     if flops is None or bandwidth is None:
         return ""
-    return f"  matmul={flops / 1e9:,.1f} GFLOP/s  copy={bandwidth / 1e9:,.1f} GB/s"
+    launch = record.get("peak_launch_s")
+    return (f"  matmul={flops / 1e9:,.1f} GFLOP/s  copy={bandwidth / 1e9:,.1f} GB/s"
+            + ("" if launch is None else f"  launch={1e6 * launch:.1f} us"))
 
 
 def _columns_table(records: list[dict], columns, left_columns: int) -> str:
@@ -622,7 +631,24 @@ def format_table(records: list[dict]) -> str:
         if own:
             parts += ["", special.title(own), _columns_table(own, special.columns, 2),
                       *special.footer(own)]
-    return "\n".join(parts)
+    return "\n".join(parts + breach_lines(records))
+
+
+def ceiling_breaches(records: list[dict]) -> list[dict]:
+    """The records above ``CEILING_TOLERANCE`` of their roofline ceiling vs dense."""
+    return [r for r in records if (r.get("frac_of_bound_ceiling") or 0) > CEILING_TOLERANCE]
+
+
+def breach_lines(records: list[dict]) -> list[str]:
+    """A warning naming every record above its roofline ceiling ([] when none)."""
+    breaches = ceiling_breaches(records)
+    if not breaches:
+        return []
+    names = ", ".join(f"{r['arch']} {r['variant'] or ''} {r['phase']} T={r['seq_len']} "
+                      f"({100 * r['frac_of_bound_ceiling']:.0f}%)".replace("  ", " ")
+                      for r in breaches)
+    return [f"above {100 * CEILING_TOLERANCE:.0f}% of the roofline ceiling (a term is missing, "
+            f"a model is wrong, or the machine changed speed mid-run): {names}"]
 
 
 def write_json(records: list[dict], path: str | Path) -> Path:

@@ -164,7 +164,7 @@ def bench_inference(options: dict, bench) -> list[dict]:
     extra keys ``memory_vs_shortest`` / ``tokens_per_s_vs_shortest`` (this entry
     over the same entry at the shortest length: the constant-memory and
     flat-throughput targets), ``note`` (why dense is missing, or None) and the roofline
-    keys by the prefill traffic model (one call reads one whole prompt).
+    keys of one call (one whole prompt), the bound ceiling against dense at the same T.
     """
     lengths = sorted(set(options["infer_len"]))
     if not lengths:
@@ -185,6 +185,13 @@ def bench_inference(options: dict, bench) -> list[dict]:
     dense_tps = {seq_len: timing.tokens_per_s
                  for (seq_len, entry), timing in zip(runs, timings, strict=True)
                  if entry.arch == BASELINE}
+    costs = [bench.step_cost(step, tokens=batch * seq_len,
+                             flops_per_token=bench.flops(entry.cfg, seq_len))
+             for step, (seq_len, entry) in zip(steps, runs, strict=True)]
+    dense_ms = {seq_len: bench.roofline_fields(cost["flops_per_step"], cost["count"],
+                                               timing.ms_per_step)["roofline_ms"]
+                for (seq_len, entry), cost, timing in zip(runs, costs, timings, strict=True)
+                if entry.arch == BASELINE}
     records = []
     for i, (seq_len, entry) in enumerate(runs):
         baseline = entry.arch == BASELINE
@@ -201,9 +208,7 @@ def bench_inference(options: dict, bench) -> list[dict]:
                                                               "vocab_size")},
             params=models[i].num_params(), overrides=entry.overrides,
             note=None if baseline else _dense_skipped_note(bench, batch, seq_len, dense_max),
-            **bench.step_cost(entry.cfg, "prefill", batch=batch, seq_len=seq_len,
-                              params=models[i].num_params(), flops_per_token=flops,
-                              state_bytes=state_bytes[i])))
+            baseline_roofline_ms=None if baseline else dense_ms.get(seq_len), **costs[i]))
     _add_growth(records)
     return records
 

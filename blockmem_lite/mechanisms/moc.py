@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from blockmem_lite.labdata import loss_gap
-from blockmem_lite.measure.flops import dense_layer_flops, lm_head_flops
+from blockmem_lite.measure.flops import dense_decode_layer_flops, dense_layer_flops, lm_head_flops
 from blockmem_lite.models.moc import MemoryRead, MoCLM, MoCOptions, chapter_weights, memory_layers
 from blockmem_lite.registry import (
     BenchOption,
@@ -66,15 +66,20 @@ def route_every(cfg, seq_len: int) -> int:
     return seq_len if cfg.routing == "sequence" else min(cfg.routing_window, seq_len)
 
 
-def flops_per_token(cfg, seq_len: int, decode: bool = False) -> float | None:
-    """Forward FLOPs per token: dense layers plus ``moc_extra_flops`` per memory layer (no
-    decoding model: None for ``decode=True``)."""
-    if decode:
-        return None
+def flops_per_token(cfg, seq_len: int, decode: bool = False) -> float:
+    """Forward FLOPs per token: dense layers plus ``moc_extra_flops`` per memory layer.
+
+    Decoding (``decode=True``, one step at context ``seq_len``): dense's decoding layers,
+    and the same extra per memory layer: a step reads the held route's (k+1) chapters, and
+    a new route (router + K/V projection of its chapters) comes once per routing window,
+    or once per sequence with ``routing="sequence"`` (amortised over the context).
+    """
     extra = moc_extra_flops(cfg.d_model, cfg.n_chapters, cfg.top_k, cfg.chapter_len,
                             route_every(cfg, seq_len))
-    return (cfg.n_layer * dense_layer_flops(cfg.d_model, seq_len)
-            + len(memory_layers(cfg)) * extra + lm_head_flops(cfg.d_model, cfg.vocab_size))
+    layer = dense_decode_layer_flops(cfg.d_model, seq_len) if decode \
+        else dense_layer_flops(cfg.d_model, seq_len)
+    return (cfg.n_layer * layer + len(memory_layers(cfg)) * extra
+            + lm_head_flops(cfg.d_model, cfg.vocab_size))
 
 
 def state_bytes(cfg, t: int) -> float:

@@ -1,0 +1,239 @@
+"""What one step asks of the machine, operator by operator (the roofline's three terms).
+
+``count_step(fn)`` runs ``fn`` once under a ``TorchDispatchMode``, which sees every aten
+operator the step runs (after autograd, so the backward's too), and sorts each one:
+
+* **heavy** (the matmul family and the attention kernels, ``HEAVY_OPS``): the work a FLOP
+  term stands for. Each distinct call (operator, shapes, strides, dtype, arguments) is
+  replayed on its own inputs right there and timed, the fastest of a few calls, cached per
+  run (``ReplayCache``). Their sum is the step's compute term: the time its matmuls take at
+  the speed this machine gives *those shapes*. A single square-matmul peak would overstate
+  what a (4096 x 128) @ (128 x 344) matmul or a CPU flash-attention kernel reaches (on the
+  2-core CI machine about 120 GFLOP/s and less, against about 300), which is why a wider
+  model is not slower per FLOP here. Their FLOPs are counted by torch's own formulas
+  with the kit's two conventions (``flopcount.FLOP_FORMULAS``: the CPU flash-attention
+  kernels counted, a causal kernel's skipped half not).
+* **views** (``func.is_view``: reshape, transpose, slicing): no kernel, not counted as
+  launches.
+* **other** (elementwise, norms, copies, reductions, indexing): one launch each, and the
+  bytes of their distinct input and output tensors (each read or written at least once).
+
+Before that, ``fn`` runs once under ``torch.profiler``, which times every operator where it
+runs; ``host_share`` is the share of that call's wall time spent *outside* any operator:
+the Python that issues them (module calls, the mechanism's own code, building the state).
+A machine probe cannot know it, it is the model's own code; on a CPU at batch 1 it is
+most of a decoding step (about 60% for the kit's small models, where one ``torch.add``
+from Python costs about 2.5 us and a decoding step spends about 9 us per operator).
+
+In-place and ``out=`` variants of the heavy operators are counted as other operators
+(replaying them would change the step's own tensors).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from blockmem_lite.measure.flopcount import FLOP_FORMULAS
+from blockmem_lite.runtime import synchronize
+
+aten = torch.ops.aten
+
+HEAVY_OPS = (
+    aten.mm, aten.addmm, aten.bmm, aten.baddbmm,
+    aten._scaled_dot_product_flash_attention_for_cpu,
+    aten._scaled_dot_product_flash_attention_for_cpu_backward,
+    aten._scaled_dot_product_flash_attention, aten._scaled_dot_product_flash_attention_backward,
+    aten._scaled_dot_product_efficient_attention,
+    aten._scaled_dot_product_efficient_attention_backward,
+    aten._scaled_dot_product_cudnn_attention, aten._scaled_dot_product_cudnn_attention_backward,
+)
+REPLAY_TARGET_S = 1e-3                 # a timed replay batch lasts at least about this long
+REPLAY_ROUNDS = 3                      # timed batches per distinct heavy call (the fastest counts)
+MAX_REPLAY_BATCH = 64
+
+
+@dataclass(frozen=True)
+class StepCount:
+    """One step's operators, by kind (module docstring)."""
+
+    launches: int            # operators that run a kernel: heavy + other (views excluded)
+    heavy_ops: int
+    views: int
+    heavy_s: float           # the heavy operators' replayed time, summed
+    heavy_flops: float       # their FLOPs by torch's formulas
+    other_bytes: float       # bytes the other operators read and write
+    host_share: float = 0.0  # share of the step's time outside any operator (profiler)
+
+    @property
+    def other_launches(self) -> int:
+        return self.launches - self.heavy_ops
+
+    def scaled(self, factor: float) -> StepCount:
+        """This count times ``factor`` (per step from a count over several steps)."""
+        return StepCount(round(self.launches * factor), round(self.heavy_ops * factor),
+                         round(self.views * factor), self.heavy_s * factor,
+                         self.heavy_flops * factor, self.other_bytes * factor, self.host_share)
+
+
+class ReplayCache(dict):
+    """Replayed seconds by call signature, shared by every model of one bench run."""
+
+
+def count_step(fn: Callable[[], object], device, cache: ReplayCache | None = None,
+               steps: int = 1) -> StepCount:
+    """Run ``fn`` twice: under the profiler (``host_share``), then under the counter;
+    ``steps``: how many steps one call runs (the count is divided by it)."""
+    device = torch.device(device)
+    share = host_share(fn, device)
+    counter = _Counter(device, ReplayCache() if cache is None else cache)
+    with counter:
+        fn()
+    synchronize(device)
+    return dataclasses.replace(counter.count(), host_share=share).scaled(1.0 / steps)
+
+
+def host_share(fn: Callable[[], object], device) -> float:
+    """The share of one call of ``fn``'s wall time spent outside every operator: the wall
+    time minus the operators that no other operator called (an autograd node's operators
+    count as top level), over the wall time, by ``torch.profiler``."""
+    device = torch.device(device)
+    prof = profile(activities=[ProfilerActivity.CPU])
+    with _quiet_stderr():
+        prof.start()
+    start = time.perf_counter()
+    fn()
+    synchronize(device)
+    wall_us = 1e6 * (time.perf_counter() - start)
+    with _quiet_stderr():
+        prof.stop()
+    inside_us = sum(event.time_range.elapsed_us() for event in prof.events()
+                    if _is_operator(event) and not _inside_operator(event))
+    return min(1.0, max(0.0, 1.0 - inside_us / wall_us)) if wall_us > 0 else 0.0
+
+
+@contextlib.contextmanager
+def _quiet_stderr():
+    """File descriptor 2 sent to the null device: the profiler's C++ side prints a line as
+    it starts and as it stops, which the bench's output does not need."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def _is_operator(event) -> bool:
+    return event.name.startswith("aten::")
+
+
+def _inside_operator(event) -> bool:
+    parent = event.cpu_parent
+    while parent is not None:
+        if _is_operator(parent):
+            return True
+        parent = parent.cpu_parent
+    return False
+
+
+class _Counter(TorchDispatchMode):
+    def __init__(self, device: torch.device, cache: ReplayCache):
+        super().__init__()
+        self.device, self.cache = device, cache
+        self.launches = self.heavy_ops = self.views = 0
+        self.heavy_s = self.heavy_flops = self.other_bytes = 0.0
+
+    def count(self) -> StepCount:
+        return StepCount(self.launches, self.heavy_ops, self.views, self.heavy_s,
+                         self.heavy_flops, self.other_bytes)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func.is_view:
+            self.views += 1
+            return func(*args, **kwargs)
+        self.launches += 1
+        if func.overloadpacket in HEAVY_OPS and not func._schema.is_mutable:
+            return self._heavy(func, args, kwargs)
+        out = func(*args, **kwargs)
+        self.other_bytes += _distinct_bytes(args, kwargs, out)
+        return out
+
+    def _heavy(self, func, args, kwargs):
+        key = _signature(func, args, kwargs)
+        if key not in self.cache:
+            self.cache[key] = _replay_seconds(lambda: func(*args, **kwargs), self.device)
+        out = func(*args, **kwargs)
+        self.heavy_ops += 1
+        self.heavy_s += self.cache[key]
+        formula = FLOP_FORMULAS.get(func.overloadpacket)
+        if formula is not None:
+            self.heavy_flops += formula(*args, **kwargs, out_val=out)
+        return out
+
+
+def _replay_seconds(call: Callable[[], object], device: torch.device) -> float:
+    """Seconds of one ``call``: batches of calls lasting about ``REPLAY_TARGET_S`` (on an
+    accelerator, so its queue hides the launch latency), the fastest batch's mean."""
+    start = time.perf_counter()
+    call()
+    synchronize(device)
+    first = time.perf_counter() - start
+    batch = max(1, min(MAX_REPLAY_BATCH, math.ceil(REPLAY_TARGET_S / max(first, 1e-9))))
+    best = math.inf
+    for _ in range(REPLAY_ROUNDS):
+        start = time.perf_counter()
+        for _ in range(batch):
+            call()
+        synchronize(device)
+        best = min(best, (time.perf_counter() - start) / batch)
+    return best
+
+
+def _tensors(value):
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _tensors(item)
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _tensors(item)
+
+
+def _distinct_bytes(args, kwargs, out) -> int:
+    """Bytes of the distinct tensors among the inputs and outputs (a tensor passed twice,
+    or an in-place op's input that is also its output, counts once)."""
+    seen, total = set(), 0
+    for tensor in _tensors((args, kwargs, out)):
+        key = (tensor.data_ptr(), tensor.numel(), tensor.dtype)
+        if key not in seen:
+            seen.add(key)
+            total += tensor.numel() * tensor.element_size()
+    return total
+
+
+def _signature(func, args, kwargs) -> tuple:
+    """What a replay's time depends on: the operator, every tensor's shape, strides, dtype
+    and device, and the other arguments."""
+    def describe(value):
+        if isinstance(value, torch.Tensor):
+            return ("T", tuple(value.shape), tuple(value.stride()), value.dtype, str(value.device))
+        if isinstance(value, (list, tuple)):
+            return tuple(describe(v) for v in value)
+        return value
+    return (str(func), describe(args), tuple(sorted((k, describe(v)) for k, v in kwargs.items())))

@@ -1,0 +1,115 @@
+"""The roofline's three terms: the operator counter, the probes and the bound they set."""
+
+import pytest
+import torch
+
+from blockmem_lite.measure import bench, opcount, roofline
+
+PEAKS = roofline.Peaks(flops_per_s=1e9, bytes_per_s=1e8, dtype="fp32", matmul_n=1,
+                       copy_bytes=1, seconds=0.0, launch_s=1e-5)
+
+
+def count(**fields):
+    base = dict(launches=10, heavy_ops=2, views=0, heavy_s=0.0, heavy_flops=0.0,
+                other_bytes=0.0, host_share=0.0)
+    return opcount.StepCount(**{**base, **fields})
+
+
+def test_the_counter_sorts_operators_into_heavy_views_and_others():
+    a, b = torch.randn(32, 16), torch.randn(16, 8)
+
+    def step():
+        c = a @ b                     # mm: heavy, replayed
+        c = c.t()                     # a view: no launch
+        return (c * 2).sum()          # two launches of other operators
+
+    c = opcount.count_step(step, "cpu")
+    assert (c.heavy_ops, c.views, c.launches, c.other_launches) == (1, 1, 3, 2)
+    assert c.heavy_flops == 2 * 32 * 16 * 8 and c.heavy_s > 0
+    # mul reads c (8x32) and writes its product; sum reads that and writes a scalar
+    assert c.other_bytes == 4 * (8 * 32 + 8 * 32) + 4 * (8 * 32 + 1)
+    assert 0.0 <= c.host_share <= 1.0
+
+
+def test_a_distinct_call_is_replayed_once_per_run():
+    a = torch.randn(64, 64)
+    cache = opcount.ReplayCache()
+    first = opcount.count_step(lambda: [a @ a for _ in range(3)], "cpu", cache)
+    assert len(cache) == 1 and first.heavy_ops == 3
+    assert first.heavy_s == pytest.approx(3 * next(iter(cache.values())))
+    opcount.count_step(lambda: a @ a, "cpu", cache)
+    assert len(cache) == 1                                      # the same signature: reused
+    opcount.count_step(lambda: a[:, :32] @ a[:32], "cpu", cache)
+    assert len(cache) == 2
+
+
+def test_in_place_and_out_variants_are_not_replayed():
+    a, out = torch.randn(8, 8), torch.empty(8, 8)
+    c = opcount.count_step(lambda: torch.mm(a, a, out=out), "cpu")
+    assert c.heavy_ops == 0 and c.launches == 1 and c.other_bytes == 2 * 8 * 8 * 4
+
+
+def test_a_count_over_several_steps_is_per_step():
+    a = torch.randn(4, 4)
+    c = opcount.count_step(lambda: [a + 1 for _ in range(6)], "cpu", steps=3)
+    assert c.launches == 2 and c.other_bytes == pytest.approx(2 * 2 * 16 * 4)
+
+
+def test_the_host_share_is_the_time_outside_every_operator():
+    a = torch.randn(4, 4)
+
+    def mostly_python():
+        total = 0
+        for i in range(200_000):
+            total += i
+        return a + 1
+    assert opcount.host_share(mostly_python, "cpu") > 0.9
+    big = torch.randn(512, 512)
+    assert opcount.host_share(lambda: big @ big @ big, "cpu") < 0.5
+
+
+def test_on_a_cpu_the_terms_add_and_the_largest_binds():
+    limit = roofline.bound(count(heavy_s=0.002, other_bytes=1e5, host_share=0.25), PEAKS,
+                           "cpu", step_s=0.004)
+    assert limit.compute_s == 0.002 and limit.memory_s == pytest.approx(1e-3)
+    assert limit.launch_s == pytest.approx(0.25 * 0.004 + 8 * 1e-5)  # host + the other launches
+    assert limit.seconds == pytest.approx(0.002 + 1e-3 + 0.00108)
+    assert limit.binding == "compute"
+    assert roofline.bound(count(other_bytes=1e6), PEAKS, "cpu", 1.0).binding == "memory"
+    assert roofline.bound(count(launches=5000), PEAKS, "cpu", 1.0).binding == "launch"
+
+
+def test_on_an_accelerator_launches_overlap_the_devices_work():
+    busy = roofline.bound(count(heavy_s=0.01, other_bytes=1e5), PEAKS, "cuda", 0.02)
+    assert busy.seconds == pytest.approx(0.011) and busy.binding == "compute"
+    launch_bound = roofline.bound(count(launches=5000, heavy_s=0.01), PEAKS, "cuda", 0.06)
+    assert launch_bound.seconds == pytest.approx(5000 * 1e-5) and launch_bound.binding == "launch"
+
+
+def test_a_missing_figure_gives_no_bound():
+    assert roofline.bound(None, PEAKS, "cpu", 1.0) is None
+    assert roofline.bound(count(), None, "cpu", 1.0) is None
+    assert roofline.bound(count(), PEAKS, "cpu", None) is None
+
+
+def test_the_launch_probe_measures_one_small_operator():
+    peaks = roofline.measure_peaks("cpu", seconds=0.0, matmul_n=64, copy_bytes=1 << 16)
+    assert 0 < peaks.launch_s < 1e-3                   # microseconds, not a whole batch
+    assert peaks.flops_per_s > 0 and peaks.bytes_per_s > 0
+
+
+def test_the_bound_ceiling_fields():
+    assert bench.bound_ceiling_fields(0.9, 2.0, 4.0) == {
+        "bound_ceiling": 0.5, "frac_of_bound_ceiling": 1.8}
+    assert bench.bound_ceiling_fields(None, 2.0, 4.0)["bound_ceiling"] is None     # dense
+    assert bench.bound_ceiling_fields(0.9, None, 4.0)["frac_of_bound_ceiling"] is None
+
+
+def test_a_record_above_its_roofline_ceiling_is_named_under_the_table():
+    base = dict(arch="cat", variant="C=4", phase="decode", seq_len=256)
+    fine, high = {**base, "frac_of_bound_ceiling": 1.04}, {**base, "frac_of_bound_ceiling": 1.2}
+    assert bench.ceiling_breaches([fine, {**base, "frac_of_bound_ceiling": None}]) == []
+    assert bench.ceiling_breaches([fine, high]) == [high]
+    (line,) = bench.breach_lines([fine, high])
+    assert "above 105% of the roofline ceiling" in line and "cat C=4 decode T=256 (120%)" in line
+    assert bench.breach_lines([fine]) == []
