@@ -52,3 +52,32 @@ def test_decode_process_peak_stays_near_weights_and_state_and_below_dense():
     growth = {arch: bench.rss_delta(peak[arch, 4096]) - bench.rss_delta(peak[arch, 256])
               for arch in ("cat", "dense")}
     assert growth["cat"] < 48 * 2 ** 20 < growth["dense"], growth
+
+
+def test_a_multi_chunk_model_is_benched_at_each_records_chunk_size():
+    """The lab benches one multi-chunk model at every C; training draws a C per call, so the
+    bench pins it: each record measures its own C, every time, and the saved activations
+    fall as C grows (fewer slots: T (1 + 1/C), and fewer chunk vectors to attend)."""
+    import dataclasses
+
+    from blockmem_lite import preset
+    from blockmem_lite.measure import metrics
+    from blockmem_lite.models.base import build_model
+
+    base = dataclasses.replace(preset("fast", arch="cat").model, d_model=32, n_layer=2,
+                               n_head=2, seq_len=128, chunk_sizes=(4, 8, 16, 32))
+    saved = []
+    for c in (4, 8, 16, 32):
+        cfg = dataclasses.replace(base, chunk_size=c)
+        model = registry.prepared_for_bench(build_model(cfg), cfg)
+        assert model.training_chunk_size == c
+        forward = metrics.make_train_forward(model, 2, 128)
+        readings = {metrics.saved_tensor_bytes(forward, exclude=model.parameters())
+                    for _ in range(3)}
+        assert len(readings) == 1, (c, readings)           # no chunk size drawn per call
+        saved.append(readings.pop())
+    assert saved == sorted(saved, reverse=True) and saved[0] > saved[-1], saved
+    unpinned = build_model(dataclasses.replace(base, chunk_size=4))
+    unpinned.train()
+    drawn = {unpinned._pick_chunk_size(None) for _ in range(64)}
+    assert drawn == {4, 8, 16, 32}                         # the paper's recipe, unchanged

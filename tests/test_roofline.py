@@ -25,28 +25,35 @@ def test_the_counter_sorts_operators_into_heavy_views_and_others():
 
     c = opcount.count_step(step, "cpu")
     assert (c.heavy_ops, c.views, c.launches, c.other_launches) == (1, 1, 3, 2)
-    assert c.heavy_flops == 2 * 32 * 16 * 8 and c.heavy_s > 0
+    assert c.heavy_flops == 2 * 32 * 16 * 8 and c.heavy_s > 0 and c.other_s > 0
     # mul reads c (8x32) and writes its product; sum reads that and writes a scalar
     assert c.other_bytes == 4 * (8 * 32 + 8 * 32) + 4 * (8 * 32 + 1)
     assert 0.0 <= c.host_share <= 1.0
 
 
-def test_a_distinct_call_is_replayed_once_per_run():
+def test_a_call_is_priced_at_its_fastest_replay_in_the_run():
     a = torch.randn(64, 64)
     cache = opcount.ReplayCache()
     first = opcount.count_step(lambda: [a @ a for _ in range(3)], "cpu", cache)
     assert len(cache) == 1 and first.heavy_ops == 3
     assert first.heavy_s == pytest.approx(3 * next(iter(cache.values())))
+    (key,) = cache
+    cache[key] = 1.0                                       # a slow moment, then a later replay
     opcount.count_step(lambda: a @ a, "cpu", cache)
-    assert len(cache) == 1                                      # the same signature: reused
+    assert len(cache) == 1 and cache[key] < 1.0            # the same signature: the faster one
+    assert first.priced(cache).heavy_s == pytest.approx(3 * cache[key])
     opcount.count_step(lambda: a[:, :32] @ a[:32], "cpu", cache)
     assert len(cache) == 2
 
 
-def test_in_place_and_out_variants_are_not_replayed():
-    a, out = torch.randn(8, 8), torch.empty(8, 8)
+def test_operators_that_write_are_replayed_on_copies():
+    a, out = torch.randn(8, 8), torch.zeros(8, 8)
     c = opcount.count_step(lambda: torch.mm(a, a, out=out), "cpu")
     assert c.heavy_ops == 0 and c.launches == 1 and c.other_bytes == 2 * 8 * 8 * 4
+    assert torch.equal(out, a @ a)                          # written once, by the step itself
+    acc = torch.zeros(4)
+    opcount.count_step(lambda: acc.add_(1), "cpu")
+    assert torch.equal(acc, torch.full((4,), 2.0))   # count_step's two calls; replays: copies
 
 
 def test_a_count_over_several_steps_is_per_step():
@@ -69,18 +76,18 @@ def test_the_host_share_is_the_time_outside_every_operator():
 
 
 def test_on_a_cpu_the_terms_add_and_the_largest_binds():
-    limit = roofline.bound(count(heavy_s=0.002, other_bytes=1e5, host_share=0.25), PEAKS,
+    limit = roofline.bound(count(heavy_s=0.002, other_s=0.001, host_share=0.25), PEAKS,
                            "cpu", step_s=0.004)
-    assert limit.compute_s == 0.002 and limit.memory_s == pytest.approx(1e-3)
-    assert limit.launch_s == pytest.approx(0.25 * 0.004 + 8 * 1e-5)  # host + the other launches
-    assert limit.seconds == pytest.approx(0.002 + 1e-3 + 0.00108)
+    assert (limit.compute_s, limit.memory_s) == (0.002, 0.001)
+    assert limit.launch_s == pytest.approx(0.25 * 0.004)     # the Python around the operators
+    assert limit.seconds == pytest.approx(0.002 + 0.001 + 0.001)
     assert limit.binding == "compute"
-    assert roofline.bound(count(other_bytes=1e6), PEAKS, "cpu", 1.0).binding == "memory"
-    assert roofline.bound(count(launches=5000), PEAKS, "cpu", 1.0).binding == "launch"
+    assert roofline.bound(count(other_s=0.5), PEAKS, "cpu", 1.0).binding == "memory"
+    assert roofline.bound(count(host_share=0.6), PEAKS, "cpu", 1.0).binding == "launch"
 
 
 def test_on_an_accelerator_launches_overlap_the_devices_work():
-    busy = roofline.bound(count(heavy_s=0.01, other_bytes=1e5), PEAKS, "cuda", 0.02)
+    busy = roofline.bound(count(heavy_s=0.01, other_s=0.001), PEAKS, "cuda", 0.02)
     assert busy.seconds == pytest.approx(0.011) and busy.binding == "compute"
     launch_bound = roofline.bound(count(launches=5000, heavy_s=0.01), PEAKS, "cuda", 0.06)
     assert launch_bound.seconds == pytest.approx(5000 * 1e-5) and launch_bound.binding == "launch"

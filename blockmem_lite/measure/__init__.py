@@ -3,6 +3,9 @@
 - ``flops``: the dense FLOP pieces every mechanism's model builds on (settings layer:
   the registrations import it, so this package file imports nothing).
 - ``metrics``: FLOPs per token via the registry, parameters, peak memory, saved tensors.
-- ``roofline``: the machine probes (matmul peak, copy bandwidth) and the traffic model.
-- ``bench``: the same-run benchmark against dense (``python -m blockmem_lite bench``).
+- ``flopcount``: the analytic FLOP models checked against torch's ``FlopCounterMode``.
+- ``opcount``: one step counted and replayed operator by operator.
+- ``roofline``: the machine probes (matmul peak, copy bandwidth, launch) and the bound.
+- ``bench``: the same-run benchmark against dense (``python -m blockmem_lite bench``);
+  ``bench_compile``: its compiled entries.
 """

@@ -203,7 +203,7 @@ class BenchContext:
 
     def build(self, cfg: ModelConfig):
         seed_everything(0)
-        return build_model(cfg).to(self.device)
+        return registry.prepared_for_bench(build_model(cfg), cfg).to(self.device)
 
     # --- timing, memory, FLOPs ------------------------------------------------------------
     def time(self, step_fns: list[Callable[[], object]], tokens_per_call) -> list[metrics.Timing]:
@@ -256,6 +256,12 @@ class BenchContext:
             opcount.count_step(step_fn, self.device, self.replays, steps)
         return {"flops_per_step": None if flops_per_token is None else flops_per_token * tokens,
                 "count": count}
+
+    def priced(self, costs: list[dict]) -> list[dict]:
+        """``costs`` (from ``step_cost``) re-priced from the run's replay cache once every
+        entry of a phase is counted, so each bound uses the fastest replays seen."""
+        return [{**cost, "count": cost["count"].priced(self.replays) if cost["count"] else None}
+                for cost in costs]
 
     def roofline_fields(self, flops_per_step, count: opcount.StepCount | None,
                         ms_per_step: float) -> dict:
@@ -402,8 +408,9 @@ def bench_phase(ctx: BenchContext, entries: list[Entry], phase: str, seq_len: in
     flops = [ctx.flops(entry.cfg, seq_len, decode) for entry in entries]
     recorded_flops = [training_flops_per_token(f) if f is not None and not decode else f
                       for f in flops]
-    costs = [_step_cost(ctx, model, phase, batch, seq_len, train_step, f)
-             for model, train_step, f in zip(models, steps, recorded_flops, strict=True)]
+    costs = ctx.priced([_step_cost(ctx, model, phase, batch, seq_len, train_step, f)
+                        for model, train_step, f in zip(models, steps, recorded_flops,
+                                                        strict=True)])
     del steps
     baseline_ms = ctx.roofline_fields(costs[0]["flops_per_step"], costs[0]["count"],
                                       timings[0].ms_per_step / per_call)["roofline_ms"]

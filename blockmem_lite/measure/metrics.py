@@ -400,7 +400,8 @@ def _rss_child_main() -> None:
     seed = int(spec.get("seed", 0))
     steps = int(spec.get("steps", 2))
     seed_everything(seed)
-    model = build_model(ModelConfig.from_dict(spec["model"]))
+    cfg = ModelConfig.from_dict(spec["model"])
+    model = registry.prepared_for_bench(build_model(cfg), cfg)
     base = max_rss_bytes()
     if spec["phase"] == "train":
         step = make_train_step(model, spec["batch"], spec["seq_len"], seed=seed)

@@ -1,32 +1,25 @@
 """What one step asks of the machine, operator by operator (the roofline's three terms).
 
-``count_step(fn)`` runs ``fn`` once under a ``TorchDispatchMode``, which sees every aten
-operator the step runs (after autograd, so the backward's too), and sorts each one:
+``count_step(fn)`` runs ``fn`` under a ``TorchDispatchMode``, which sees every aten operator
+the step runs (after autograd, so the backward's too). Each operator that runs a kernel is
+replayed right there, alone, on its own inputs (copies of the ones it writes into), the
+fastest of a few calls; a call's signature (operator, shapes, strides, dtype, arguments)
+keeps its fastest replay in the run's ``ReplayCache``. Operators are sorted:
 
-* **heavy** (the matmul family and the attention kernels, ``HEAVY_OPS``): the work a FLOP
-  term stands for. Each distinct call (operator, shapes, strides, dtype, arguments) is
-  replayed on its own inputs right there and timed, the fastest of a few calls, cached per
-  run (``ReplayCache``). Their sum is the step's compute term: the time its matmuls take at
-  the speed this machine gives *those shapes*. A single square-matmul peak would overstate
-  what a (4096 x 128) @ (128 x 344) matmul or a CPU flash-attention kernel reaches (on the
-  2-core CI machine about 120 GFLOP/s and less, against about 300), which is why a wider
-  model is not slower per FLOP here. Their FLOPs are counted by torch's own formulas
-  with the kit's two conventions (``flopcount.FLOP_FORMULAS``: the CPU flash-attention
-  kernels counted, a causal kernel's skipped half not).
-* **views** (``func.is_view``: reshape, transpose, slicing): no kernel, not counted as
-  launches.
-* **other** (elementwise, norms, copies, reductions, indexing): one launch each, and the
+* **heavy** (the matmul family and the attention kernels, ``HEAVY_OPS``): the compute
+  term. Their FLOPs are counted by torch's formulas with the kit's two conventions
+  (``flopcount.FLOP_FORMULAS``: the CPU flash-attention kernels counted, a causal
+  kernel's skipped half not), so ``heavy_flops / heavy_s`` is the speed the step's own
+  matmuls reach;
+* **views** (``func.is_view``: reshape, transpose, slicing): no kernel, neither replayed
+  nor counted as launches;
+* **other** (elementwise, norms, copies, reductions, indexing): the memory term, with the
   bytes of their distinct input and output tensors (each read or written at least once).
 
-Before that, ``fn`` runs once under ``torch.profiler``, which times every operator where it
-runs; ``host_share`` is the share of that call's wall time spent *outside* any operator:
-the Python that issues them (module calls, the mechanism's own code, building the state).
-A machine probe cannot know it, it is the model's own code; on a CPU at batch 1 it is
-most of a decoding step (about 60% for the kit's small models, where one ``torch.add``
-from Python costs about 2.5 us and a decoding step spends about 9 us per operator).
-
-In-place and ``out=`` variants of the heavy operators are counted as other operators
-(replaying them would change the step's own tensors).
+Before that, ``fn`` runs once under ``torch.profiler``: ``host_share`` is the share of that
+call's wall time spent *outside* every operator, the Python that issues them (module
+calls, the mechanism's own code, building the state). On a CPU at batch 1 it is most of a
+decoding step: about 60% for the kit's small models.
 """
 
 from __future__ import annotations
@@ -59,13 +52,15 @@ HEAVY_OPS = (
     aten._scaled_dot_product_cudnn_attention, aten._scaled_dot_product_cudnn_attention_backward,
 )
 REPLAY_TARGET_S = 1e-3                 # a timed replay batch lasts at least about this long
-REPLAY_ROUNDS = 3                      # timed batches per distinct heavy call (the fastest counts)
+REPLAY_ROUNDS = 3                      # timed batches per distinct call (the fastest counts)
 MAX_REPLAY_BATCH = 64
 
 
 @dataclass(frozen=True)
 class StepCount:
-    """One step's operators, by kind (module docstring)."""
+    """One step's operators, by kind (module docstring). ``heavy_s`` / ``other_s`` are the
+    replayed times as priced when the count was made; ``priced`` re-prices them from the
+    run's cache, whose times only fall as more replays of the same call are seen."""
 
     launches: int            # operators that run a kernel: heavy + other (views excluded)
     heavy_ops: int
@@ -73,34 +68,48 @@ class StepCount:
     heavy_s: float           # the heavy operators' replayed time, summed
     heavy_flops: float       # their FLOPs by torch's formulas
     other_bytes: float       # bytes the other operators read and write
+    other_s: float = 0.0     # the other operators' replayed time, summed
     host_share: float = 0.0  # share of the step's time outside any operator (profiler)
+    steps: int = 1           # steps the count covers (its figures are per step)
+    tally: tuple = ()        # ((signature, calls, heavy), ...) over ``steps`` steps
 
     @property
     def other_launches(self) -> int:
         return self.launches - self.heavy_ops
 
-    def scaled(self, factor: float) -> StepCount:
-        """This count times ``factor`` (per step from a count over several steps)."""
-        return StepCount(round(self.launches * factor), round(self.heavy_ops * factor),
-                         round(self.views * factor), self.heavy_s * factor,
-                         self.heavy_flops * factor, self.other_bytes * factor, self.host_share)
+    def priced(self, cache: ReplayCache) -> StepCount:
+        """This count with ``heavy_s`` / ``other_s`` from ``cache``'s current times."""
+        heavy = sum(n * cache[key] for key, n, is_heavy in self.tally if is_heavy)
+        other = sum(n * cache[key] for key, n, is_heavy in self.tally if not is_heavy)
+        return dataclasses.replace(self, heavy_s=heavy / self.steps, other_s=other / self.steps)
 
 
 class ReplayCache(dict):
-    """Replayed seconds by call signature, shared by every model of one bench run."""
+    """The fastest replayed seconds seen per call signature, shared by every model of one
+    bench run: each call is replayed again wherever it recurs (the next layer, the next
+    model), so a slow moment of the machine does not stay in the bound."""
+
+    def record(self, key, seconds: float) -> None:
+        self[key] = min(seconds, self.get(key, math.inf))
 
 
 def count_step(fn: Callable[[], object], device, cache: ReplayCache | None = None,
                steps: int = 1) -> StepCount:
     """Run ``fn`` twice: under the profiler (``host_share``), then under the counter;
-    ``steps``: how many steps one call runs (the count is divided by it)."""
+    ``steps``: how many steps one call runs (the figures are per step)."""
     device = torch.device(device)
+    cache = ReplayCache() if cache is None else cache
     share = host_share(fn, device)
-    counter = _Counter(device, ReplayCache() if cache is None else cache)
+    counter = _Counter(device, cache)
     with counter:
         fn()
     synchronize(device)
-    return dataclasses.replace(counter.count(), host_share=share).scaled(1.0 / steps)
+    c = counter
+    per = 1.0 / steps
+    return StepCount(round(c.launches * per), round(c.heavy_ops * per), round(c.views * per),
+                     0.0, c.heavy_flops * per, c.other_bytes * per, 0.0, share, steps,
+                     tuple((key, n, heavy) for (key, heavy), n in c.tally.items())
+                     ).priced(cache)
 
 
 def host_share(fn: Callable[[], object], device) -> float:
@@ -155,11 +164,8 @@ class _Counter(TorchDispatchMode):
         super().__init__()
         self.device, self.cache = device, cache
         self.launches = self.heavy_ops = self.views = 0
-        self.heavy_s = self.heavy_flops = self.other_bytes = 0.0
-
-    def count(self) -> StepCount:
-        return StepCount(self.launches, self.heavy_ops, self.views, self.heavy_s,
-                         self.heavy_flops, self.other_bytes)
+        self.heavy_flops = self.other_bytes = 0.0
+        self.tally: dict[tuple, int] = {}              # (signature, heavy) -> calls
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -167,22 +173,20 @@ class _Counter(TorchDispatchMode):
             self.views += 1
             return func(*args, **kwargs)
         self.launches += 1
-        if func.overloadpacket in HEAVY_OPS and not func._schema.is_mutable:
-            return self._heavy(func, args, kwargs)
-        out = func(*args, **kwargs)
-        self.other_bytes += _distinct_bytes(args, kwargs, out)
-        return out
-
-    def _heavy(self, func, args, kwargs):
         key = _signature(func, args, kwargs)
-        if key not in self.cache:
-            self.cache[key] = _replay_seconds(lambda: func(*args, **kwargs), self.device)
+        replay_args, replay_kwargs = _copies_of_written(func, args, kwargs)
+        self.cache.record(key, _replay_seconds(lambda: func(*replay_args, **replay_kwargs),
+                                               self.device))
         out = func(*args, **kwargs)
-        self.heavy_ops += 1
-        self.heavy_s += self.cache[key]
-        formula = FLOP_FORMULAS.get(func.overloadpacket)
-        if formula is not None:
-            self.heavy_flops += formula(*args, **kwargs, out_val=out)
+        heavy = func.overloadpacket in HEAVY_OPS and not func._schema.is_mutable
+        self.tally[(key, heavy)] = self.tally.get((key, heavy), 0) + 1
+        if heavy:
+            self.heavy_ops += 1
+            formula = FLOP_FORMULAS.get(func.overloadpacket)
+            if formula is not None:
+                self.heavy_flops += formula(*args, **kwargs, out_val=out)
+        else:
+            self.other_bytes += _distinct_bytes(args, kwargs, out)
         return out
 
 
@@ -202,6 +206,22 @@ def _replay_seconds(call: Callable[[], object], device: torch.device) -> float:
         synchronize(device)
         best = min(best, (time.perf_counter() - start) / batch)
     return best
+
+
+def _copies_of_written(func, args, kwargs) -> tuple[tuple, dict]:
+    """``args`` / ``kwargs`` with a clone of every tensor ``func``'s schema says it writes."""
+    if not func._schema.is_mutable:
+        return args, kwargs
+    args, kwargs = list(args), dict(kwargs)
+    for i, argument in enumerate(func._schema.arguments):
+        if argument.alias_info is None or not argument.alias_info.is_write:
+            continue
+        if argument.kwarg_only or i >= len(args):
+            if isinstance(kwargs.get(argument.name), torch.Tensor):
+                kwargs[argument.name] = kwargs[argument.name].clone()
+        elif isinstance(args[i], torch.Tensor):
+            args[i] = args[i].clone()
+    return tuple(args), kwargs
 
 
 def _tensors(value):

@@ -11,7 +11,15 @@ import math
 from blockmem_lite.labdata import bench_value, best, loss_gap, memory_ratio
 from blockmem_lite.measure.flops import layer_matmul_flops, lm_head_flops
 from blockmem_lite.models.cat import CATLM, CATOptions
-from blockmem_lite.registry import Claim, LabSpec, Mechanism, register, register_lab
+from blockmem_lite.registry import (
+    BenchSpec,
+    Claim,
+    LabSpec,
+    Mechanism,
+    register,
+    register_bench,
+    register_lab,
+)
 from blockmem_lite.validation import check_non_negative, check_positive
 
 # --------------------------------------------------------------------------------------
@@ -131,6 +139,15 @@ def _set_chunk_size(model, overrides: dict) -> None:
     model.chunk_size = overrides["chunk_size"]
 
 
+def _bench_at_its_chunk_size(model, cfg) -> None:
+    """A multi-chunk model trains at a chunk size drawn per call; the bench pins it to the
+    record's C, so a ``C=32`` training record times and measures C = 32 (unpinned, every
+    C of one model timed the same random mix, and its saved-tensor figure was whichever C
+    the measuring call drew: 452 MiB at C=16 but 621 MiB at C=32 in one class report)."""
+    if cfg.chunk_sizes:
+        model.pin_training_chunk_size(cfg.chunk_size)
+
+
 def _over_chunk_sizes(fn, pick=max) -> float | None:
     """``pick`` of ``fn(variant label)`` over the lab's chunk sizes (None where unmeasured)."""
     return best((fn(f"C={c}") for c in LAB_CHUNK_SIZES), pick)
@@ -181,6 +198,7 @@ register(Mechanism(
     state_bytes=state_bytes,
     summary="compress & attend: chunks compressed to one vector each; a decoder reads its own "
             "chunk plus every earlier chunk vector"))
+register_bench("cat", BenchSpec(prepare=_bench_at_its_chunk_size))
 register_lab("cat", LabSpec(config=lab_config, variants=_chunk_variants, switch=_set_chunk_size,
                             recall_span=_recall_span, memory_slots=memory_slots, claims=CLAIMS,
                             twin=lambda cfg: dataclasses.replace(cfg, memory=False)))

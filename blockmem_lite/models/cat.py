@@ -354,6 +354,7 @@ class CATLM(LanguageModel):
         if self.separator is not None:
             nn.init.normal_(self.separator, std=cfg.init_std)
         self._chunk_size = cfg.chunk_size
+        self.training_chunk_size: int | None = None    # pin_training_chunk_size
 
     # --- the knob ------------------------------------------------------------------
     @property
@@ -371,11 +372,19 @@ class CATLM(LanguageModel):
                              f"{', '.join(map(str, self.chunk_sizes))}")
         return value
 
+    def pin_training_chunk_size(self, value: int | None) -> None:
+        """Train the multi-chunk model at ``value`` only (None: sample per call, the paper's
+        recipe). The bench pins it so a ``C=4`` training record times and measures C=4."""
+        self.training_chunk_size = None if value is None else self._checked_chunk_size(value)
+
     def _pick_chunk_size(self, chunk_size: int | None) -> int:
-        """Explicit > sampled uniformly per call when training the multi-chunk model > knob."""
+        """Explicit > when training the multi-chunk model: the pinned size, else sampled
+        uniformly per call > the knob."""
         if chunk_size is not None:
             return self._checked_chunk_size(chunk_size)
         if self.training and self.multi_chunk:
+            if self.training_chunk_size is not None:
+                return self.training_chunk_size
             return self.chunk_sizes[int(torch.randint(len(self.chunk_sizes), ()))]
         return self._chunk_size
 
