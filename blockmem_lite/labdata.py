@@ -28,10 +28,15 @@ def loss_gap(results: dict, label: str, reference: str, variant: str = "") -> fl
     return None if mine is None or other is None else mine - other
 
 
+def bench_records(results: dict) -> list[dict]:
+    """Every bench record of a lab result ([] before its bench ran)."""
+    return results.get("done", {}).get("bench/*", {}).get("records", [])
+
+
 def bench_record(results: dict, arch: str, phase: str, seq_len: int | None = None,
                  variant: str | None = None) -> dict | None:
     """The bench record of ``arch`` in ``phase`` at ``seq_len`` (default: the longest)."""
-    records = [r for r in results.get("done", {}).get("bench/*", {}).get("records", [])
+    records = [r for r in bench_records(results)
                if r["arch"] == arch and r["phase"] == phase
                and (variant is None or r["variant"] == variant)]
     if seq_len is None and records:

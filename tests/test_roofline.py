@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from blockmem_lite.measure import bench, opcount, roofline
+from blockmem_lite.measure import opcount, roofline
 
 PEAKS = roofline.Peaks(flops_per_s=1e9, bytes_per_s=1e8, dtype="fp32", matmul_n=1,
                        copy_bytes=1, seconds=0.0, launch_s=1e-5)
@@ -106,17 +106,17 @@ def test_the_launch_probe_measures_one_small_operator():
 
 
 def test_the_bound_ceiling_fields():
-    assert bench.bound_ceiling_fields(0.9, 2.0, 4.0) == {
+    assert roofline.bound_ceiling_fields(0.9, 2.0, 4.0) == {
         "bound_ceiling": 0.5, "frac_of_bound_ceiling": 1.8}
-    assert bench.bound_ceiling_fields(None, 2.0, 4.0)["bound_ceiling"] is None     # dense
-    assert bench.bound_ceiling_fields(0.9, None, 4.0)["frac_of_bound_ceiling"] is None
+    assert roofline.bound_ceiling_fields(None, 2.0, 4.0)["bound_ceiling"] is None     # dense
+    assert roofline.bound_ceiling_fields(0.9, None, 4.0)["frac_of_bound_ceiling"] is None
 
 
 def test_a_record_above_its_roofline_ceiling_is_named_under_the_table():
     base = dict(arch="cat", variant="C=4", phase="decode", seq_len=256)
     fine, high = {**base, "frac_of_bound_ceiling": 1.04}, {**base, "frac_of_bound_ceiling": 1.2}
-    assert bench.ceiling_breaches([fine, {**base, "frac_of_bound_ceiling": None}]) == []
-    assert bench.ceiling_breaches([fine, high]) == [high]
-    (line,) = bench.breach_lines([fine, high])
+    assert roofline.ceiling_breaches([fine, {**base, "frac_of_bound_ceiling": None}]) == []
+    assert roofline.ceiling_breaches([fine, high]) == [high]
+    (line,) = roofline.breach_lines([fine, high])
     assert "above 105% of the roofline ceiling" in line and "cat C=4 decode T=256 (120%)" in line
-    assert bench.breach_lines([fine]) == []
+    assert roofline.breach_lines([fine]) == []

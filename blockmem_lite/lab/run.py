@@ -462,6 +462,9 @@ class Lab:
             for phase in bench.PHASES:
                 extra = (ctx.warmup + ctx.repeats) * ctx.burst if phase == "decode" else 0
                 entries = self._bench_entries(seq_len + extra)
+                if phase == "decode" and bench.counted_decode_tokens(ctx, entries) > extra:
+                    extra = bench.counted_decode_tokens(ctx, entries)    # the roofline's count
+                    entries = self._bench_entries(seq_len + extra)
                 records += bench.bench_phase(ctx, entries, phase, seq_len,
                                              bench.default_batch(phase, seq_len))
         return {"records": records, "state": self._state_curves()}

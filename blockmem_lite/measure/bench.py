@@ -84,7 +84,12 @@ import torch
 from blockmem_lite import registry
 from blockmem_lite.config import ModelConfig
 from blockmem_lite.measure import metrics, opcount, roofline
-from blockmem_lite.measure.bench_compile import compile_warmup_calls, compiled, timed_warmup
+from blockmem_lite.measure.bench_compile import (
+    boundary_span,
+    compile_warmup_calls,
+    compiled,
+    timed_warmup,
+)
 from blockmem_lite.measure.flops import flop_ceiling, training_flops_per_token
 from blockmem_lite.models.base import build_model
 from blockmem_lite.runtime import pick_device, seed_everything
@@ -99,7 +104,6 @@ DEFAULT_SEQ_LENS = (256, 1024, 4096)
 RECORD_KEYS = ("arch", "variant", "phase", "seq_len", "batch", "tokens_per_s", "ms_per_step",
                "ratio_vs_dense", "flop_ceiling", "frac_of_ceiling", "memory_bytes",
                "memory_method", "state_bytes", "device", "dtype", "threads", "torch_version")
-CEILING_TOLERANCE = 1.05        # a ratio vs dense above this x its roofline ceiling is flagged
 NO_MEMORY = {"memory_bytes": None, "memory_method": "none", "saved_bytes": None,
              "rss_peak_bytes": None, "rss_base_bytes": None}
 
@@ -266,23 +270,8 @@ class BenchContext:
     def roofline_fields(self, flops_per_step, count: opcount.StepCount | None,
                         ms_per_step: float) -> dict:
         """The roofline keys of a record (module docstring); None where a figure is missing."""
-        peaks = self.peaks
-        limit = roofline.bound(count, peaks, self.device.type,
-                               ms_per_step / 1000.0 if ms_per_step else None)
-        ms = None if limit is None else 1000.0 * limit.seconds
-        return {"peak_flops_per_s": peaks.flops_per_s if peaks else None,
-                "peak_bytes_per_s": peaks.bytes_per_s if peaks else None,
-                "peak_launch_s": peaks.launch_s if peaks else None,
-                "flops_per_step": flops_per_step,
-                "counted_flops_per_step": count.heavy_flops if count else None,
-                "launches_per_step": count.launches if count else None,
-                "bytes_per_step": count.other_bytes if count else None,
-                "matmul_flops_per_s": count.heavy_flops / count.heavy_s
-                if count and count.heavy_s else None,
-                **{f"{term}_ms": None if limit is None else 1000.0 * getattr(limit, f"{term}_s")
-                   for term in roofline.TERMS},
-                "roofline_bound": None if limit is None else limit.binding, "roofline_ms": ms,
-                "roofline_fraction": None if ms is None or not ms_per_step else ms / ms_per_step}
+        return roofline.record_fields(count, self.peaks, self.device.type, flops_per_step,
+                                      ms_per_step)
 
     # --- records --------------------------------------------------------------------------
     def record(self, *, arch: str, variant: str, phase: str, seq_len: int, batch: int,
@@ -308,7 +297,7 @@ class BenchContext:
             "device": self.device.type, "dtype": self.precision, "threads": self.threads,
             "torch_version": torch.__version__, "machine": machine(self.device),
             "flops_per_token": flops, **roof,
-            **bound_ceiling_fields(ratio, baseline_roofline_ms, roof["roofline_ms"]),
+            **roofline.bound_ceiling_fields(ratio, baseline_roofline_ms, roof["roofline_ms"]),
             "step_times_ms": [1000.0 * t / per_call for t in timing.times_s],
             **model_fields, "params": params, "overrides": overrides,
             "warmup": self.warmup, "repeats": self.repeats, "load_avg_1m": load_average(),
@@ -318,16 +307,6 @@ class BenchContext:
     def log(self, message: str) -> None:
         if self.progress:
             print(f"[bench] {message}", file=sys.stderr, flush=True)
-
-
-def bound_ceiling_fields(ratio, baseline_roofline_ms, roofline_ms) -> dict:
-    """``bound_ceiling``: dense's bound / this record's (the same tokens per step), the
-    ratio vs dense the machine allows; ``frac_of_bound_ceiling``: ``ratio`` / that. None
-    for dense and where a bound is missing."""
-    if ratio is None or not baseline_roofline_ms or not roofline_ms:
-        return {"bound_ceiling": None, "frac_of_bound_ceiling": None}
-    ceiling = baseline_roofline_ms / roofline_ms
-    return {"bound_ceiling": ceiling, "frac_of_bound_ceiling": ratio / ceiling}
 
 
 def model_fields(cfg: ModelConfig) -> dict:
@@ -408,9 +387,9 @@ def bench_phase(ctx: BenchContext, entries: list[Entry], phase: str, seq_len: in
     flops = [ctx.flops(entry.cfg, seq_len, decode) for entry in entries]
     recorded_flops = [training_flops_per_token(f) if f is not None and not decode else f
                       for f in flops]
-    costs = ctx.priced([_step_cost(ctx, model, phase, batch, seq_len, train_step, f)
-                        for model, train_step, f in zip(models, steps, recorded_flops,
-                                                        strict=True)])
+    costs = ctx.priced([_step_cost(ctx, entry.cfg, model, phase, batch, seq_len, train_step, f)
+                        for entry, model, train_step, f in zip(entries, models, steps,
+                                                               recorded_flops, strict=True)])
     del steps
     baseline_ms = ctx.roofline_fields(costs[0]["flops_per_step"], costs[0]["count"],
                                       timings[0].ms_per_step / per_call)["roofline_ms"]
@@ -433,16 +412,28 @@ def bench_phase(ctx: BenchContext, entries: list[Entry], phase: str, seq_len: in
     return records
 
 
-def _step_cost(ctx: BenchContext, model, phase: str, batch: int, seq_len: int, train_step,
-               flops_per_token) -> dict:
-    """``ctx.step_cost`` of one entry: the timed train step itself, or a burst of decoding
-    steps after a prefill of ``seq_len`` (a step fn of its own, two calls: the timed one's
-    state is sized for the timed calls only)."""
+def counted_decode_steps(ctx: BenchContext, cfg: ModelConfig) -> int:
+    """Decoding steps the roofline counts per call: a burst or one boundary span."""
+    return max(ctx.burst, boundary_span(cfg))
+
+
+def counted_decode_tokens(ctx: BenchContext, entries: list[Entry]) -> int:
+    """Tokens past t = T the roofline's count decodes (two calls)."""
+    return 2 * max(counted_decode_steps(ctx, e.cfg) for e in entries)
+
+
+def _step_cost(ctx: BenchContext, cfg: ModelConfig, model, phase: str, batch: int,
+               seq_len: int, train_step, flops_per_token) -> dict:
+    """``ctx.step_cost`` of one entry: the timed train step itself, or decoding steps after
+    a prefill of ``seq_len`` (a step fn of its own, two calls: the timed one's state is
+    sized for the timed calls only), as many as a burst or one boundary span, whichever is
+    longer, so a block / chunk / segment boundary counts as often as it comes."""
     if phase == "train":
         return ctx.step_cost(train_step, tokens=batch * seq_len, flops_per_token=flops_per_token)
-    step = metrics.make_decode_step(model, batch, seq_len, n_calls=2, burst=ctx.burst,
+    steps = counted_decode_steps(ctx, cfg)
+    step = metrics.make_decode_step(model, batch, seq_len, n_calls=2, burst=steps,
                                     precision=ctx.precision) if ctx.peaks is not None else None
-    return ctx.step_cost(step, tokens=batch, flops_per_token=flops_per_token, steps=ctx.burst)
+    return ctx.step_cost(step, tokens=batch, flops_per_token=flops_per_token, steps=steps)
 
 
 # --------------------------------------------------------------------------------------
@@ -536,6 +527,9 @@ def _plan(ctx: BenchContext, archs: list[str], phases, options: dict) -> list:
             # decoding runs past t = seq_len by the timed steps: configs must cover that
             extra = (ctx.warmup + ctx.repeats) * ctx.burst if phase == "decode" else 0
             entries = ctx.entries(archs, seq_len + extra, options)
+            if phase == "decode" and counted_decode_tokens(ctx, entries) > extra:
+                extra = counted_decode_tokens(ctx, entries)     # and the roofline's count
+                entries = ctx.entries(archs, seq_len + extra, options)
             if phase == "decode" and ctx.compile:           # and the compiled warm-up's bursts
                 extra += compile_warmup_calls(ctx, entries) * ctx.burst + 1   # + a spare slot
                 entries = ctx.entries(archs, seq_len + extra, options)
@@ -638,24 +632,7 @@ def format_table(records: list[dict]) -> str:
         if own:
             parts += ["", special.title(own), _columns_table(own, special.columns, 2),
                       *special.footer(own)]
-    return "\n".join(parts + breach_lines(records))
-
-
-def ceiling_breaches(records: list[dict]) -> list[dict]:
-    """The records above ``CEILING_TOLERANCE`` of their roofline ceiling vs dense."""
-    return [r for r in records if (r.get("frac_of_bound_ceiling") or 0) > CEILING_TOLERANCE]
-
-
-def breach_lines(records: list[dict]) -> list[str]:
-    """A warning naming every record above its roofline ceiling ([] when none)."""
-    breaches = ceiling_breaches(records)
-    if not breaches:
-        return []
-    names = ", ".join(f"{r['arch']} {r['variant'] or ''} {r['phase']} T={r['seq_len']} "
-                      f"({100 * r['frac_of_bound_ceiling']:.0f}%)".replace("  ", " ")
-                      for r in breaches)
-    return [f"above {100 * CEILING_TOLERANCE:.0f}% of the roofline ceiling (a term is missing, "
-            f"a model is wrong, or the machine changed speed mid-run): {names}"]
+    return "\n".join(parts + roofline.breach_lines(records))
 
 
 def write_json(records: list[dict], path: str | Path) -> Path:

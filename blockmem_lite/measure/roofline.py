@@ -68,6 +68,7 @@ from blockmem_lite.validation import check_non_negative, check_positive
 PROBE_SECONDS = 0.5                    # per probe (matmul, copy, launch): 1.5 s in all
 LAUNCH_BATCH = 1000                    # launches per timed batch of the launch probe
 TERMS = ("compute", "memory", "launch")
+CEILING_TOLERANCE = 1.05     # a ratio vs dense above this x its roofline ceiling is named
 
 
 @dataclass(frozen=True)
@@ -186,3 +187,55 @@ def bound(count: StepCount | None, peaks: Peaks | None, device_type: str,
         return Bound(compute_s, memory_s, host_s, compute_s + memory_s + host_s)
     launch_s = host_s + count.launches * peaks.launch_s
     return Bound(compute_s, memory_s, launch_s, max(launch_s, compute_s + memory_s))
+
+
+# --------------------------------------------------------------------------------------
+# The bench's records
+# --------------------------------------------------------------------------------------
+
+def record_fields(count: StepCount | None, peaks: Peaks | None, device_type: str,
+                  flops_per_step, ms_per_step: float) -> dict:
+    """A bench record's roofline keys (``bench.py``'s docstring); None where a figure is
+    missing."""
+    limit = bound(count, peaks, device_type, ms_per_step / 1000.0 if ms_per_step else None)
+    ms = None if limit is None else 1000.0 * limit.seconds
+    return {"peak_flops_per_s": peaks.flops_per_s if peaks else None,
+            "peak_bytes_per_s": peaks.bytes_per_s if peaks else None,
+            "peak_launch_s": peaks.launch_s if peaks else None,
+            "flops_per_step": flops_per_step,
+            "counted_flops_per_step": count.heavy_flops if count else None,
+            "launches_per_step": count.launches if count else None,
+            "bytes_per_step": count.other_bytes if count else None,
+            "matmul_flops_per_s": count.heavy_flops / count.heavy_s
+            if count and count.heavy_s else None,
+            **{f"{term}_ms": None if limit is None else 1000.0 * getattr(limit, f"{term}_s")
+               for term in TERMS},
+            "roofline_bound": None if limit is None else limit.binding, "roofline_ms": ms,
+            "roofline_fraction": None if ms is None or not ms_per_step else ms / ms_per_step}
+
+
+def bound_ceiling_fields(ratio, baseline_roofline_ms, roofline_ms) -> dict:
+    """``bound_ceiling``: dense's bound / this record's (the same tokens per step), the
+    ratio vs dense the machine allows; ``frac_of_bound_ceiling``: ``ratio`` / that. None
+    for dense and where a bound is missing."""
+    if ratio is None or not baseline_roofline_ms or not roofline_ms:
+        return {"bound_ceiling": None, "frac_of_bound_ceiling": None}
+    ceiling = baseline_roofline_ms / roofline_ms
+    return {"bound_ceiling": ceiling, "frac_of_bound_ceiling": ratio / ceiling}
+
+
+def ceiling_breaches(records: list[dict]) -> list[dict]:
+    """The records above ``CEILING_TOLERANCE`` of their roofline ceiling vs dense."""
+    return [r for r in records if (r.get("frac_of_bound_ceiling") or 0) > CEILING_TOLERANCE]
+
+
+def breach_lines(records: list[dict]) -> list[str]:
+    """A warning naming every record above its roofline ceiling ([] when none)."""
+    breaches = ceiling_breaches(records)
+    if not breaches:
+        return []
+    names = ", ".join(f"{r['arch']} {r['variant'] or ''} {r['phase']} T={r['seq_len']} "
+                      f"({100 * r['frac_of_bound_ceiling']:.0f}%)".replace("  ", " ")
+                      for r in breaches)
+    return [f"above {100 * CEILING_TOLERANCE:.0f}% of the roofline ceiling (a term is missing, "
+            f"a model is wrong, or the machine changed speed mid-run): {names}"]
