@@ -586,10 +586,10 @@ PHASE_LEGEND = (
     "train = forward+backward, no optimizer step; decode ms/step is per token step; "
     "state = decoding state bytes at t = T.\n"
     "bound: the largest of the roofline's terms for the counted step (compute: its matmuls "
-    "replayed at their shapes; memory: its other operators' bytes / copy bandwidth; launch: "
-    "its operators x the launch cost); % roof = bound / measured time; roof ceil = dense's "
-    "bound / this one's (the ratio vs dense the machine allows); % roof ceil = x dense / "
-    "roof ceil.")
+    "and attention kernels replayed alone at their shapes; memory: its other operators, "
+    "likewise; launch: issuing them, the Python around the operators); % roof = bound / "
+    "measured time; roof ceil = dense's bound / this one's (the ratio vs dense the machine "
+    "allows); % roof ceil = x dense / roof ceil.")
 
 
 def _percent(value) -> str:
