@@ -1,18 +1,17 @@
 """The bench's compiled entries (``--compile``): which models are compiled, and the untimed
-warm-up that makes every recompilation happen before timing (``bench.py``'s docstring)."""
+warm-up that makes every recompilation happen before timing (``bench.py``'s docstring).
+
+``ctx`` is the run's ``bench.BenchContext`` and ``entries`` its ``bench.Entry`` list; they are
+not imported here, which would make the two modules import each other."""
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
 
 from blockmem_lite import registry
 from blockmem_lite.compiling import compile_decoding, compile_training
 from blockmem_lite.config import ModelConfig
 from blockmem_lite.runtime import synchronize
-
-if TYPE_CHECKING:
-    from blockmem_lite.measure.bench import BenchContext, Entry
 
 
 def boundary_span(cfg: ModelConfig) -> int:
@@ -25,7 +24,7 @@ def boundary_span(cfg: ModelConfig) -> int:
     return max((int(v) for v in values if v is not None), default=0)
 
 
-def compile_warmup_calls(ctx: BenchContext, entries: list[Entry]) -> int:
+def compile_warmup_calls(ctx, entries: list) -> int:
     """Extra untimed decode calls (bursts) for compiled models: enough to cross the longest
     boundary span of ``entries`` once, plus one burst, so recompiles happen before timing."""
     if not ctx.compile:
@@ -34,13 +33,13 @@ def compile_warmup_calls(ctx: BenchContext, entries: list[Entry]) -> int:
     return -(-(span + ctx.burst) // ctx.burst)
 
 
-def compiled(ctx: BenchContext, model, phase: str):
+def compiled(ctx, model, phase: str):
     if not ctx.compile:
         return model
     return compile_training(model) if phase == "train" else compile_decoding(model)
 
 
-def timed_warmup(ctx: BenchContext, entries: list[Entry], steps, phase: str) -> list:
+def timed_warmup(ctx, entries: list, steps, phase: str) -> list:
     """Compiled models: run each step fn untimed (train: once; decode: the extra bursts) and
     return the wall seconds per entry (compilation included); None each when not compiling."""
     if not ctx.compile:
