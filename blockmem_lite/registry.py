@@ -270,9 +270,8 @@ class BenchSpec:
       every bench option's typed value (``values`` maps ``dest`` -> value); default: every
       combination of the swept knobs, labelled by their symbols (``C=16 w=2``);
     * ``specials``: benchmarks of its own beyond train and decode (``SpecialBench``);
-    * ``prepare(model, cfg)``: called on every model the bench builds (in process and in
-      the fresh process that measures RSS) before anything runs, e.g. CAT pins its
-      training chunk size to the record's C.
+    * ``prepare(model, cfg)``: run on every model the bench builds (also in the RSS
+      process) before anything runs, e.g. CAT pins its training chunk size to the record's C.
     """
 
     options: tuple[BenchOption, ...] = ()
@@ -390,14 +389,6 @@ def bench_spec(name: str) -> BenchSpec:
     """The ``BenchSpec`` of ``name`` (an empty one where none was registered)."""
     get(name)
     return _BENCH.get(name, BenchSpec())
-
-
-def prepared_for_bench(model, cfg):
-    """``model`` after its mechanism's ``BenchSpec.prepare`` (if any) ran on it."""
-    prepare = bench_spec(cfg.arch).prepare
-    if prepare is not None:
-        prepare(model, cfg)
-    return model
 
 
 def bench_options(name: str) -> tuple[BenchOption, ...]:

@@ -69,7 +69,7 @@ def test_a_multi_chunk_model_is_benched_at_each_records_chunk_size():
     saved = []
     for c in (4, 8, 16, 32):
         cfg = dataclasses.replace(base, chunk_size=c)
-        model = registry.prepared_for_bench(build_model(cfg), cfg)
+        model = metrics.prepared_for_bench(build_model(cfg), cfg)
         assert model.training_chunk_size == c
         forward = metrics.make_train_forward(model, 2, 128)
         readings = {metrics.saved_tensor_bytes(forward, exclude=model.parameters())

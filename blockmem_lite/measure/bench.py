@@ -207,7 +207,7 @@ class BenchContext:
 
     def build(self, cfg: ModelConfig):
         seed_everything(0)
-        return registry.prepared_for_bench(build_model(cfg), cfg).to(self.device)
+        return metrics.prepared_for_bench(build_model(cfg), cfg).to(self.device)
 
     # --- timing, memory, FLOPs ------------------------------------------------------------
     def time(self, step_fns: list[Callable[[], object]], tokens_per_call) -> list[metrics.Timing]:

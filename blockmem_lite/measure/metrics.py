@@ -75,6 +75,14 @@ def iso_flop_dense_config(cfg: ModelConfig) -> ModelConfig:
     return dataclasses.replace(dense, n_layer=max(1, n_layer))
 
 
+def prepared_for_bench(model, cfg):
+    """``model`` after its mechanism's ``BenchSpec.prepare`` (if any) ran on it."""
+    prepare = registry.bench_spec(cfg.arch).prepare
+    if prepare is not None:
+        prepare(model, cfg)
+    return model
+
+
 # --------------------------------------------------------------------------------------
 # Timing
 # --------------------------------------------------------------------------------------
@@ -401,7 +409,7 @@ def _rss_child_main() -> None:
     steps = int(spec.get("steps", 2))
     seed_everything(seed)
     cfg = ModelConfig.from_dict(spec["model"])
-    model = registry.prepared_for_bench(build_model(cfg), cfg)
+    model = prepared_for_bench(build_model(cfg), cfg)
     base = max_rss_bytes()
     if spec["phase"] == "train":
         step = make_train_step(model, spec["batch"], spec["seq_len"], seed=seed)

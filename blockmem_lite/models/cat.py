@@ -28,24 +28,21 @@ separator and bilinear resize of W_f; generation keeping only compressed past
 
 **[our design choice]** where the paper is silent or the kit needs a rule:
 
-* one chunk size sampled uniformly per forward call in training (= per
-  optimisation step with the kit's trainer), the same for the whole batch;
-* decoder width = ``decoder_width`` x d_model with heads scaled by the same
-  factor, so the head dimension stays that of the backbone;
-* training uses the per-chunk attention (``ops.cat_attention``, PERFORMANCE.md), which
-  is proved equal to the interleaved sequence under ``masks.cat_mask``; no attention
-  dropout;
-* prompts not aligned to C: the complete chunks go in as compressed slots
-  (RoPE 0), the leftover tokens after them (MECHANISMS.md 3.6);
-* the chunk-index table covers ``ceil(seq_len / min chunk size)`` chunks, so
-  generation stops with an error past that many chunks.
+* one chunk size sampled uniformly per forward call in training (= per optimisation
+  step with the kit's trainer), the same for the whole batch (the bench pins it);
+* decoder width = ``decoder_width`` x d_model with heads scaled by the same factor, so
+  the head dimension stays that of the backbone;
+* training uses the per-chunk attention (``ops.cat_attention``, PERFORMANCE.md), proved
+  equal to the interleaved sequence under ``masks.cat_mask``; no attention dropout;
+* prompts not aligned to C: the complete chunks go in as compressed slots (RoPE 0), the
+  leftover tokens after them (MECHANISMS.md 3.6);
+* the chunk-index table covers ``ceil(seq_len / min C)`` chunks; generation stops past them.
 
 The decoder's attention is a module, ``CATAttention`` (SelfAttention's weights, CAT's
 pattern), so a learner's version can be swapped in (``plugged_in.swap_modules``).
 
-``reference_forward(model, tokens, chunk_size)`` builds the compressor outputs
-chunk by chunk, the interleaved sequence slot by slot and the readout token by
-token (fixed-C and multi-chunk); tests check that it equals the fast forward.
+``reference_forward(model, tokens, chunk_size)`` builds it chunk by chunk, slot by slot and
+token by token (fixed-C and multi-chunk); tests check that it equals the fast forward.
 """
 
 from __future__ import annotations
@@ -373,19 +370,16 @@ class CATLM(LanguageModel):
         return value
 
     def pin_training_chunk_size(self, value: int | None) -> None:
-        """Train the multi-chunk model at ``value`` only (None: sample per call, the paper's
-        recipe). The bench pins it so a ``C=4`` training record times and measures C=4."""
+        """Train at ``value`` only (the bench's records); None: sample per call (the paper)."""
         self.training_chunk_size = None if value is None else self._checked_chunk_size(value)
 
     def _pick_chunk_size(self, chunk_size: int | None) -> int:
-        """Explicit > when training the multi-chunk model: the pinned size, else sampled
-        uniformly per call > the knob."""
+        """Explicit > training the multi-chunk model: pinned, else uniform per call > knob."""
         if chunk_size is not None:
             return self._checked_chunk_size(chunk_size)
         if self.training and self.multi_chunk:
-            if self.training_chunk_size is not None:
-                return self.training_chunk_size
-            return self.chunk_sizes[int(torch.randint(len(self.chunk_sizes), ()))]
+            return self.training_chunk_size or \
+                self.chunk_sizes[int(torch.randint(len(self.chunk_sizes), ()))]
         return self._chunk_size
 
     @property
