@@ -285,7 +285,17 @@ def test_without_probes_the_roofline_keys_are_none():
                 "peak_bytes_per_s", "peak_launch_s", "bytes_per_step", "launches_per_step",
                 "compute_ms", "bound_ceiling"):
         assert record[key] is None, key
-    assert "matmul=" not in bench.format_table([record])
+    table = bench.format_table([record])
+    assert "matmul=" not in table
+    header = table.splitlines()[1].split()
+    assert "% ceil" in table and not {"bound", "roof"} & set(header)   # no empty columns
+    assert "roof ceil" not in table and "bound:" not in table               # nor their legend
+
+
+def test_with_probes_the_table_has_the_roofline_columns_and_their_legend(dense_records):
+    table = bench.format_table(dense_records)
+    assert {"bound", "roof"} <= set(table.splitlines()[1].split())
+    assert "bound: the largest of the roofline's terms" in table
 
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from blockmem_lite import lab, registry
 from blockmem_lite.corpora import load_corpus
-from blockmem_lite.lab import run as lab_run
+from blockmem_lite.lab import parts as lab_parts
 from blockmem_lite.tools.cli import reproduce_main
 
 DETERMINISTIC_DROP = ("seconds",)          # wall-clock fields differ between runs
@@ -165,9 +165,9 @@ def test_a_recall_task_stopped_between_its_models_keeps_the_trained_ones(tmp_pat
         lab.Lab("tiny", tmp_path, archs=["bcmt"], corpus=corpus, progress=False).run()
     stored = json.loads((tmp_path / lab.RESULTS_NAME).read_text())
     assert "bcmt/model/0" in stored["parts"] and "recall/bcmt" not in stored["done"]
-    built = []
-    real_build = lab_run.build_model
-    monkeypatch.setattr(lab_run, "build_model", lambda cfg: built.append(getattr(cfg, "memory", 0))
+    built = []                                   # recall models are built in lab.parts
+    real_build = lab_parts.build_model
+    monkeypatch.setattr(lab_parts, "build_model", lambda cfg: built.append(getattr(cfg, "memory", 0))
                         or real_build(cfg))
     monkeypatch.setattr(lab.Lab, "_recall_part", real)
     results = lab.Lab("tiny", tmp_path, archs=["bcmt"], corpus=corpus, progress=False).run()

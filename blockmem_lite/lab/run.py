@@ -54,6 +54,8 @@ from blockmem_lite import distributed, knowledge, recall, registry
 from blockmem_lite.checkpoints import atomic_write, atomic_write_bytes, prepare_folder
 from blockmem_lite.config import PRESET_NAMES, ModelConfig, RunConfig, preset
 from blockmem_lite.corpora import load_corpus, make_loaders
+from blockmem_lite.lab import parts
+from blockmem_lite.lab.parts import RecallJob, finished, recall_part
 from blockmem_lite.lab.report import write_report
 from blockmem_lite.lab.verdicts import claims_table, knowledge_pays, memory_pays
 from blockmem_lite.measure import bench, metrics, roofline
@@ -79,15 +81,6 @@ LAB_SIZES = {
     "gpu": dict(steps=3000, bench_lens=(1024, 4096), state_lens=(1024, 4096, 16384, 65536), warmup=5,
                 repeats=10, decode_burst=32),
 }
-
-
-class TrainingStopped(KeyboardInterrupt):
-    """A stop (Ctrl-C, SIGTERM, SIGHUP) ended a training; ``history.stopped_by`` names the
-    signal. Nothing half-trained is stored."""
-
-    def __init__(self, history):
-        super().__init__(history.stopped_by or "SIGINT")
-        self.history = history
 
 
 # --- the plan ----------------------------------------------------------------------------------
@@ -172,6 +165,19 @@ class PlanProgress:
         self.fraction = 0.0
         self._print(force=True)
 
+    def begin_workers(self, weight: float) -> None:
+        """The recall models on worker processes: ``weight`` of the plan, shown as one task
+        (the recall tasks then finish at once, adding their weights)."""
+        self.current, self.weight, self.fraction = "recall models", weight, 0.0
+        self._print(force=True)
+
+    def worker_progress(self, fraction: float, text: str) -> None:
+        self.current, self.fraction = text, fraction
+        self._print()
+
+    def end_workers(self) -> None:
+        self.current, self.weight, self.fraction = "", 0.0, 0.0
+
     def on_step(self, trainer, rec) -> None:           # a Trainer callback
         self.fraction = rec["step"] / max(1, rec["total_steps"])
         self._print()
@@ -200,7 +206,7 @@ class Lab:
 
     def __init__(self, preset_name: str, out, archs=None, corpus=None, steps: int | None = None,
                  progress: bool = True, live=None, recall_live=None, tasks=None,
-                 recall_seeds=None):
+                 recall_seeds=None, workers=None):
         if live is not None and not callable(getattr(live, "run", None)):
             raise ValueError(f"live={live!r} is not allowed: expected None or a live view with "
                              "run(name) -> trainer callback (viz.comparison.LiveComparison)")
@@ -209,6 +215,8 @@ class Lab:
                              "function (name, recipe) -> trainer callback "
                              "(lab.figures.recall_monitor)")
         self.live, self.recall_live = live, recall_live
+        parts.worker_count([], torch.device("cpu"), workers)          # checks it, before work
+        self.workers = workers
         self.world = distributed.current()
         distributed.check_same_settings(   # every rank the same plan, before any work
             {"preset": preset_name, "archs": archs, "steps": steps, "tasks": tasks,
@@ -267,7 +275,9 @@ class Lab:
 
     # --- running -------------------------------------------------------------------------
     def run(self) -> dict:
-        """Every task not stored yet, in plan order; then the report."""
+        """Every task not stored yet, in plan order (the recall models first, on worker
+        processes where that pays); then the report."""
+        self._recall_in_workers()
         for task, label in self.plan:
             key = f"{task}/{label}"
             if key in self.results["done"]:
@@ -340,7 +350,7 @@ class Lab:
         model = self._model(entry)
         live = [self.live.run(label)] if self.live is not None else []
         trainer = self._trainer(model, entry.run, train_loader, val_loader, callbacks=live)
-        history = _finished(trainer.fit())
+        history = finished(trainer.fit())
         val_loss = {}
         for variant, overrides in entry.variants():
             if overrides:
@@ -365,8 +375,8 @@ class Lab:
         trained model, so a resumed run retrains nothing."""
         entry, recipe = self.by_label[label], self.recipe
         start = time.perf_counter()
-        cfg = recipe.model_config(entry.cfg)
-        roles = {"model": cfg, **({"twin": entry.spec.twin(cfg)} if entry.spec.twin else {})}
+        roles = self._recall_roles(label)
+        cfg = roles["model"]
         record = {"arch": entry.arch, "recipe": json.loads(json.dumps(dataclasses.asdict(recipe))),
                   "chance": {"passkey": 1 / 10, "mqar": recall.chance(recipe)},
                   "local_span": {v: entry.local_span(o, cfg) for v, o in entry.variants(cfg)},
@@ -383,37 +393,68 @@ class Lab:
         record["seconds"] = time.perf_counter() - start
         return record
 
+    def _recall_job(self, label: str, role: str, cfg: ModelConfig, seed: int) -> RecallJob:
+        """One recall model of ``label`` (a curriculum's part has its own key, so a run
+        stored before it retrains the model)."""
+        entry = self.by_label[label]
+        key = f"{label}/{role}/{seed}" + ("/curriculum" if entry.spec.recall_curriculum else "")
+        name = f"{label} seed {seed}" if role == "model" else f"{label} {role} seed {seed}"
+        return RecallJob(key, label, name, entry.arch, cfg, entry.run, self.recipe, seed)
+
+    def _recall_roles(self, label: str) -> dict[str, ModelConfig]:
+        """{role: config}: the entry at the recipe's sizes, and its twin where it has one."""
+        entry = self.by_label[label]
+        cfg = self.recipe.model_config(entry.cfg)
+        return {"model": cfg, **({"twin": entry.spec.twin(cfg)} if entry.spec.twin else {})}
+
     def _recall_part(self, label: str, role: str, cfg: ModelConfig,
                      recipe: recall.RecallRecipe, seed: int) -> dict:
-        """One recall model trained and measured at every variant (stored in "parts"; a
-        curriculum's part has its own key, so a run stored before it retrains the model)."""
-        entry = self.by_label[label]
-        staged = entry.spec.recall_curriculum
-        key = f"{label}/{role}/{seed}" + ("/curriculum" if staged else "")
-        parts = self.results.setdefault("parts", {})
-        if key in parts:
-            return parts[key]
-        seed_everything(seed)
-        model = build_model(cfg)                  # its own sizes: never a trained LM's start
-        name = f"{label} seed {seed}" if role == "model" else f"{label} {role} seed {seed}"
+        """One recall model trained and measured at every variant (stored in "parts"), here,
+        unless the workers trained it already (``_recall_in_workers``)."""
+        job, parts_done = self._recall_job(label, role, cfg, seed), self.results.setdefault(
+            "parts", {})
+        if job.key in parts_done:
+            return parts_done[job.key]
 
-        def trainer_for(stage: recall.RecallRecipe, rows, k: int) -> Trainer:
-            run = dataclasses.replace(entry.run, model=cfg,
-                                      train=stage.train_config(entry.run.train, seed))
-            shown = f"{name}, stage {k + 1} (T={stage.seq_len})" if staged else name
+        def callbacks(shown: str, stage: int) -> list:
             live = [self.recall_live(shown, recipe)] \
                 if self.recall_live is not None and self.world.is_main else []
-            return self._trainer(model, run, rows, callbacks=live)
+            return [self.progress, *live]
 
-        _finished(recall.train(recipe, trainer_for, staged=staged))
-        measured = {}
-        for variant, overrides in entry.variants(cfg):
-            if overrides:
-                entry.spec.switch(model, overrides)
-            measured[variant] = self.world.on_main(lambda: recall.measure(model, recipe))
-        parts[key] = measured
+        parts_done[job.key] = recall_part(job, callbacks)
         self._store_results()
-        return measured
+        return parts_done[job.key]
+
+    def _recall_in_workers(self) -> None:
+        """The recall models of the plan not stored yet, on worker processes (``lab.parts``:
+        one per CPU thread); each stored as it ends. Nothing happens with fewer than two
+        workers, and a mechanism a fresh process cannot build trains later, here."""
+        stored = self.results.setdefault("parts", {})
+        jobs = [self._recall_job(label, role, cfg, seed)
+                for task, label in self.plan if task == "recall"
+                and f"recall/{label}" not in self.results["done"]
+                for role, cfg in self._recall_roles(label).items()
+                for seed in self.recipe.seeds_of(role)]
+        jobs = [j for j in jobs if j.key not in stored and parts.can_run_in_workers(j.arch)]
+        device = pick_device(self.entries[0].run.train.device)
+        workers = parts.worker_count(jobs, device, self.workers)
+        if not workers:
+            return
+
+        def keep(job: RecallJob, measured: dict) -> None:
+            stored[job.key] = measured
+            self._store_results()
+
+        self.progress.begin_workers(sum(self.progress.WEIGHT["recall"] for task, label in
+                                        self.plan if task == "recall"
+                                        and f"recall/{label}" not in self.results["done"]))
+        try:
+            parts.train_in_workers(jobs, workers, keep, self.progress.worker_progress,
+                                   live_for=self.recall_live if self.world.is_main else None)
+        except FloatingPointError as err:                 # a training broke in a worker
+            raise FloatingPointError(self._broken_training("recall", err.label, err)) from None
+        finally:
+            self.progress.end_workers()
 
     def _facts(self, label: str) -> dict:
         """The entry pretrained on each table of facts of the preset's ``FactsRecipe`` (a
@@ -436,7 +477,7 @@ class Lab:
         run = dataclasses.replace(entry.run, model=cfg, train=recipe.train_config(entry.run.train))
         seed_everything(recipe.seed)
         model = build_model(cfg)
-        _finished(self._trainer(model, run, knowledge.training_windows(facts, recipe)).fit())
+        finished(self._trainer(model, run, knowledge.training_windows(facts, recipe)).fit())
         parts[key] = self.world.on_main(lambda: knowledge.measure(model, facts, recipe))
         self._store_results()
         return parts[key]
@@ -528,14 +569,6 @@ def _recipe(preset_name: str, seeds) -> recall.RecallRecipe:
     return dataclasses.replace(recipe, seeds=tuple(seeds), twin_seeds=None)
 
 
-def _finished(history):
-    """``history``, or TrainingStopped when a stop ended its training (nothing half-trained
-    is stored; the command line says how to continue)."""
-    if history.interrupted:
-        raise TrainingStopped(history)
-    return history
-
-
 def _read_results(path) -> dict:
     """The stored run at ``path``; a ValueError naming the file when it is not readable."""
     try:
@@ -580,7 +613,7 @@ def _copies(models: dict) -> dict:
 
 def reproduce(preset_name: str = "fast", out="runs/reproduce", archs=None, corpus=None,
               paths=None, steps: int | None = None, progress: bool = True, live=None,
-              recall_live=None, tasks=None, recall_seeds=None) -> dict:
+              recall_live=None, tasks=None, recall_seeds=None, workers=None) -> dict:
     """Run (or continue) the lab; returns the results (also in ``out/results.json``).
 
     ``live``: a ``viz.comparison.LiveComparison`` (anything with ``run(name)`` returning a trainer
@@ -592,4 +625,5 @@ def reproduce(preset_name: str = "fast", out="runs/reproduce", archs=None, corpu
     if corpus is None or isinstance(corpus, str):
         corpus = load_corpus(corpus or ("files" if paths else "offline"), paths=paths)
     return Lab(preset_name, out, archs, corpus, steps, progress, live=live,
-               recall_live=recall_live, tasks=tasks, recall_seeds=recall_seeds).run()
+               recall_live=recall_live, tasks=tasks, recall_seeds=recall_seeds,
+               workers=workers).run()

@@ -577,6 +577,7 @@ PHASE_COLUMNS = (
     ("roof ceil", lambda r: fmt(r.get("bound_ceiling"), ".2f")),
     ("% roof ceil", lambda r: _percent(r.get("frac_of_bound_ceiling"))),
 )
+ROOFLINE_COLUMNS = ("bound", "% roof", "roof ceil", "% roof ceil")   # absent when not counted
 PHASE_LEGEND = (
     "x dense: tokens/s ratio to dense in the same run; ceiling: analytic FLOP ratio "
     "dense/variant; % ceil = x dense / ceiling.\n"
@@ -584,7 +585,8 @@ PHASE_LEGEND = (
     "baseline (rss delta = growth after import + model build); saved_tensors = activations "
     "saved for backward; cuda_max_allocated = CUDA peak.\n"
     "train = forward+backward, no optimizer step; decode ms/step is per token step; "
-    "state = decoding state bytes at t = T.\n"
+    "state = decoding state bytes at t = T.")
+ROOFLINE_LEGEND = (
     "bound: the largest of the roofline's terms for the counted step (compute: its matmuls "
     "and attention kernels replayed alone at their shapes; memory: its other operators, "
     "likewise; launch: issuing them, the Python around the operators); % roof = bound / "
@@ -625,7 +627,10 @@ def format_table(records: list[dict]) -> str:
              + roofline_header(first)]
     main = [r for r in records if r["phase"] in PHASES]
     if main:
-        parts += [_columns_table(main, PHASE_COLUMNS, 3), PHASE_LEGEND]
+        counted = any(r.get("roofline_bound") for r in main)     # run_bench(roofline_seconds=None)
+        columns = [c for c in PHASE_COLUMNS if counted or c[0] not in ROOFLINE_COLUMNS]
+        parts += [_columns_table(main, columns, 3), PHASE_LEGEND]
+        parts += [ROOFLINE_LEGEND] if counted else []
     archs = list(dict.fromkeys(r["arch"] for r in records if r["arch"] in registry.names()))
     for name, (_, special) in special_benches(archs).items():
         own = [r for r in records if r["phase"] == name]

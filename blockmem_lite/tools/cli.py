@@ -40,6 +40,7 @@ from blockmem_lite.config import (
     preset,
 )
 from blockmem_lite.corpora import CorpusUnavailable, load_corpus, make_loaders
+from blockmem_lite.lab.parts import TrainingStopped, WorkerLost
 from blockmem_lite.measure import bench, roofline
 from blockmem_lite.models.base import build_model
 from blockmem_lite.runtime import seed_everything
@@ -537,6 +538,9 @@ def reproduce_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=None, help="training steps per model "
                                                           "(default: the preset's lab size)")
     p.add_argument("--out", default=None, help="output folder (default: runs/reproduce_PRESET)")
+    p.add_argument("--workers", type=int, default=None, metavar="N",
+                   help="processes training the recall models side by side (default: one "
+                        "per CPU thread on a CPU, none on an accelerator; 0: in this process)")
     p.add_argument("--plugin", action="append", default=[], metavar="FILE", help=PLUGIN_HELP)
     return p
 
@@ -573,7 +577,7 @@ def reproduce_main(argv: list[str] | None = None) -> int:
             try:
                 results = lab.reproduce(args.preset, out,
                                         _split(args.arch) if args.arch else None, corpus,
-                                        steps=args.steps)
+                                        steps=args.steps, workers=args.workers)
                 if world.is_main:
                     _write_plots(results, out)
             finally:
@@ -581,7 +585,7 @@ def reproduce_main(argv: list[str] | None = None) -> int:
                     lock.release()
         finally:
             distributed.shutdown()                    # waits for every process, then leaves
-    except FloatingPointError as e:                   # a model's training broke (lab.run)
+    except (FloatingPointError, WorkerLost) as e:     # a training broke, or its worker died
         say(f"error: {e}", file=sys.stderr)
         return 1
     except (ValueError, OSError, RunLocked, CorpusUnavailable) as e:
@@ -590,7 +594,7 @@ def reproduce_main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as stop:                 # 128 + the signal's number, as train
         say(f"stopped; the finished measurements are kept in {out / lab.RESULTS_NAME}: "
             "run the same command again to continue", file=sys.stderr)
-        return _exit_code(stop.history) if isinstance(stop, lab.run.TrainingStopped) else 130
+        return _exit_code(stop.history) if isinstance(stop, TrainingStopped) else 130
     say(f"wrote {out / lab.RESULTS_NAME}, {out / 'report.md'} and {out / 'plots'}")
     say(lab.summary(results))
     return 0

@@ -1,0 +1,280 @@
+"""The recall models of the lab, trained one per CPU core side by side.
+
+The recall experiment trains many small independent models (every entry, seed and twin
+at the recall recipe's sizes: d=64, T=64, batch 32). A step of such a model spends about
+half its time in small element-wise kernels and copies that a second thread does not
+speed up, so two models trained at once, one thread each, finish sooner than the same
+two one after the other on two threads. Measured on the 2-core class machine with
+``OMP_WAIT_POLICY=PASSIVE``, as the Makefile and the site run everything (ms per step;
+the final losses equal to the last bit with 1 thread and 2):
+
+=====================  ==========  ==========  ===================================
+recall model           2 threads   1 thread    two at once, 1 thread each
+=====================  ==========  ==========  ===================================
+dense                  33.5        27.7        28 each: 2.4x the throughput
+CAT (multi-chunk)      100         127         136 each: 1.5x
+=====================  ==========  ==========  ===================================
+
+The class language models (d=128, T=256, batch 16) are matmul-bound and do scale with
+threads (dense 215 ms a step on 2 threads, 380 on 1, 420 each two at once: nothing to
+gain), so the lab trains those, and the facts models of the same width, in its own
+process on every thread.
+
+``recall_part`` trains and measures one recall model, in the lab's process or in a
+worker; ``train_in_workers`` runs a list of ``RecallJob`` on a pool of worker processes
+(``forkserver``: fresh processes, started once, that never inherit a notebook kernel's
+threads), hands each result to the caller as it arrives (the lab stores it at once),
+turns the workers' step reports into one progress fraction and their probes into the
+caller's live views. A stop (Ctrl-C, SIGTERM, SIGHUP) ends the workers at once: what
+finished is stored, the trainings under way are dropped (``TrainingStopped``). A worker
+that dies (killed, out of memory) ends the others the same way and is named
+(``WorkerLost``): ``concurrent.futures`` notices a dead worker, where a
+``multiprocessing.Pool`` would wait for its result forever.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import multiprocessing
+import queue as queue_module
+import signal
+import time
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from blockmem_lite import distributed, recall, registry
+from blockmem_lite.config import ModelConfig, RunConfig
+from blockmem_lite.models.base import build_model
+from blockmem_lite.runtime import seed_everything
+from blockmem_lite.train import Trainer
+from blockmem_lite.train.callbacks import History
+from blockmem_lite.train.stopping import StopButton
+
+PROBE_POINTS = 10              # probes of a watched recall model over its training
+REPORT_EVERY_S = 0.5           # a worker's step reports, at most this often
+
+
+class TrainingStopped(KeyboardInterrupt):
+    """A stop (Ctrl-C, SIGTERM, SIGHUP) ended a training; ``history.stopped_by`` names the
+    signal. Nothing half-trained is stored."""
+
+    def __init__(self, history):
+        super().__init__(history.stopped_by or "SIGINT")
+        self.history = history
+
+
+def finished(history):
+    """``history``, or TrainingStopped when a stop ended its training (nothing half-trained
+    is stored; the command line says how to continue)."""
+    if history.interrupted:
+        raise TrainingStopped(history)
+    return history
+
+
+@dataclass(frozen=True)
+class RecallJob:
+    """One recall model: which entry, role (model or twin) and seed, and its settings."""
+
+    key: str                        # its part's key in results["parts"]
+    label: str                      # the lab entry
+    name: str                       # shown while it trains, e.g. "cat twin seed 0"
+    arch: str                       # the entry's architecture (its LabSpec)
+    cfg: ModelConfig                # at the recall recipe's sizes
+    run: RunConfig                  # the entry's run (its training settings)
+    recipe: recall.RecallRecipe
+    seed: int
+
+    @property
+    def spec(self) -> registry.LabSpec:
+        return registry.lab_spec(self.arch)
+
+    @property
+    def steps(self) -> int:
+        """Training steps over every stage (the curriculum's stages each take the budget)."""
+        return self.recipe.steps * len(recall.stages(self.recipe, self.spec.recall_curriculum))
+
+
+def recall_part(job: RecallJob, callbacks_for: Callable = lambda name, stage: []) -> dict:
+    """``job``'s model trained on fresh recall rows (in the curriculum's stages where its
+    LabSpec asks for them) and measured at every variant: {variant: recall.measure(...)}.
+    ``callbacks_for(shown name, stage index) -> trainer callbacks`` for each stage."""
+    spec, world = job.spec, distributed.current()
+    staged = spec.recall_curriculum
+    seed_everything(job.seed)
+    model = build_model(job.cfg)                 # its own sizes: never a trained LM's start
+
+    def trainer_for(stage: recall.RecallRecipe, rows, k: int) -> Trainer:
+        run = dataclasses.replace(job.run, model=job.cfg,
+                                  train=stage.train_config(job.run.train, job.seed))
+        shown = f"{job.name}, stage {k + 1} (T={stage.seq_len})" if staged else job.name
+        return Trainer(model, run.replace(checkpoint_dir=None), rows,
+                       callbacks=callbacks_for(shown, k))
+
+    finished(recall.train(job.recipe, trainer_for, staged=staged))
+    measured = {}
+    variants = spec.variants(job.cfg) if spec.variants else [("", {})]
+    for variant, overrides in variants:
+        if overrides:
+            spec.switch(model, overrides)
+        measured[variant] = world.on_main(lambda: recall.measure(model, job.recipe))
+    return measured
+
+
+def can_run_in_workers(arch: str) -> bool:
+    """Whether a fresh process can build ``arch`` (a built-in, an installed entry point or a
+    plugin file; not a mechanism defined in this notebook or session)."""
+    return bool(registry.source(arch))
+
+
+def worker_count(jobs: list[RecallJob], device: torch.device, workers=None) -> int:
+    """How many worker processes to use: ``workers`` when given, else one per thread torch
+    uses here on a CPU with at least two, and none (train in this process) on an
+    accelerator, under torchrun, or for fewer than two jobs."""
+    if workers is not None:
+        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
+            raise ValueError(f"workers={workers!r} is not allowed: expected None (one per CPU "
+                             "thread) or an integer >= 0 (0 or 1: train in this process)")
+        return min(workers, len(jobs)) if workers > 1 else 0
+    if device.type != "cpu" or distributed.current().distributed or len(jobs) < 2:
+        return 0
+    threads = torch.get_num_threads()
+    return min(threads, len(jobs)) if threads >= 2 else 0
+
+
+# --- the workers ------------------------------------------------------------------------------
+_reports = None                   # the worker's queue to the lab's process
+
+
+def _start_worker(reports, threads: int, plugins: tuple[str, ...]) -> None:
+    """Each worker: its share of the threads, Ctrl-C left to the lab's process (which ends
+    the workers), the plugin files the jobs need."""
+    global _reports
+    _reports = reports
+    torch.set_num_threads(threads)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    registry.load_entry_points()
+    for path in plugins:
+        registry.load_plugin(path)
+
+
+class _Reporter:
+    """A worker's trainer callback: the step (at most every ``REPORT_EVERY_S``) and, for a
+    watched job, the beyond-span accuracy at the recall monitor's points."""
+
+    def __init__(self, index: int, job: RecallJob, probe_every: int | None, shown: str,
+                 stage: int):
+        self.index, self.job, self.probe_every, self.shown = index, job, probe_every, shown
+        self.before = stage * job.recipe.steps          # the steps of the stages before
+        self.last = 0.0
+
+    def on_step(self, trainer, rec: dict) -> None:
+        step, total = rec["step"], rec["total_steps"]
+        now = time.monotonic()
+        if now - self.last >= REPORT_EVERY_S or step == total:
+            _reports.put(("step", self.index, self.shown, self.before + step, step, total))
+            self.last = now
+        if self.probe_every and (step == 1 or step == total or step % self.probe_every == 0):
+            accuracy = recall.beyond(trainer.model, self.job.recipe)["accuracy"]
+            _reports.put(("probe", self.index, self.shown, self.before + step, step, total,
+                          accuracy))
+
+
+def _run_job(index: int, job: RecallJob, watched: bool) -> tuple[int, dict]:
+    every = max(1, job.recipe.steps // PROBE_POINTS) if watched else None
+    return index, recall_part(job, lambda shown, k: [_Reporter(index, job, every, shown, k)])
+
+
+def train_in_workers(jobs: list[RecallJob], workers: int, on_result: Callable,
+                     on_progress: Callable = lambda fraction, text: None,
+                     live_for: Callable | None = None) -> None:
+    """Train ``jobs`` on ``workers`` processes, longest first; ``on_result(job, measured)``
+    as each one ends, ``on_progress(fraction of the steps, text)`` as they train,
+    ``live_for(name, recipe)`` gives each watched stage's live view (a callback with
+    ``record(step, accuracy, total_steps)``, e.g. ``lab.figures.recall_monitor``).
+
+    A worker's error is raised here (the finished jobs already handed over), a worker that
+    died (killed, out of memory) as ``WorkerLost`` naming its model; a stop raises
+    ``TrainingStopped``. Either way every worker is ended before this returns."""
+    order = sorted(range(len(jobs)), key=lambda i: -jobs[i].steps)
+    threads = max(1, torch.get_num_threads() // workers)
+    plugins = tuple(sorted({p for job in jobs if (p := registry.plugin_file(job.arch))}))
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["blockmem_lite.lab.parts"])
+    reports = context.Queue()
+    done_steps = {i: 0 for i in order}
+    total_steps = sum(job.steps for job in jobs)
+    views: dict[str, object] = {}
+    pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_start_worker,
+                               initargs=(reports, threads, plugins))
+    try:
+        with StopButton() as stop:
+            pending = {pool.submit(_run_job, i, jobs[i], live_for is not None): i
+                       for i in order}
+            while pending:
+                if stop.requested:
+                    history = History()
+                    history.interrupted, history.stopped_by = True, stop.signal_name or "SIGINT"
+                    raise TrainingStopped(history)
+                _drain(reports, jobs, done_steps, views, live_for)
+                on_progress(sum(done_steps.values()) / total_steps,
+                            f"{len(jobs) - len(pending)} of {len(jobs)} recall models on "
+                            f"{workers} processes")
+                for future in [f for f in pending if f.done()]:
+                    i = pending.pop(future)
+                    on_result(jobs[i], _result_of(future, jobs[i]))
+                    done_steps[i] = jobs[i].steps
+    finally:
+        _end(pool)
+        reports.close()
+
+
+class WorkerLost(RuntimeError):
+    """A worker process died (killed, or out of memory) while training a recall model."""
+
+
+def _result_of(future, job: RecallJob) -> dict:
+    """A finished job's measurements; its error raised, naming the model."""
+    try:
+        _, measured = future.result()
+    except BrokenProcessPool:
+        raise WorkerLost(f"a worker process died while training the recall model {job.name!r} "
+                         "(killed, or out of memory); the models finished before it are "
+                         "kept: run the same command again to continue, or with workers=0 "
+                         "(--workers 0) to train one model at a time in this process") from None
+    except FloatingPointError as err:            # a training broke: say whose
+        err.label = job.label
+        raise
+    return measured
+
+
+def _end(pool: ProcessPoolExecutor) -> None:
+    """Every worker ended at once, the running trainings with them (the executor has no
+    public way to stop a running call before Python 3.14's ``terminate_workers``)."""
+    processes = list((pool._processes or {}).values())
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in processes:
+        if process.is_alive():
+            process.terminate()
+    for process in processes:
+        process.join()
+
+
+def _drain(reports, jobs, done_steps: dict, views: dict, live_for) -> None:
+    """Every report the workers sent so far (waiting up to 0.2 s for the first)."""
+    timeout = 0.2
+    while True:
+        try:
+            message = reports.get(timeout=timeout)
+        except queue_module.Empty:
+            return
+        timeout = 0.0
+        kind, index, shown, so_far, step, total = message[:6]
+        done_steps[index] = max(done_steps[index], so_far)
+        if kind == "probe" and live_for is not None:
+            if shown not in views:
+                views[shown] = live_for(shown, jobs[index].recipe)
+            views[shown].record(step, message[6], total)

@@ -1,0 +1,110 @@
+"""The lab's recall models on worker processes (``lab.parts``): the same parts as the lab's
+own process trains, each handed over as it ends; a stop or a dead worker loses nothing
+finished and leaves no process behind; bad settings are refused before any work."""
+
+import multiprocessing
+import os
+import signal
+
+import pytest
+import torch
+
+from blockmem_lite import lab
+from blockmem_lite.corpora import load_corpus
+from blockmem_lite.lab import parts
+from blockmem_lite.lab import run as lab_run
+from blockmem_lite.tools.cli import reproduce_main
+
+
+def _jobs(tmp_path, archs=("bcmt",)) -> list[parts.RecallJob]:
+    """The tiny preset's recall jobs of ``archs`` (dense, each model, each twin)."""
+    run = lab.Lab("tiny", tmp_path / "plan", archs=list(archs), corpus=load_corpus("offline"),
+                  progress=False, tasks=("recall",))
+    return [run._recall_job(label, role, cfg, seed)
+            for task, label in run.plan
+            for role, cfg in run._recall_roles(label).items()
+            for seed in run.recipe.seeds_of(role)]
+
+
+def test_workers_train_the_same_parts_as_the_lab_process(tmp_path, monkeypatch):
+    """One thread everywhere (conftest), so the sums run in the same order: equal bits."""
+    corpus = load_corpus("offline")
+    here = lab.Lab("tiny", tmp_path / "here", archs=["bcmt"], corpus=corpus, progress=False,
+                   tasks=("recall",), workers=0).run()
+    monkeypatch.setattr(lab_run, "recall_part", lambda *a, **k: pytest.fail(
+        "a recall model was trained in the lab's process"))
+    apart = lab.Lab("tiny", tmp_path / "apart", archs=["bcmt"], corpus=corpus, progress=False,
+                    tasks=("recall",), workers=2).run()
+    assert set(apart["parts"]) == {"dense/model/0", "bcmt/model/0", "bcmt/twin/0"}
+    assert apart["parts"] == here["parts"]
+    assert apart["memory_pays"] == here["memory_pays"]
+
+
+def test_each_result_is_handed_over_as_it_ends_and_progress_reaches_one(tmp_path):
+    jobs, got, fractions = _jobs(tmp_path), [], []
+    parts.train_in_workers(jobs, 2, lambda job, measured: got.append((job.key, measured)),
+                           on_progress=lambda fraction, text: fractions.append(fraction))
+    assert sorted(key for key, _ in got) == sorted(job.key for job in jobs)
+    assert all(measured and all("beyond" in variant for variant in measured.values())
+               for _, measured in got)
+    assert fractions == sorted(fractions) and 0 <= fractions[0] and fractions[-1] <= 1
+    assert multiprocessing.active_children() == []
+
+
+def test_a_stop_keeps_the_finished_models_and_ends_every_worker(tmp_path):
+    jobs, got = _jobs(tmp_path, archs=("bcmt", "cat")), []
+
+    def stop_after_the_first(job, measured):
+        got.append(job.key)
+        os.kill(os.getpid(), signal.SIGINT)             # Ctrl-C while the others train
+
+    with pytest.raises(parts.TrainingStopped) as stopped:
+        parts.train_in_workers(jobs, 2, stop_after_the_first)
+    assert stopped.value.history.stopped_by == "SIGINT"
+    assert 1 <= len(got) < len(jobs)
+    assert multiprocessing.active_children() == []
+
+
+def test_a_worker_killed_is_named_and_the_finished_models_are_kept(tmp_path):
+    jobs, got = _jobs(tmp_path, archs=("bcmt", "cat")), []
+
+    def kill_a_worker(job, measured):
+        got.append(job.key)
+        for child in multiprocessing.active_children():
+            if child.name.startswith(("SpawnProcess", "ForkServerProcess")):
+                os.kill(child.pid, signal.SIGKILL)
+
+    with pytest.raises(parts.WorkerLost, match="a worker process died while training the "
+                                               "recall model .* workers=0"):
+        parts.train_in_workers(jobs, 2, kill_a_worker)
+    assert 1 <= len(got) < len(jobs)
+    assert multiprocessing.active_children() == []
+
+
+def test_workers_are_used_on_a_cpu_with_threads_to_share_only():
+    two = [object(), object()]
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert parts.worker_count(two, cpu) == 0                 # one thread here (conftest)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert parts.worker_count(two, cpu) == 2
+        assert parts.worker_count(two[:1], cpu) == 0         # one model: nothing to share
+        assert parts.worker_count(two, cuda) == 0            # an accelerator trains them
+    finally:
+        torch.set_num_threads(threads)
+    assert parts.worker_count(two, cpu, workers=5) == 2      # never more than the jobs
+    assert parts.worker_count(two, cpu, workers=1) == 0      # one: in this process
+
+
+@pytest.mark.parametrize("workers", [-1, True, 1.5, "2"])
+def test_bad_worker_counts_are_refused_before_any_work(tmp_path, workers):
+    with pytest.raises(ValueError, match=f"workers={workers!r} is not allowed: expected None"):
+        lab.Lab("tiny", tmp_path, archs=["bcmt"], progress=False, workers=workers)
+    assert not (tmp_path / lab.RESULTS_NAME).exists()
+
+
+def test_the_command_line_takes_workers_and_refuses_a_bad_count(tmp_path, capsys):
+    assert reproduce_main(["--preset", "tiny", "--arch", "bcmt", "--workers", "-2",
+                           "--out", str(tmp_path)]) == 2
+    assert "workers=-2 is not allowed" in capsys.readouterr().err
