@@ -39,7 +39,8 @@ LAB_ROOT_FLAG := $(if $(filter 0,$(shell id -u 2>/dev/null)),--allow-root,)
 
 # OpenMP threads that wait passively: with several torch processes on few cores
 # (two kernels, or a kernel and a benchmark) spinning threads slow every process
-# down by orders of magnitude; a lone process loses nothing measurable.
+# down by 6 to 50 times. A lone process pays for it: a class-sized training step
+# takes 1.2-1.4x as long, a recall-sized one 1.7x (docs/MEASUREMENTS.md, "Class time").
 export OMP_WAIT_POLICY ?= PASSIVE
 
 # Environment for headless, offline, fast runs (CI and `make test`).

@@ -56,7 +56,8 @@ def test_a_stop_keeps_the_finished_models_and_ends_every_worker(tmp_path):
 
     def stop_after_the_first(job, measured):
         got.append(job.key)
-        os.kill(os.getpid(), signal.SIGINT)             # Ctrl-C while the others train
+        if len(got) == 1:                               # once: a second Ctrl-C would raise
+            os.kill(os.getpid(), signal.SIGINT)         # Ctrl-C while the others train
 
     with pytest.raises(parts.TrainingStopped) as stopped:
         parts.train_in_workers(jobs, 2, stop_after_the_first)
@@ -108,3 +109,15 @@ def test_the_command_line_takes_workers_and_refuses_a_bad_count(tmp_path, capsys
     assert reproduce_main(["--preset", "tiny", "--arch", "bcmt", "--workers", "-2",
                            "--out", str(tmp_path)]) == 2
     assert "workers=-2 is not allowed" in capsys.readouterr().err
+
+
+def test_the_progress_never_falls_back_after_the_workers_and_ends_at_100(tmp_path, capsys):
+    """The recall tasks the workers did count as done once they end: the bar does not drop
+    while the language models train, and those tasks add nothing when they run."""
+    lab.Lab("tiny", tmp_path, archs=["bcmt"], corpus=load_corpus("offline"),
+            workers=2).run()
+    shares = [int(line.split("]")[2].split("%")[0])
+              for line in capsys.readouterr().err.splitlines()
+              if line.startswith("[reproduce] [")]
+    assert shares == sorted(shares), shares
+    assert shares[-1] == 100

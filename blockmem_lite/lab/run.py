@@ -155,9 +155,11 @@ class PlanProgress:
         self.done = sum(self.WEIGHT[t] for t, label in plan if f"{t}/{label}" in done)
         self.start_done, self.start = self.done, time.perf_counter()
         self.current, self.fraction, self._last = "", 0.0, 0.0
+        self.prepaid: set[tuple[str, str]] = set()      # tasks whose work the workers did
 
     def begin(self, task: str, label: str) -> None:
-        self.current, self.weight, self.fraction = f"{task} {label}", self.WEIGHT[task], 0.0
+        weight = 0.0 if (task, label) in self.prepaid else self.WEIGHT[task]
+        self.current, self.weight, self.fraction = f"{task} {label}", weight, 0.0
         self._print(force=True)
 
     def finish(self) -> None:
@@ -165,17 +167,22 @@ class PlanProgress:
         self.fraction = 0.0
         self._print(force=True)
 
-    def begin_workers(self, weight: float) -> None:
-        """The recall models on worker processes: ``weight`` of the plan, shown as one task
-        (the recall tasks then finish at once, adding their weights)."""
+    def begin_workers(self, tasks: list[tuple[str, str]]) -> None:
+        """The models of ``tasks`` train on worker processes, shown as one task; once they
+        are done, those tasks count as done (``end_workers``) and add nothing when they run."""
+        weight = sum(self.WEIGHT[task] for task, _ in tasks)
         self.current, self.weight, self.fraction = "recall models", weight, 0.0
+        self._workers = tasks
         self._print(force=True)
 
     def worker_progress(self, fraction: float, text: str) -> None:
         self.current, self.fraction = text, fraction
         self._print()
 
-    def end_workers(self) -> None:
+    def end_workers(self, completed: bool) -> None:
+        if completed:
+            self.done += self.weight
+            self.prepaid.update(self._workers)
         self.current, self.weight, self.fraction = "", 0.0, 0.0
 
     def on_step(self, trainer, rec) -> None:           # a Trainer callback
@@ -430,12 +437,14 @@ class Lab:
         one per CPU thread); each stored as it ends. Nothing happens with fewer than two
         workers, and a mechanism a fresh process cannot build trains later, here."""
         stored = self.results.setdefault("parts", {})
-        jobs = [self._recall_job(label, role, cfg, seed)
-                for task, label in self.plan if task == "recall"
-                and f"recall/{label}" not in self.results["done"]
+        pending = [label for task, label in self.plan
+                   if task == "recall" and f"recall/{label}" not in self.results["done"]]
+        jobs = [self._recall_job(label, role, cfg, seed) for label in pending
                 for role, cfg in self._recall_roles(label).items()
                 for seed in self.recipe.seeds_of(role)]
-        jobs = [j for j in jobs if j.key not in stored and parts.can_run_in_workers(j.arch)]
+        jobs = [j for j in jobs if j.key not in stored]
+        here = {j.label for j in jobs if not parts.can_run_in_workers(j.arch)}
+        jobs = [j for j in jobs if j.label not in here]
         device = pick_device(self.entries[0].run.train.device)
         workers = parts.worker_count(jobs, device, self.workers)
         if not workers:
@@ -445,16 +454,17 @@ class Lab:
             stored[job.key] = measured
             self._store_results()
 
-        self.progress.begin_workers(sum(self.progress.WEIGHT["recall"] for task, label in
-                                        self.plan if task == "recall"
-                                        and f"recall/{label}" not in self.results["done"]))
+        self.progress.begin_workers([("recall", label) for label in pending
+                                     if label not in here])
+        completed = False
         try:
             parts.train_in_workers(jobs, workers, keep, self.progress.worker_progress,
                                    live_for=self.recall_live if self.world.is_main else None)
+            completed = True
         except FloatingPointError as err:                 # a training broke in a worker
             raise FloatingPointError(self._broken_training("recall", err.label, err)) from None
         finally:
-            self.progress.end_workers()
+            self.progress.end_workers(completed)
 
     def _facts(self, label: str) -> dict:
         """The entry pretrained on each table of facts of the preset's ``FactsRecipe`` (a
