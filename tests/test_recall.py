@@ -10,6 +10,7 @@ import torch
 
 from blockmem_lite import lab, recall, registry, tasks
 from blockmem_lite.config import preset
+from blockmem_lite.lab import parts as lab_parts
 from blockmem_lite.models.base import build_model
 from blockmem_lite.runtime import seed_everything
 from blockmem_lite.train import Callback
@@ -360,14 +361,13 @@ def test_staged_training_runs_each_stage_on_its_own_stream_of_rows_and_stops_whe
 def test_the_lab_trains_armt_and_its_twin_in_stages_and_the_others_in_one(tmp_path, monkeypatch):
     assert {n for n in registry.names() if registry.lab_spec(n).recall_curriculum} == {"armt"}
     lengths = {}
-    real = lab.Lab._trainer
+    real = lab_parts.Trainer                      # where the recall models' trainers are made
 
-    def record(self, model, run, train_data, val_data=None, callbacks=()):
-        key = id(model)
-        lengths.setdefault(key, []).append(train_data[0][0].shape[0])
-        return real(self, model, run, train_data, val_data, callbacks)
+    def record(model, run, train_data, *args, **kwargs):
+        lengths.setdefault(id(model), []).append(train_data[0][0].shape[0])
+        return real(model, run, train_data, *args, **kwargs)
 
-    monkeypatch.setattr(lab.Lab, "_trainer", record)
+    monkeypatch.setattr(lab_parts, "Trainer", record)
     names = []
     run = lab.Lab("tiny", tmp_path, archs=["armt"], progress=False, tasks=("recall",),
                   recall_live=lambda name, recipe: names.append(name) or Callback())
