@@ -121,3 +121,17 @@ def test_the_progress_never_falls_back_after_the_workers_and_ends_at_100(tmp_pat
               if line.startswith("[reproduce] [")]
     assert shares == sorted(shares), shares
     assert shares[-1] == 100
+
+
+def test_a_mechanism_a_fresh_process_cannot_build_trains_in_the_lab_process(tmp_path,
+                                                                             monkeypatch):
+    """A mechanism defined in a notebook (no source a worker could import) trains here; the
+    others still go to the workers."""
+    monkeypatch.setattr(parts, "can_run_in_workers", lambda arch: arch != "bcmt")
+    here, real = [], lab_run.recall_part
+    monkeypatch.setattr(lab_run, "recall_part", lambda job, *a: here.append(job.key)
+                        or real(job, *a))
+    results = lab.Lab("tiny", tmp_path, archs=["bcmt"], corpus=load_corpus("offline"),
+                      progress=False, tasks=("recall",), workers=2).run()
+    assert sorted(here) == ["bcmt/model/0", "bcmt/twin/0"]
+    assert set(results["parts"]) == {"dense/model/0", "bcmt/model/0", "bcmt/twin/0"}
