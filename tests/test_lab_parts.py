@@ -135,3 +135,34 @@ def test_a_mechanism_a_fresh_process_cannot_build_trains_in_the_lab_process(tmp_
                       progress=False, tasks=("recall",), workers=2).run()
     assert sorted(here) == ["bcmt/model/0", "bcmt/twin/0"]
     assert set(results["parts"]) == {"dense/model/0", "bcmt/model/0", "bcmt/twin/0"}
+
+
+def test_dense_recall_read_from_another_run_is_not_trained_again(tmp_path, monkeypatch):
+    corpus = load_corpus("offline")
+    first = lab.Lab("tiny", tmp_path / "first", archs=["bcmt"], corpus=corpus, progress=False,
+                    tasks=("recall",), workers=0).run()
+    trained = []
+    real = lab_run.recall_part
+    monkeypatch.setattr(lab_run, "recall_part",
+                        lambda job, *a, **k: trained.append(job.key) or real(job, *a, **k))
+    source = tmp_path / "first" / lab.RESULTS_NAME
+    second = lab.Lab("tiny", tmp_path / "second", archs=["cat"], corpus=corpus, progress=False,
+                     tasks=("recall",), workers=0, dense_recall_from=source).run()
+    assert sorted(trained) == ["cat/model/0", "cat/twin/0"]
+    assert second["parts"]["dense/model/0"] == first["parts"]["dense/model/0"]
+    assert second["parts_from"] == {"dense/model/0": str(source)}
+    assert {row["dense"] for row in second["memory_pays"]} == \
+        {first["memory_pays"][0]["dense"]}
+
+
+def test_a_dense_recall_source_of_another_setting_is_refused_before_any_work(tmp_path):
+    corpus = load_corpus("offline")
+    lab.Lab("tiny", tmp_path / "tiny", archs=["dense"], corpus=corpus, progress=False,
+            tasks=("recall",), workers=0).run()
+    with pytest.raises(ValueError, match=r"dense_recall_from=.*preset 'fast'"):
+        lab.Lab("fast", tmp_path / "fast", archs=["bcmt"], corpus=corpus, progress=False,
+                tasks=("recall",), dense_recall_from=tmp_path / "tiny" / lab.RESULTS_NAME)
+    assert not (tmp_path / "fast" / lab.RESULTS_NAME).exists()
+    with pytest.raises(ValueError, match="cannot be read"):
+        lab.Lab("tiny", tmp_path / "other", archs=["bcmt"], corpus=corpus, progress=False,
+                tasks=("recall",), dense_recall_from=tmp_path / "missing.json")

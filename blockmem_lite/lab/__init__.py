@@ -13,6 +13,7 @@ the names notebooks, tests and the command line use. The modules, one job each:
   command) are imported on their own: ``from blockmem_lite.lab import figures``.
 """
 
+from blockmem_lite.lab.progress import PlanProgress
 from blockmem_lite.lab.readers import (
     MODEL_COLUMNS,
     format_knowledge,
@@ -34,10 +35,10 @@ from blockmem_lite.lab.run import (
     TASKS,
     Entry,
     Lab,
-    PlanProgress,
     plan_entries,
     plan_tasks,
     reproduce,
+    shipped_run,
 )
 from blockmem_lite.lab.verdicts import (
     BLIND_ATOL,
@@ -57,6 +58,6 @@ __all__ = [
     "claims_table", "format_claims", "format_knowledge", "format_memory_pays",
     "format_model_table", "format_state_table", "knowledge_pays", "memory_pays",
     "missing_tasks", "model_table", "plan_entries", "plan_tasks", "report_markdown",
-    "reproduce", "results_from", "speed_vs_dense", "state_table", "summary", "trained_models",
+    "reproduce", "results_from", "shipped_run", "speed_vs_dense", "state_table", "summary", "trained_models",
     "write_report",
 ]

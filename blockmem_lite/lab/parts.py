@@ -35,11 +35,15 @@ finished is stored, the trainings under way are dropped (``TrainingStopped``). A
 that dies (killed, out of memory) ends the others the same way and is named
 (``WorkerLost``): ``concurrent.futures`` notices a dead worker, where a
 ``multiprocessing.Pool`` would wait for its result forever.
+
+``parts_of_run`` takes finished recall models from another run instead (a notebook reads
+the kit's shipped dense reference rather than training it a third time).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import multiprocessing
 import queue as queue_module
 import signal
@@ -283,3 +287,23 @@ def _drain(reports, jobs, done_steps: dict, views: dict, live_for) -> None:
             if shown not in views:
                 views[shown] = live_for(shown, jobs[index].recipe)
             views[shown].record(step, message[6], total)
+
+
+def parts_of_run(other: dict, source, preset_name: str, recipe: recall.RecallRecipe,
+                 label: str, keys: list[str]) -> dict:
+    """{key: measured part} of ``keys`` that ``other`` (the results read from ``source``)
+    holds for ``label``; a ValueError naming ``source`` unless that run is of
+    ``preset_name`` and trained ``label`` with ``recipe`` (its seeds aside)."""
+    def without_seeds(values: dict) -> dict:
+        return {k: v for k, v in values.items() if k not in ("seeds", "twin_seeds")}
+
+    record = other["done"].get(f"recall/{label}") or {}
+    ours = json.loads(json.dumps(without_seeds(dataclasses.asdict(recipe))))
+    if other["meta"].get("preset") != preset_name or \
+            without_seeds(record.get("recipe") or {}) != ours:
+        raise ValueError(f"dense_recall_from={str(source)!r} is not allowed: it holds no "
+                         f"{label} recall run of preset {preset_name!r} with this recall "
+                         f"recipe; expected a results.json of `reproduce --preset "
+                         f"{preset_name}`")
+    held = other.get("parts", {})
+    return {key: held[key] for key in keys if key in held}

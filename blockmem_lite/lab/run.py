@@ -47,22 +47,23 @@ import sys
 import time
 import zipfile
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from blockmem_lite import distributed, knowledge, recall, registry
 from blockmem_lite.checkpoints import atomic_write, atomic_write_bytes, prepare_folder
 from blockmem_lite.config import PRESET_NAMES, ModelConfig, RunConfig, preset
-from blockmem_lite.corpora import load_corpus, make_loaders
+from blockmem_lite.corpora import data_dir, load_corpus, make_loaders
 from blockmem_lite.lab import parts
 from blockmem_lite.lab.parts import RecallJob, finished, recall_part
+from blockmem_lite.lab.progress import PlanProgress
 from blockmem_lite.lab.report import write_report
 from blockmem_lite.lab.verdicts import claims_table, knowledge_pays, memory_pays
 from blockmem_lite.measure import bench, metrics, roofline
 from blockmem_lite.models.base import build_model
 from blockmem_lite.runtime import pick_device, seed_everything
 from blockmem_lite.train import Trainer
-from blockmem_lite.units import human_duration
 from blockmem_lite.validation import check_choice, fail
 
 RESULTS_NAME = "results.json"
@@ -81,6 +82,13 @@ LAB_SIZES = {
     "gpu": dict(steps=3000, bench_lens=(1024, 4096), state_lens=(1024, 4096, 16384, 65536), warmup=5,
                 repeats=10, decode_burst=32),
 }
+
+
+def shipped_run(preset_name: str) -> Path | None:
+    """The ``results.json`` of the kit's own run of ``preset_name`` on a 2-core CPU
+    (``data/reproduce/<preset>_cpu``); None where this install has none."""
+    path = data_dir() / "reproduce" / f"{preset_name}_cpu" / RESULTS_NAME
+    return path if path.is_file() else None
 
 
 # --- the plan ----------------------------------------------------------------------------------
@@ -142,78 +150,13 @@ def plan_tasks(entries: list[Entry]) -> list[tuple[str, str]]:
             + [("bench", "*")])
 
 
-# --- progress ------------------------------------------------------------------------------------
-class PlanProgress:
-    """One text progress bar over the whole plan; training steps feed it between tasks.
-    ``stream=None`` keeps it silent."""
-
-    WEIGHT = {"lm": 1.0, "recall": 1.0, "facts": 1.0, "bench": 2.0}   # rough relative costs
-
-    def __init__(self, plan, done: set, stream=sys.stderr, min_interval_s: float = 2.0):
-        self.plan, self.stream, self.min_interval_s = plan, stream, min_interval_s
-        self.total = sum(self.WEIGHT[t] for t, _ in plan)
-        self.done = sum(self.WEIGHT[t] for t, label in plan if f"{t}/{label}" in done)
-        self.start_done, self.start = self.done, time.perf_counter()
-        self.current, self.fraction, self._last = "", 0.0, 0.0
-        self.prepaid: set[tuple[str, str]] = set()      # tasks whose work the workers did
-
-    def begin(self, task: str, label: str) -> None:
-        weight = 0.0 if (task, label) in self.prepaid else self.WEIGHT[task]
-        self.current, self.weight, self.fraction = f"{task} {label}", weight, 0.0
-        self._print(force=True)
-
-    def finish(self) -> None:
-        self.done += self.weight
-        self.fraction = 0.0
-        self._print(force=True)
-
-    def begin_workers(self, tasks: list[tuple[str, str]]) -> None:
-        """The models of ``tasks`` train on worker processes, shown as one task; once they
-        are done, those tasks count as done (``end_workers``) and add nothing when they run."""
-        weight = sum(self.WEIGHT[task] for task, _ in tasks)
-        self.current, self.weight, self.fraction = "recall models", weight, 0.0
-        self._workers = tasks
-        self._print(force=True)
-
-    def worker_progress(self, fraction: float, text: str) -> None:
-        self.current, self.fraction = text, fraction
-        self._print()
-
-    def end_workers(self, completed: bool) -> None:
-        if completed:
-            self.done += self.weight
-            self.prepaid.update(self._workers)
-        self.current, self.weight, self.fraction = "", 0.0, 0.0
-
-    def on_step(self, trainer, rec) -> None:           # a Trainer callback
-        self.fraction = rec["step"] / max(1, rec["total_steps"])
-        self._print()
-
-    def line(self) -> str:
-        progress = self.done + self.weight * self.fraction if self.current else self.done
-        share = progress / self.total
-        elapsed = time.perf_counter() - self.start
-        rate = (progress - self.start_done) / elapsed if elapsed > 0 else 0.0
-        eta = (self.total - progress) / rate if rate > 0 else None
-        bar = "#" * int(30 * share) + "-" * (30 - int(30 * share))
-        eta_text = human_duration(eta) if eta is not None else "?"
-        return (f"[{bar}] {100 * share:3.0f}%  {human_duration(elapsed)} elapsed, eta "
-                f"{eta_text}  {self.current}")
-
-    def _print(self, force: bool = False) -> None:
-        now = time.perf_counter()
-        if self.stream is not None and (force or now - self._last >= self.min_interval_s):
-            print(f"[reproduce] {self.line()}", file=self.stream, flush=True)
-            self._last = now
-
-
 # --- the tasks -----------------------------------------------------------------------------------
 class Lab:
     """One reproduce run: its plan, the store in ``out`` and the models trained so far."""
 
     def __init__(self, preset_name: str, out, archs=None, corpus=None, steps: int | None = None,
                  progress: bool = True, live=None, recall_live=None, tasks=None,
-                 recall_seeds=None, workers=None):
+                 recall_seeds=None, workers=None, dense_recall_from=None):
         if live is not None and not callable(getattr(live, "run", None)):
             raise ValueError(f"live={live!r} is not allowed: expected None or a live view with "
                              "run(name) -> trainer callback (viz.comparison.LiveComparison)")
@@ -227,7 +170,7 @@ class Lab:
         self.world = distributed.current()
         distributed.check_same_settings(   # every rank the same plan, before any work
             {"preset": preset_name, "archs": archs, "steps": steps, "tasks": tasks,
-             "recall_seeds": recall_seeds}, self.world, what="reproduce settings")
+             "recall_seeds": recall_seeds, "dense_recall_from": str(dense_recall_from)}, self.world, what="reproduce settings")
         self.preset = preset_name
         self.sizes = dict(LAB_SIZES[preset_name], **({"steps": steps} if steps else {}))
         self.recipe = _recipe(preset_name, recall_seeds)
@@ -242,6 +185,8 @@ class Lab:
         self.corpus = corpus if corpus is not None else load_corpus("offline")
         self.meta = self._meta()
         self.results = self.world.on_main(self._load)
+        if dense_recall_from is not None:
+            self.world.on_main(lambda: self._adopt_dense_recall(dense_recall_from))
         self.progress = PlanProgress(self.plan, set(self.results["done"]),
                                      stream=sys.stderr if progress and self.world.is_main
                                      else None)
@@ -270,6 +215,21 @@ class Lab:
                                          "differ); resume it with the same ones or use another "
                                          "folder")
         return stored
+
+    def _adopt_dense_recall(self, source) -> None:
+        """Dense's recall models (the reference every memory is compared with) read from
+        another run's ``results.json`` instead of trained (``parts.parts_of_run``)."""
+        label = registry.BASELINE
+        cfg = self._recall_roles(label)["model"]
+        stored = self.results.setdefault("parts", {})
+        wanted = [k for k in (self._recall_job(label, "model", cfg, seed).key
+                              for seed in self.recipe.seeds) if k not in stored]
+        taken = parts.parts_of_run(_read_results(Path(source)), source, self.preset,
+                                   self.recipe, label, wanted)
+        stored.update(taken)
+        self.results.setdefault("parts_from", {}).update({k: str(source) for k in taken})
+        if taken:
+            self._store_results()
 
     def _store(self, key: str, value) -> None:
         self.results["done"][key] = value
@@ -623,7 +583,8 @@ def _copies(models: dict) -> dict:
 
 def reproduce(preset_name: str = "fast", out="runs/reproduce", archs=None, corpus=None,
               paths=None, steps: int | None = None, progress: bool = True, live=None,
-              recall_live=None, tasks=None, recall_seeds=None, workers=None) -> dict:
+              recall_live=None, tasks=None, recall_seeds=None, workers=None,
+              dense_recall_from=None) -> dict:
     """Run (or continue) the lab; returns the results (also in ``out/results.json``).
 
     ``live``: a ``viz.comparison.LiveComparison`` (anything with ``run(name)`` returning a trainer
@@ -631,9 +592,11 @@ def reproduce(preset_name: str = "fast", out="runs/reproduce", archs=None, corpu
     ``(name, recipe) -> trainer callback`` for each recall model, e.g.
     ``lab.figures.recall_monitor`` (its beyond-span accuracy against the step);
     ``tasks``: only these kinds of task (``TASKS``; default all); ``recall_seeds``: train
-    each recall model at these seeds instead of the recipe's (a notebook's one seed)."""
+    each recall model at these seeds instead of the recipe's (a notebook's one seed);
+    ``dense_recall_from``: a ``results.json`` of the same preset (the kit's shipped run)
+    whose dense recall models this run reads instead of training them again."""
     if corpus is None or isinstance(corpus, str):
         corpus = load_corpus(corpus or ("files" if paths else "offline"), paths=paths)
     return Lab(preset_name, out, archs, corpus, steps, progress, live=live,
                recall_live=recall_live, tasks=tasks, recall_seeds=recall_seeds,
-               workers=workers).run()
+               workers=workers, dense_recall_from=dense_recall_from).run()
