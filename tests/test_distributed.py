@@ -312,3 +312,25 @@ def test_reproduce_under_torchrun_measures_what_one_process_does(tmp_path):
         torch.testing.assert_close(a[key]["val_loss"], b[key]["val_loss"], **CURVE_TOL)
     for key in (k for k in a if k.startswith("recall/")):
         assert a[key]["curves"] == b[key]["curves"]
+
+
+def test_reproduce_under_torchrun_reads_dense_recall_on_every_rank(tmp_path):
+    """Rank 0 reads the parts; every rank must skip their training, or the ranks part ways."""
+    assert reproduce_main(["--preset", "tiny", "--arch", "dense", "--out",
+                           str(tmp_path / "source")]) == 0
+    source = tmp_path / "source" / "results.json"
+    script = tmp_path / "adopt.py"
+    script.write_text(
+        "import sys\nfrom blockmem_lite import distributed, lab\n"
+        "distributed.setup()\n"
+        f"lab.reproduce('tiny', {str(tmp_path / 'ddp')!r}, archs=['bcmt'], tasks=('recall',),\n"
+        f"              progress=False, dense_recall_from={str(source)!r})\n")
+    ddp = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                          "--nproc-per-node", "2", str(script)], cwd=ROOT, env=ENV,
+                         capture_output=True, text=True, timeout=240)
+    assert ddp.returncode == 0, ddp.stderr[-3000:]
+    done = json.loads((tmp_path / "ddp" / "results.json").read_text())
+    source_parts = json.loads(source.read_text())["parts"]
+    assert done["parts"]["dense/model/0"] == source_parts["dense/model/0"]
+    assert set(done["parts_from"]) == {"dense/model/0"}
+    assert {"bcmt/model/0", "bcmt/twin/0"} <= set(done["parts"])

@@ -185,8 +185,8 @@ class Lab:
         self.corpus = corpus if corpus is not None else load_corpus("offline")
         self.meta = self._meta()
         self.results = self.world.on_main(self._load)
-        if dense_recall_from is not None:
-            self.world.on_main(lambda: self._adopt_dense_recall(dense_recall_from))
+        if dense_recall_from is not None:         # every rank gets the parts rank 0 read
+            self.results = self.world.on_main(lambda: self._adopt_dense_recall(dense_recall_from))
         self.progress = PlanProgress(self.plan, set(self.results["done"]),
                                      stream=sys.stderr if progress and self.world.is_main
                                      else None)
@@ -216,9 +216,10 @@ class Lab:
                                          "folder")
         return stored
 
-    def _adopt_dense_recall(self, source) -> None:
+    def _adopt_dense_recall(self, source) -> dict:
         """Dense's recall models (the reference every memory is compared with) read from
-        another run's ``results.json`` instead of trained (``parts.parts_of_run``)."""
+        another run's ``results.json`` instead of trained (``parts.parts_of_run``); the
+        results with them."""
         label = registry.BASELINE
         cfg = self._recall_roles(label)["model"]
         stored = self.results.setdefault("parts", {})
@@ -230,6 +231,7 @@ class Lab:
         self.results.setdefault("parts_from", {}).update({k: str(source) for k in taken})
         if taken:
             self._store_results()
+        return self.results
 
     def _store(self, key: str, value) -> None:
         self.results["done"][key] = value
