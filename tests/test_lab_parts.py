@@ -40,6 +40,18 @@ def test_workers_train_the_same_parts_as_the_lab_process(tmp_path, monkeypatch):
     assert apart["memory_pays"] == here["memory_pays"]
 
 
+def test_jobs_are_handed_out_costliest_first(tmp_path):
+    """CAT's recall model costs more FLOPs than BCMT's and dense's: it starts first, though
+    it comes last in the plan and has as many steps."""
+    jobs = _jobs(tmp_path, archs=("bcmt", "cat"))
+    costs = {job.key: job.cost for job in jobs}
+    assert costs["cat/model/0"] > max(costs["bcmt/model/0"], costs["dense/model/0"]) > 0
+    assert len({job.steps for job in jobs}) == 1
+    order = [jobs[i].key for i in parts.costliest_first(jobs)]
+    assert order == sorted(order, key=lambda key: -costs[key]) and order[0].startswith("cat/")
+    assert [job.key for job in jobs][0].startswith("dense/")        # the plan's order
+
+
 def test_each_result_is_handed_over_as_it_ends_and_progress_reaches_one(tmp_path):
     jobs, got, fractions = _jobs(tmp_path), [], []
     parts.train_in_workers(jobs, 2, lambda job, measured: got.append((job.key, measured)),
