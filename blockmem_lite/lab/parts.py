@@ -217,9 +217,9 @@ def train_in_workers(jobs: list[RecallJob], workers: int, on_result: Callable,
                      on_progress: Callable = lambda fraction, text: None,
                      live_for: Callable | None = None) -> None:
     """Train ``jobs`` on ``workers`` processes, the costliest first (``RecallJob.cost``: a
-    long job handed out last would leave the other workers idle at the end; plan order
-    ended the class run's recall phase with one worker idle for 2.5 of its 11 minutes, on
-    CAT's twin); ``on_result(job, measured)``
+    long job handed out last leaves the other workers idle at the end; by steps alone,
+    CAT's jobs went last and one worker of the class run idled for 2.5 minutes, by cost
+    the two end within half a minute of each other); ``on_result(job, measured)``
     as each one ends, ``on_progress(fraction of the steps, text)`` as they train,
     ``live_for(name, recipe)`` gives each watched stage's live view (a callback with
     ``record(step, accuracy, total_steps)``, e.g. ``lab.figures.recall_monitor``).
