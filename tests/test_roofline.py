@@ -52,14 +52,44 @@ def test_operators_that_write_are_replayed_on_copies():
     assert c.heavy_ops == 0 and c.launches == 1 and c.other_bytes == 2 * 8 * 8 * 4
     assert torch.equal(out, a @ a)                          # written once, by the step itself
     acc = torch.zeros(4)
-    opcount.count_step(lambda: acc.add_(1), "cpu")
+    opcount.count_step(lambda: acc.add_(1), "cpu", cache_bytes=None)
     assert torch.equal(acc, torch.full((4,), 2.0))   # count_step's two calls; replays: copies
+    opcount.count_step(lambda: acc.add_(1), "cpu", cache_bytes=1 << 20)
+    assert torch.equal(acc, torch.full((4,), 5.0))   # and a third: the reuse distances
 
 
 def test_a_count_over_several_steps_is_per_step():
     a = torch.randn(4, 4)
     c = opcount.count_step(lambda: [a + 1 for _ in range(6)], "cpu", steps=3)
     assert c.launches == 2 and c.other_bytes == pytest.approx(2 * 2 * 16 * 4)
+
+
+def test_a_call_whose_data_the_step_touched_longer_ago_than_the_cache_holds_is_replayed_cold():
+    a, b = torch.zeros(512, 1024), torch.zeros(512, 1024)          # 2 MiB each
+    calls = []
+
+    def step():                  # in place: each call reads and writes one tensor, 2 MiB
+        calls.append(1)
+        a.add_(1)                # 0 MiB since a was last touched (the previous call's end)
+        b.add_(1)                # 4 MiB since b was
+        a.add_(1)                # 2 MiB since a was
+    cache = opcount.ReplayCache()
+    c = opcount.count_step(step, "cpu", cache, cache_bytes=3 << 20)
+    assert len(calls) == 3                            # profiler, reuse distances, counter
+    assert (c.launches, c.cold_launches) == (3, 1)
+    assert sorted(cold for _, cold in cache) == [False, True]    # one signature, both ways
+    assert cache.flush.numel() * 4 == 2 * (3 << 20)             # twice the cache, written first
+    assert opcount.count_step(step, "cpu", cache_bytes=5 << 20).cold_launches == 0
+    calls.clear()
+    assert opcount.count_step(step, "cpu", cache_bytes=None).cold_launches == 0
+    assert len(calls) == 2                            # no reuse distances: no second call
+
+
+def test_small_far_data_is_not_replayed_cold():
+    a, b = torch.zeros(16, 1024), torch.zeros(16, 1024)            # 64 KiB each
+    c = opcount.count_step(lambda: (a.add_(1), b.add_(1), a.add_(1)), "cpu",
+                           cache_bytes=100 << 10)
+    assert c.cold_launches == 0          # below MIN_COLD_BYTES: the flush, not the data
 
 
 def test_the_host_share_is_the_time_outside_every_operator():

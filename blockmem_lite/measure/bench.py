@@ -92,7 +92,7 @@ from blockmem_lite.measure.bench_compile import (
 )
 from blockmem_lite.measure.flops import flop_ceiling, training_flops_per_token
 from blockmem_lite.models.base import build_model
-from blockmem_lite.runtime import pick_device, seed_everything
+from blockmem_lite.runtime import keep_freed_memory, pick_device, seed_everything
 from blockmem_lite.units import fmt, human_bytes
 from blockmem_lite.validation import fail
 
@@ -104,6 +104,7 @@ DEFAULT_SEQ_LENS = (256, 1024, 4096)
 RECORD_KEYS = ("arch", "variant", "phase", "seq_len", "batch", "tokens_per_s", "ms_per_step",
                "ratio_vs_dense", "flop_ceiling", "frac_of_ceiling", "memory_bytes",
                "memory_method", "state_bytes", "device", "dtype", "threads", "torch_version")
+COUNTED_CALLS = 3    # calls opcount.count_step makes: profiler, reuse distances, counter
 NO_MEMORY = {"memory_bytes": None, "memory_method": "none", "saved_bytes": None,
              "rss_peak_bytes": None, "rss_base_bytes": None}
 
@@ -364,6 +365,7 @@ def bench_phase(ctx: BenchContext, entries: list[Entry], phase: str, seq_len: in
 
     ``entries[0]`` is the baseline (dense) every ratio is taken against.
     """
+    keep_freed_memory()              # no step page-faults on fresh tensors (runtime.py)
     if ctx.compile:
         torch._dynamo.reset()        # drop the graphs of earlier phases' (freed) models
     models = [ctx.build(e.cfg) for e in entries]
@@ -418,20 +420,20 @@ def counted_decode_steps(ctx: BenchContext, cfg: ModelConfig) -> int:
 
 
 def counted_decode_tokens(ctx: BenchContext, entries: list[Entry]) -> int:
-    """Tokens past t = T the roofline's count decodes (two calls)."""
-    return 2 * max(counted_decode_steps(ctx, e.cfg) for e in entries)
+    """Tokens past t = T the roofline's count decodes (``COUNTED_CALLS`` calls)."""
+    return COUNTED_CALLS * max(counted_decode_steps(ctx, e.cfg) for e in entries)
 
 
 def _step_cost(ctx: BenchContext, cfg: ModelConfig, model, phase: str, batch: int,
                seq_len: int, train_step, flops_per_token) -> dict:
     """``ctx.step_cost`` of one entry: the timed train step itself, or decoding steps after
-    a prefill of ``seq_len`` (a step fn of its own, two calls: the timed one's state is
-    sized for the timed calls only), as many as a burst or one boundary span, whichever is
+    a prefill of ``seq_len`` (a step fn of its own, ``COUNTED_CALLS`` calls: the timed
+    one's state is sized for the timed calls only), as many as a burst or one boundary span, whichever is
     longer, so a block / chunk / segment boundary counts as often as it comes."""
     if phase == "train":
         return ctx.step_cost(train_step, tokens=batch * seq_len, flops_per_token=flops_per_token)
     steps = counted_decode_steps(ctx, cfg)
-    step = metrics.make_decode_step(model, batch, seq_len, n_calls=2, burst=steps,
+    step = metrics.make_decode_step(model, batch, seq_len, n_calls=COUNTED_CALLS, burst=steps,
                                     precision=ctx.precision) if ctx.peaks is not None else None
     return ctx.step_cost(step, tokens=batch, flops_per_token=flops_per_token, steps=steps)
 

@@ -39,7 +39,8 @@ from blockmem_lite.compiling import is_decoding_compiled
 from blockmem_lite.config import ModelConfig
 from blockmem_lite.measure.flops import dense_layer_flops
 from blockmem_lite.models.base import build_model
-from blockmem_lite.runtime import autocast_context, seed_everything, synchronize
+from blockmem_lite.runtime import (autocast_context, keep_freed_memory, seed_everything,
+                                   synchronize)
 from blockmem_lite.validation import check_positive
 
 # --------------------------------------------------------------------------------------
@@ -401,6 +402,7 @@ def peak_rss_subprocess(spec: dict, timeout: float = 600.0) -> RssReading:
 def _rss_child_main() -> None:
     """Child side of ``peak_rss_subprocess``: spec JSON on stdin, reading JSON on stdout."""
     spec = json.loads(sys.stdin.read())
+    keep_freed_memory()                        # as the timed process (runtime.py)
     for path in spec.get("plugins", []):
         registry.load_plugin(path)
     if spec.get("threads"):

@@ -33,6 +33,18 @@ bandwidth, launches x t_launch)``, each found by a record above 105% of its ceil
 3. *The Python around the operators is measured*: the kit's decoding step spends about
    9 us per operator where the dispatch probe costs 2.5; without it the class report's
    MoC and HOnly decoded at 107-145% of their ceilings.
+4. *An operator that meets its data cold is replayed cold* (``opcount``'s docstring: the
+   reuse distance of each block of memory against the last-level cache). Replayed warm,
+   dense decoding at t = 4096 reached 48% of its bound, since its 32 MiB key/value cache
+   and its weights come from DRAM every step, and every mechanism decoded at 116-127% of
+   its ceiling; replayed cold, 51-62%.
+
+The step itself is kept from page-faulting (``runtime.keep_freed_memory``): glibc handed
+large freed tensors back to the system, so the next step's tensors faulted on every page
+they wrote, 1,300-32,000 times a training step, by an amount that changed from step to
+step and was in no replay. Dense's training step at T=256 swung between 220 and 250 ms
+with it and reached 72-81% of its bound in the class report, against 84-88% for CAT's,
+whose wider matmuls hide more of it.
 
 Replays are floors measured in the run; a call recurring in the step, or in another
 model of the run, is replayed again and priced at its fastest (``opcount.ReplayCache``),

@@ -41,6 +41,7 @@ from blockmem_lite.config import RunConfig, TrainConfig
 from blockmem_lite.models.base import IGNORE_INDEX, build_model, check_output, model_name
 from blockmem_lite.runtime import (
     autocast_context,
+    keep_freed_memory,
     peak_memory,
     reset_peak_memory,
     seed_everything,
@@ -96,6 +97,7 @@ class Trainer:
         distributed.check_batch_size(cfg.batch_size, self.world.world_size)
         self.device = distributed.joined_device(cfg.device, self.world)
         autocast_context(self.device, cfg.precision)   # fails early for bf16 off CUDA
+        keep_freed_memory()                            # steps that do not page-fault
         self.model = model.to(self.device)
         if cfg.compile:                                # forward + backward compiled in place
             compile_training(self.model)

@@ -1,0 +1,98 @@
+"""Reuse distances: how many bytes a step moved since it last touched each piece of memory.
+
+The roofline replays every operator alone, right after the step ran it, so the replay
+finds the operator's data in the cache. The step itself does not always: data last
+touched farther back than the last-level cache holds comes from DRAM. ``ReuseTracker``
+follows a step's operators and, for each call, says how many of its bytes are *far*.
+
+Memory is tracked by address in blocks of ``BLOCK_BYTES``, not by tensor: a cache holds
+addresses, whichever tensor lives there. A view counts only the blocks it covers, so a
+decoding step that writes one new slot into its key/value cache leaves the rest of that
+cache as far as it was (tracked per storage, the one-slot write made the whole cache look
+freshly touched, and dense's 32 MiB cache at t = 4096 was priced as if it sat in a 32 MiB
+L3 beside the weights). Blocks never touched count as far: a fresh allocation.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from pathlib import Path
+
+import torch
+
+CPU_CACHES = Path("/sys/devices/system/cpu/cpu0/cache")      # Linux: index*/size, e.g. "32768K"
+BLOCK_BYTES = 16 << 10         # the granularity of the tracking
+MAX_RUNS = 4096                # contiguous runs listed per view; more: its whole span
+
+
+def last_level_cache_bytes(device) -> int | None:
+    """The largest cache Linux lists for CPU 0 (sysfs), else None: unknown, or not a CPU
+    (on an accelerator a single timed call is mostly its launch, which the launch term
+    already holds, so the roofline replays everything warm there)."""
+    if torch.device(device).type != "cpu":
+        return None
+    sizes = []
+    for entry in CPU_CACHES.glob("index*/size"):
+        text = entry.read_text().strip().upper()
+        scale = {"K": 1 << 10, "M": 1 << 20}.get(text[-1:], 1)
+        digits = text.rstrip("KM")
+        if digits.isdigit():
+            sizes.append(int(digits) * scale)
+    return max(sizes, default=None)
+
+
+def byte_runs(tensor: torch.Tensor) -> list[tuple[int, int]]:
+    """The contiguous (address, bytes) runs ``tensor`` covers; its whole span as one run
+    when it has more than ``MAX_RUNS`` of them (e.g. a transpose of a large matrix)."""
+    if tensor.numel() == 0:
+        return []
+    size = tensor.element_size()
+    dims = [(n, s) for n, s in zip(tensor.shape, tensor.stride()) if n > 1 and s != 0]
+    run = 1                                     # elements in one contiguous run
+    while dims and dims[-1][1] == run:          # the innermost dims that are contiguous
+        run *= dims.pop()[0]
+    start = tensor.data_ptr()
+    if math.prod(n for n, _ in dims) > MAX_RUNS:
+        extent = sum((n - 1) * s for n, s in dims) + run
+        return [(start, extent * size)]
+    offsets = itertools.product(*(range(0, n * s, s) for n, s in dims))
+    return [(start + sum(o) * size, run * size) for o in offsets]
+
+
+def _blocks(tensor: torch.Tensor) -> set[int]:
+    """The ``BLOCK_BYTES`` blocks ``tensor`` covers, by address."""
+    blocks: set[int] = set()
+    for address, length in byte_runs(tensor):
+        blocks.update(range(address // BLOCK_BYTES, (address + length - 1) // BLOCK_BYTES + 1))
+    return blocks
+
+
+class ReuseTracker:
+    """The bytes moved so far (``traffic``: each call's distinct inputs and outputs) and
+    the traffic at which each block was last touched."""
+
+    def __init__(self, cache_bytes: int):
+        self.cache_bytes = cache_bytes
+        self.traffic = 0
+        self.touched: dict[int, int] = {}          # block -> traffic when last touched
+
+    def far_bytes(self, tensors: list[torch.Tensor]) -> float:
+        """The bytes of ``tensors`` in blocks last touched more than ``cache_bytes`` of
+        traffic ago, or never."""
+        far = 0.0
+        for tensor in tensors:
+            blocks = _blocks(tensor)
+            if not blocks:
+                continue
+            gone = sum(1 for b in blocks
+                       if self.traffic - self.touched.get(b, -math.inf) > self.cache_bytes)
+            far += tensor.numel() * tensor.element_size() * gone / len(blocks)
+        return far
+
+    def touch(self, tensors: list[torch.Tensor]) -> None:
+        """Add the bytes of ``tensors`` to the traffic and mark their blocks touched now."""
+        self.traffic += sum(t.numel() * t.element_size() for t in tensors)
+        for tensor in tensors:
+            for block in _blocks(tensor):
+                self.touched[block] = self.traffic

@@ -1,0 +1,54 @@
+"""runtime.keep_freed_memory: steps that do not page-fault on fresh tensors."""
+
+import json
+import platform
+import subprocess
+import sys
+
+import pytest
+
+from blockmem_lite import runtime
+
+glibc_only = pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc",
+                                reason="the allocator setting is glibc's")
+
+CHILD = """
+import json, resource, torch
+from blockmem_lite.runtime import keep_freed_memory
+kept = keep_freed_memory()
+def faults_of_a_fresh_40_mib_tensor():
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    torch.ones(10 << 20)                      # 40 MiB written, then freed
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+warm_up = [faults_of_a_fresh_40_mib_tensor() for _ in range(2)]
+print(json.dumps({"kept": kept, "later": [faults_of_a_fresh_40_mib_tensor() for _ in range(5)]}))
+"""
+
+
+def _child(env_value: str | None) -> dict:
+    env = None
+    if env_value is not None:
+        import os
+        env = {**os.environ, runtime.KEEP_FREED_MEMORY_ENV: env_value}
+    done = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True,
+                          env=env, check=True, timeout=120)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@glibc_only
+def test_a_freed_tensor_is_reused_without_page_faults():
+    kept = _child(None)
+    assert kept["kept"] is True
+    assert max(kept["later"]) < 100                   # 40 MiB fresh from the system: 10,240
+    left_alone = _child("0")
+    assert left_alone["kept"] is False
+    assert min(left_alone["later"]) > 5000            # past glibc's 32 MiB mmap threshold:
+                                                      # unmapped when freed, mapped again
+
+
+def test_keep_freed_memory_is_applied_once(monkeypatch):
+    calls = []
+    monkeypatch.setattr(runtime, "_kept_freed_memory", None)
+    monkeypatch.setattr(runtime, "_set_glibc_malloc", lambda: calls.append(1) or True)
+    assert runtime.keep_freed_memory() and runtime.keep_freed_memory()
+    assert calls == [1]
