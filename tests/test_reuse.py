@@ -1,5 +1,6 @@
 """Reuse distances by address (measure/reuse.py): what the roofline prices cold."""
 
+import pytest
 import torch
 
 from blockmem_lite.measure import reuse
@@ -29,35 +30,50 @@ def test_one_slot_written_into_a_cache_leaves_the_rest_of_it_far():
     the cache's earlier slots back into the cache."""
     keys = torch.zeros(1, 4, 4096, 64)                        # 4 MiB, 1 MiB per head
     other = torch.zeros(2 << 20)                              # 8 MiB moved in between
-    tracker = ReuseTracker(cache_bytes=10 << 20)
+    tracker = ReuseTracker()
+    levels = (10 << 20,)
     tracker.touch([keys])
     tracker.touch([other])
-    assert tracker.far_bytes([keys]) == 0                     # 8 MiB ago: not yet past 10 MiB
+    assert tracker.far_bytes([keys], levels) == [0]          # 8 MiB ago: not yet past 10 MiB
     tracker.touch([other])                                    # 16 MiB ago: far
     new_slot = keys[:, :, 4095:4096]
     tracker.touch([new_slot])
-    filled = keys[:, :, :4095]
-    far = tracker.far_bytes([filled])
-    per_head = 1 << 20
-    assert far >= 4 * (per_head - BLOCK_BYTES) * 4095 / 4096  # all but the written blocks
-    assert tracker.far_bytes([new_slot]) == 0
-    assert tracker.far_bytes([torch.zeros(1 << 16)]) > 0      # never touched: far
+    [far] = tracker.far_bytes([keys[:, :, :4095]], levels)
+    filled_bytes = 4 * 4095 * 64 * 4
+    assert far >= filled_bytes - 8 * BLOCK_BYTES   # all but the blocks of the written slots
+                                                   # (and any shared with ``other``)
+    assert tracker.far_bytes([new_slot], levels) == [0]
+    assert tracker.far_bytes([torch.zeros(1 << 16)], levels)[0] > 0   # never touched: far
+
+
+def test_far_bytes_are_counted_against_each_cache_level():
+    a, b = torch.zeros(1 << 18), torch.zeros(1 << 19)        # 1 MiB, 2 MiB
+    tracker = ReuseTracker()
+    tracker.touch([a])
+    tracker.touch([b])                                        # a: 2 MiB ago
+    past_1_mib, past_4_mib = tracker.far_bytes([a, b], (1 << 20, 4 << 20))
+    assert past_1_mib == pytest.approx(1 << 20, abs=BLOCK_BYTES)   # a (a block it may
+    assert past_4_mib == 0                                          # share with b: near)
 
 
 def test_traffic_is_the_bytes_each_call_moved():
-    tracker = ReuseTracker(cache_bytes=1 << 20)
+    tracker = ReuseTracker()
     a, b = torch.zeros(256), torch.zeros(512)
     tracker.touch([a, b])
     tracker.touch([a])
     assert tracker.traffic == (256 + 512 + 256) * 4
 
 
-def test_the_last_level_cache_is_the_largest_linux_lists(tmp_path, monkeypatch):
-    for index, size in (("index0", "32K"), ("index2", "1024K"), ("index3", "32768K")):
+def test_the_cache_levels_are_the_data_caches_linux_lists_from_level_2(tmp_path, monkeypatch):
+    for index, level, kind, size in (("index0", 1, "Data", "32K"),
+                                     ("index1", 1, "Instruction", "32K"),
+                                     ("index2", 2, "Unified", "1024K"),
+                                     ("index3", 3, "Unified", "32768K")):
         (tmp_path / index).mkdir()
-        (tmp_path / index / "size").write_text(size + "\n")
+        for name, value in (("level", level), ("type", kind), ("size", size)):
+            (tmp_path / index / name).write_text(f"{value}\n")
     monkeypatch.setattr(reuse, "CPU_CACHES", tmp_path)
-    assert reuse.last_level_cache_bytes("cpu") == 32 << 20
-    assert reuse.last_level_cache_bytes("meta") is None           # not a CPU: warm replays
+    assert reuse.cache_levels("cpu") == (1 << 20, 32 << 20)
+    assert reuse.cache_levels("meta") == ()                     # not a CPU: warm replays
     monkeypatch.setattr(reuse, "CPU_CACHES", tmp_path / "absent")
-    assert reuse.last_level_cache_bytes("cpu") is None
+    assert reuse.cache_levels("cpu") == ()

@@ -52,9 +52,9 @@ def test_operators_that_write_are_replayed_on_copies():
     assert c.heavy_ops == 0 and c.launches == 1 and c.other_bytes == 2 * 8 * 8 * 4
     assert torch.equal(out, a @ a)                          # written once, by the step itself
     acc = torch.zeros(4)
-    opcount.count_step(lambda: acc.add_(1), "cpu", cache_bytes=None)
+    opcount.count_step(lambda: acc.add_(1), "cpu", caches=())
     assert torch.equal(acc, torch.full((4,), 2.0))   # count_step's two calls; replays: copies
-    opcount.count_step(lambda: acc.add_(1), "cpu", cache_bytes=1 << 20)
+    opcount.count_step(lambda: acc.add_(1), "cpu", caches=(1 << 20,))
     assert torch.equal(acc, torch.full((4,), 5.0))   # and a third: the reuse distances
 
 
@@ -74,21 +74,26 @@ def test_a_call_whose_data_the_step_touched_longer_ago_than_the_cache_holds_is_r
         b.add_(1)                # 4 MiB since b was
         a.add_(1)                # 2 MiB since a was
     cache = opcount.ReplayCache()
-    c = opcount.count_step(step, "cpu", cache, cache_bytes=3 << 20)
+    c = opcount.count_step(step, "cpu", cache, caches=(3 << 20,))
     assert len(calls) == 3                            # profiler, reuse distances, counter
     assert (c.launches, c.cold_launches) == (3, 1)
-    assert sorted(cold for _, cold in cache) == [False, True]    # one signature, both ways
-    assert cache.flush.numel() * 4 == 2 * (3 << 20)             # twice the cache, written first
-    assert opcount.count_step(step, "cpu", cache_bytes=5 << 20).cold_launches == 0
+    assert sorted(tier for _, tier in cache) == [0, 1]          # one signature, both ways
+    assert cache.flush[3 << 20].numel() * 4 == 2 * (3 << 20)    # twice the cache, read first
+    two_levels = opcount.ReplayCache()
+    c = opcount.count_step(step, "cpu", two_levels, caches=(3 << 20, 1 << 20))
+    assert c.cold_launches == 2                       # b past both levels, the second a past one
+    assert sorted(tier for _, tier in two_levels) == [0, 1, 2]
+    assert sorted(two_levels.flush) == [1 << 20, 3 << 20]
+    assert opcount.count_step(step, "cpu", caches=(5 << 20,)).cold_launches == 0
     calls.clear()
-    assert opcount.count_step(step, "cpu", cache_bytes=None).cold_launches == 0
+    assert opcount.count_step(step, "cpu", caches=()).cold_launches == 0
     assert len(calls) == 2                            # no reuse distances: no second call
 
 
 def test_small_far_data_is_not_replayed_cold():
     a, b = torch.zeros(16, 1024), torch.zeros(16, 1024)            # 64 KiB each
     c = opcount.count_step(lambda: (a.add_(1), b.add_(1), a.add_(1)), "cpu",
-                           cache_bytes=100 << 10)
+                           caches=(100 << 10,))
     assert c.cold_launches == 0          # below MIN_COLD_BYTES: the flush, not the data
 
 

@@ -16,21 +16,24 @@ keeps its fastest replay in the run's ``ReplayCache``. Operators are sorted:
 * **other** (elementwise, norms, copies, reductions, indexing): the memory term, with the
   bytes of their distinct input and output tensors (each read or written at least once).
 
-**Warm or cold.** A replay right after the call finds the call's data in the cache; the
-step itself does not always. Before the counted call, ``fn`` runs once more under a
-``reuse.ReuseTracker``, which learns where the step last touched each block of memory;
-the counted call then knows, for each operator, how many of its bytes were touched
-farther back than the device's last-level cache holds (``reuse.last_level_cache_bytes``),
-or never. A call with at least ``COLD_SHARE`` of its bytes, and ``MIN_COLD_BYTES``, that
-far is replayed cold: a buffer twice the cache's size is written first, then one call is
-timed, the fastest of a few counting. Measured on dense decoding at t = 4096 (d=256, a
-32 MiB L3): the step reads its 32 MiB key/value cache and 13 MiB of weights, so every
-matmul and attention call comes from DRAM. Its matmuls took 1.44 ms a step in the step,
-0.26 replayed warm, 1.36 cold; its attention 1.49, 0.49 and 1.21. Replayed warm, dense
-reached 48% of its bound and every mechanism, whose state stays in the cache, above its
-roofline ceiling (116-127%); replayed cold, dense reaches 79-98%. Where the cache size is
-unknown, or on an accelerator (a single timed call there is mostly its launch, which the
-launch term already holds), every replay is warm.
+**Warm or cold.** A replay right after the call finds the call's data in the nearest
+cache; the step itself does not always. Before the counted call, ``fn`` runs once more
+under a ``reuse.ReuseTracker``, which learns where the step last touched each block of
+memory; the counted call then knows, for each operator and each cache level from L2 up
+(``reuse.cache_levels``), how many of its bytes were touched longer ago than that level
+holds, or never. A call with at least ``COLD_SHARE`` of its bytes, and ``MIN_COLD_BYTES``,
+past a level is replayed past it: a buffer twice that level's size is read first,
+then one call is timed, the fastest of a few counting. Measured on dense decoding at
+t = 4096 (d=256; 1 MiB L2 a core, 32 MiB L3): the step reads its 32 MiB key/value cache
+and 13 MiB of weights, so every matmul and attention call comes from DRAM. Its matmuls
+took 1.44 ms a step in the step, 0.26 replayed warm, 1.36 past the L3; its attention
+1.49, 0.49 and 1.21. Replayed warm, dense reached 48% of its bound and every mechanism,
+whose state stays in the L3, decoded above its roofline ceiling (116-127%). At t = 1024
+(d=128) the cache is 4 MiB and the weights 3 MiB: past the L2, in the L3, which warm
+replays did not see either (dense at 62% of its bound against 66-67% for ARMT and HOnly:
+106-108% of their ceilings). Where the cache sizes are unknown, or on an accelerator (a
+single timed call there is mostly its launch, which the launch term already holds), every
+replay is warm.
 
 Before that, ``fn`` runs once under ``torch.profiler``: ``host_share`` is the share of that
 call's wall time spent *outside* every operator, the Python that issues them (module
@@ -54,7 +57,7 @@ from torch.profiler import ProfilerActivity, profile
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from blockmem_lite.measure.flopcount import FLOP_FORMULAS
-from blockmem_lite.measure.reuse import ReuseTracker, last_level_cache_bytes
+from blockmem_lite.measure.reuse import ReuseTracker, cache_levels
 from blockmem_lite.runtime import synchronize
 
 aten = torch.ops.aten
@@ -92,8 +95,8 @@ class StepCount:
     other_s: float = 0.0     # the other operators' replayed time, summed
     host_share: float = 0.0  # share of the step's time outside any operator (profiler)
     steps: int = 1           # steps the count covers (its figures are per step)
-    tally: tuple = ()        # (((signature, cold), calls, heavy), ...) over ``steps`` steps
-    cold_launches: int = 0   # launches that met their inputs cold (module docstring)
+    tally: tuple = ()        # (((signature, tier), calls, heavy), ...) over ``steps`` steps
+    cold_launches: int = 0   # launches whose data lay past a cache level (module docstring)
 
     @property
     def other_launches(self) -> int:
@@ -116,7 +119,7 @@ class ReplayCache(dict):
         super().__init__()
         self.replays: dict = {}                    # signature -> replays made
         self.call_overhead_s: float | None = None  # set by the first replay (below)
-        self.flush: torch.Tensor | None = None     # the buffer a cold replay writes first
+        self.flush: dict[int, torch.Tensor] = {}   # cache size -> the buffer read first
 
     def wants(self, key) -> bool:
         """Whether ``key`` is still to be replayed (fewer than ``MAX_REPLAYS`` so far)."""
@@ -128,20 +131,19 @@ class ReplayCache(dict):
 
 
 def count_step(fn: Callable[[], object], device, cache: ReplayCache | None = None,
-               steps: int = 1, cache_bytes: int | None = -1) -> StepCount:
+               steps: int = 1, caches: tuple[int, ...] | None = None) -> StepCount:
     """Run ``fn`` under the profiler (``host_share``), then once to learn where every
-    storage was last touched, then under the counter (three calls; two where the cache
-    size is None); ``steps``: how many steps one call runs (the figures are per step).
-    ``cache_bytes``: the last-level cache the reuse distances are measured against (-1:
-    the device's, ``last_level_cache_bytes``; None: every replay warm)."""
+    block of memory was last touched, then under the counter (three calls; two without
+    cache levels); ``steps``: how many steps one call runs (the figures are per step).
+    ``caches``: the cache sizes the reuse distances are measured against, smallest first
+    (None: the device's, ``reuse.cache_levels``; (): every replay warm)."""
     device = torch.device(device)
     cache = ReplayCache() if cache is None else cache
-    if cache_bytes == -1:
-        cache_bytes = last_level_cache_bytes(device)
+    caches = cache_levels(device) if caches is None else tuple(sorted(caches))
     share = host_share(fn, device)
-    counter = _Counter(device, cache, cache_bytes)
-    if cache_bytes:
-        with counter.tracking():                  # where each storage was last touched
+    counter = _Counter(device, cache, caches)
+    if caches:
+        with counter.tracking():                  # where each block was last touched
             fn()
     with counter:
         fn()
@@ -202,13 +204,13 @@ def _inside_operator(event) -> bool:
 
 
 class _Counter(TorchDispatchMode):
-    def __init__(self, device: torch.device, cache: ReplayCache, cache_bytes: int | None):
+    def __init__(self, device: torch.device, cache: ReplayCache, caches: tuple[int, ...]):
         super().__init__()
-        self.device, self.cache, self.cache_bytes = device, cache, cache_bytes
+        self.device, self.cache, self.caches = device, cache, caches
         self.launches = self.heavy_ops = self.views = self.cold_launches = 0
         self.heavy_flops = self.other_bytes = 0.0
-        self.tally: dict[tuple, int] = {}              # ((signature, cold), heavy) -> calls
-        self.reuse = ReuseTracker(cache_bytes) if cache_bytes else None
+        self.tally: dict[tuple, int] = {}              # ((signature, tier), heavy) -> calls
+        self.reuse = ReuseTracker() if caches else None
         self.pricing = True                            # False: only touches are tracked
 
     @contextlib.contextmanager
@@ -235,10 +237,10 @@ class _Counter(TorchDispatchMode):
         signature = _signature(func, args, kwargs)
         out = func(*args, **kwargs)
         tensors = list(_distinct_tensors((args, kwargs, out)))
-        cold = self._met_cold(tensors)
+        tier = self._tier(tensors)
         self._touch(tensors)
-        self.cold_launches += cold
-        key = (signature, cold)
+        self.cold_launches += tier > 0
+        key = (signature, tier)
         if self.cache.wants(key):
             self._replay(key, func, args, kwargs)
         heavy = func.overloadpacket in HEAVY_OPS and not func._schema.is_mutable
@@ -253,28 +255,33 @@ class _Counter(TorchDispatchMode):
         return out
 
     def _replay(self, key: tuple, func, args, kwargs) -> None:
-        """Time ``func`` on copies of what it writes, warm or cold as ``key`` says."""
+        """Time ``func`` on copies of what it writes, warm or past the cache levels ``key``
+        says (``_tier``)."""
         if self.cache.call_overhead_s is None:
             self.cache.call_overhead_s = _call_overhead_seconds(self.device)
         replay_args, replay_kwargs = _copies_of_written(func, args, kwargs)
 
         def call():
             return func(*replay_args, **replay_kwargs)
-        if key[1]:
-            if self.cache.flush is None:
-                self.cache.flush = torch.zeros(2 * self.cache_bytes // 4, device=self.device)
-            seconds = _cold_replay_seconds(call, self.device, self.cache.flush)
+        tier = key[1]
+        if tier:
+            size = self.caches[tier - 1]
+            if size not in self.cache.flush:
+                self.cache.flush[size] = torch.zeros(2 * size // 4, device=self.device)
+            seconds = _cold_replay_seconds(call, self.device, self.cache.flush[size])
         else:
             seconds = _replay_seconds(call, self.device)
         self.cache.record(key, max(0.0, seconds - self.cache.call_overhead_s))
 
-    def _met_cold(self, tensors: list[torch.Tensor]) -> bool:
-        """Whether ``COLD_SHARE`` of the bytes the call read and wrote, and at least
-        ``MIN_COLD_BYTES``, lie farther back than the cache holds (``reuse``)."""
+    def _tier(self, tensors: list[torch.Tensor]) -> int:
+        """How many cache levels the call's data lay beyond: the levels past which at least
+        ``COLD_SHARE`` of the bytes it read and wrote, and ``MIN_COLD_BYTES``, were last
+        touched (0: warm; 1: past the smallest level, so from the next; ...)."""
         if self.reuse is None:
-            return False
+            return 0
         total = sum(t.numel() * t.element_size() for t in tensors)
-        return self.reuse.far_bytes(tensors) >= max(MIN_COLD_BYTES, COLD_SHARE * total)
+        enough = max(MIN_COLD_BYTES, COLD_SHARE * total)
+        return sum(far >= enough for far in self.reuse.far_bytes(tensors, self.caches))
 
     def _touch(self, tensors: list[torch.Tensor]) -> None:
         if self.reuse is not None:
@@ -311,12 +318,12 @@ def _replay_seconds(call: Callable[[], object], device: torch.device) -> float:
 
 def _cold_replay_seconds(call: Callable[[], object], device: torch.device,
                          flush: torch.Tensor) -> float:
-    """Seconds of one ``call`` after ``flush`` (twice the cache) is written, evicting the
+    """Seconds of one ``call`` after ``flush`` (twice a cache level) is read, evicting the
     call's inputs: the fastest of ``REPLAY_ROUNDS`` such calls (one untimed call first)."""
     call()
     times = []
     for _ in range(REPLAY_ROUNDS):
-        flush.add_(1.0)
+        flush.sum()                      # read: evicts without leaving lines to write back
         synchronize(device)
         start = time.perf_counter()
         call()

@@ -3,7 +3,8 @@
 The roofline replays every operator alone, right after the step ran it, so the replay
 finds the operator's data in the cache. The step itself does not always: data last
 touched farther back than the last-level cache holds comes from DRAM. ``ReuseTracker``
-follows a step's operators and, for each call, says how many of its bytes are *far*.
+follows a step's operators and, for each call and cache level, says how many of its
+bytes are *far*: touched longer ago than that level holds.
 
 Memory is tracked by address in blocks of ``BLOCK_BYTES``, not by tensor: a cache holds
 addresses, whichever tensor lives there. A view counts only the blocks it covers, so a
@@ -26,20 +27,32 @@ BLOCK_BYTES = 16 << 10         # the granularity of the tracking
 MAX_RUNS = 4096                # contiguous runs listed per view; more: its whole span
 
 
-def last_level_cache_bytes(device) -> int | None:
-    """The largest cache Linux lists for CPU 0 (sysfs), else None: unknown, or not a CPU
-    (on an accelerator a single timed call is mostly its launch, which the launch term
-    already holds, so the roofline replays everything warm there)."""
+def cache_levels(device) -> tuple[int, ...]:
+    """The sizes of CPU 0's data caches from level 2 up, smallest first (sysfs; e.g.
+    (1 MiB, 32 MiB)); () where unknown or not a CPU (on an accelerator a single timed call
+    is mostly its launch, which the launch term already holds, so the roofline replays
+    everything warm there). Level 1 is left out: a call finds little there even warm."""
     if torch.device(device).type != "cpu":
-        return None
-    sizes = []
-    for entry in CPU_CACHES.glob("index*/size"):
-        text = entry.read_text().strip().upper()
-        scale = {"K": 1 << 10, "M": 1 << 20}.get(text[-1:], 1)
-        digits = text.rstrip("KM")
-        if digits.isdigit():
-            sizes.append(int(digits) * scale)
-    return max(sizes, default=None)
+        return ()
+    sizes = set()
+    for folder in CPU_CACHES.glob("index*"):
+        try:
+            level = int((folder / "level").read_text())
+            kind = (folder / "type").read_text().strip()
+            size = _size((folder / "size").read_text())
+        except (OSError, ValueError):
+            continue
+        if level >= 2 and kind in ("Data", "Unified") and size:
+            sizes.add(size)
+    return tuple(sorted(sizes))
+
+
+def _size(text: str) -> int | None:
+    """sysfs's "1024K" / "32M" / "512" in bytes (None if unreadable)."""
+    text = text.strip().upper()
+    scale = {"K": 1 << 10, "M": 1 << 20}.get(text[-1:], 1)
+    digits = text.rstrip("KM")
+    return int(digits) * scale if digits.isdigit() else None
 
 
 def byte_runs(tensor: torch.Tensor) -> list[tuple[int, int]]:
@@ -72,22 +85,22 @@ class ReuseTracker:
     """The bytes moved so far (``traffic``: each call's distinct inputs and outputs) and
     the traffic at which each block was last touched."""
 
-    def __init__(self, cache_bytes: int):
-        self.cache_bytes = cache_bytes
+    def __init__(self):
         self.traffic = 0
         self.touched: dict[int, int] = {}          # block -> traffic when last touched
 
-    def far_bytes(self, tensors: list[torch.Tensor]) -> float:
-        """The bytes of ``tensors`` in blocks last touched more than ``cache_bytes`` of
-        traffic ago, or never."""
-        far = 0.0
+    def far_bytes(self, tensors: list[torch.Tensor], levels: tuple[int, ...]) -> list[float]:
+        """For each cache size in ``levels``: the bytes of ``tensors`` in blocks last
+        touched more than that many bytes of traffic ago, or never."""
+        far = [0.0] * len(levels)
         for tensor in tensors:
             blocks = _blocks(tensor)
             if not blocks:
                 continue
-            gone = sum(1 for b in blocks
-                       if self.traffic - self.touched.get(b, -math.inf) > self.cache_bytes)
-            far += tensor.numel() * tensor.element_size() * gone / len(blocks)
+            share = tensor.numel() * tensor.element_size() / len(blocks)   # bytes per block
+            distances = [self.traffic - self.touched.get(b, -math.inf) for b in blocks]
+            for i, size in enumerate(levels):
+                far[i] += share * sum(1 for d in distances if d > size)
         return far
 
     def touch(self, tensors: list[torch.Tensor]) -> None:
