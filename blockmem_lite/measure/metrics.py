@@ -39,8 +39,7 @@ from blockmem_lite.compiling import is_decoding_compiled
 from blockmem_lite.config import ModelConfig
 from blockmem_lite.measure.flops import dense_layer_flops
 from blockmem_lite.models.base import build_model
-from blockmem_lite.runtime import (autocast_context, keep_freed_memory, seed_everything,
-                                   synchronize)
+from blockmem_lite.runtime import autocast_context, keep_freed_memory, seed_everything, synchronize
 from blockmem_lite.validation import check_positive
 
 # --------------------------------------------------------------------------------------

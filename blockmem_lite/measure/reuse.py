@@ -61,7 +61,8 @@ def byte_runs(tensor: torch.Tensor) -> list[tuple[int, int]]:
     if tensor.numel() == 0:
         return []
     size = tensor.element_size()
-    dims = [(n, s) for n, s in zip(tensor.shape, tensor.stride()) if n > 1 and s != 0]
+    dims = [(n, s) for n, s in zip(tensor.shape, tensor.stride(), strict=True)
+            if n > 1 and s != 0]
     run = 1                                     # elements in one contiguous run
     while dims and dims[-1][1] == run:          # the innermost dims that are contiguous
         run *= dims.pop()[0]
