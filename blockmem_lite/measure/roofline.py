@@ -33,8 +33,8 @@ bandwidth, launches x t_launch)``, each found by a record above 105% of its ceil
 3. *The Python around the operators is measured*: the kit's decoding step spends about
    9 us per operator where the dispatch probe costs 2.5; without it the class report's
    MoC and HOnly decoded at 107-145% of their ceilings.
-4. *An operator that meets its data cold is replayed cold* (``opcount``'s docstring: the
-   reuse distance of each block of memory against the last-level cache). Replayed warm,
+4. *An operator that meets its data past a cache level is replayed past it* (``opcount``'s
+   docstring: the reuse distance of each block of memory against each level). Replayed warm,
    dense decoding at t = 4096 reached 48% of its bound, since its 32 MiB key/value cache
    and its weights come from DRAM every step, and every mechanism decoded at 116-127% of
    its ceiling; replayed cold, 51-62%.
