@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-CPU_CACHES = Path("/sys/devices/system/cpu/cpu0/cache")      # Linux: index*/size, e.g. "32768K"
+CPU_CACHES = Path("/sys/devices/system/cpu/cpu0/cache")   # Linux: index*/{level,type,size}
 BLOCK_BYTES = 16 << 10         # the granularity of the tracking
 MAX_RUNS = 4096                # contiguous runs listed per view; more: its whole span
 
