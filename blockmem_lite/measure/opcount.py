@@ -228,7 +228,7 @@ class _Counter(TorchDispatchMode):
         if not self.pricing:
             out = func(*args, **kwargs)
             if not func.is_view:
-                self._touch(list(_distinct_tensors((args, kwargs, out))))
+                self.reuse.touch(list(_distinct_tensors((args, kwargs, out))))
             return out
         if func.is_view:
             self.views += 1
@@ -238,7 +238,6 @@ class _Counter(TorchDispatchMode):
         out = func(*args, **kwargs)
         tensors = list(_distinct_tensors((args, kwargs, out)))
         tier = self._tier(tensors)
-        self._touch(tensors)
         self.cold_launches += tier > 0
         key = (signature, tier)
         if self.cache.wants(key):
@@ -251,7 +250,7 @@ class _Counter(TorchDispatchMode):
             if formula is not None:
                 self.heavy_flops += formula(*args, **kwargs, out_val=out)
         else:
-            self.other_bytes += _distinct_bytes(args, kwargs, out)
+            self.other_bytes += _nbytes(tensors)
         return out
 
     def _replay(self, key: tuple, func, args, kwargs) -> None:
@@ -276,16 +275,12 @@ class _Counter(TorchDispatchMode):
     def _tier(self, tensors: list[torch.Tensor]) -> int:
         """How many cache levels the call's data lay beyond: the levels past which at least
         ``COLD_SHARE`` of the bytes it read and wrote, and ``MIN_COLD_BYTES``, were last
-        touched (0: warm; 1: past the smallest level, so from the next; ...)."""
+        touched (0: warm; 1: past the smallest level, so from the next; ...). The call's
+        blocks are marked touched now."""
         if self.reuse is None:
             return 0
-        total = sum(t.numel() * t.element_size() for t in tensors)
-        enough = max(MIN_COLD_BYTES, COLD_SHARE * total)
-        return sum(far >= enough for far in self.reuse.far_bytes(tensors, self.caches))
-
-    def _touch(self, tensors: list[torch.Tensor]) -> None:
-        if self.reuse is not None:
-            self.reuse.touch(tensors)
+        enough = max(MIN_COLD_BYTES, COLD_SHARE * _nbytes(tensors))
+        return sum(far >= enough for far in self.reuse.visit(tensors, self.caches))
 
 
 def _call_overhead_seconds(device: torch.device) -> float:
@@ -370,9 +365,8 @@ def _distinct_tensors(values):
             yield tensor
 
 
-def _distinct_bytes(args, kwargs, out) -> int:
-    """Bytes of the distinct tensors among the inputs and outputs."""
-    return sum(t.numel() * t.element_size() for t in _distinct_tensors((args, kwargs, out)))
+def _nbytes(tensors: list[torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def _signature(func, args, kwargs) -> tuple:

@@ -93,9 +93,22 @@ class ReuseTracker:
     def far_bytes(self, tensors: list[torch.Tensor], levels: tuple[int, ...]) -> list[float]:
         """For each cache size in ``levels``: the bytes of ``tensors`` in blocks last
         touched more than that many bytes of traffic ago, or never."""
+        return self._far([(t, _blocks(t)) for t in tensors], levels)
+
+    def touch(self, tensors: list[torch.Tensor]) -> None:
+        """Add the bytes of ``tensors`` to the traffic and mark their blocks touched now."""
+        self._mark([(t, _blocks(t)) for t in tensors])
+
+    def visit(self, tensors: list[torch.Tensor], levels: tuple[int, ...]) -> list[float]:
+        """``far_bytes``, then ``touch``, each tensor's blocks listed once."""
+        covered = [(t, _blocks(t)) for t in tensors]
+        far = self._far(covered, levels)
+        self._mark(covered)
+        return far
+
+    def _far(self, covered: list, levels: tuple[int, ...]) -> list[float]:
         far = [0.0] * len(levels)
-        for tensor in tensors:
-            blocks = _blocks(tensor)
+        for tensor, blocks in covered:
             if not blocks:
                 continue
             share = tensor.numel() * tensor.element_size() / len(blocks)   # bytes per block
@@ -104,9 +117,8 @@ class ReuseTracker:
                 far[i] += share * sum(1 for d in distances if d > size)
         return far
 
-    def touch(self, tensors: list[torch.Tensor]) -> None:
-        """Add the bytes of ``tensors`` to the traffic and mark their blocks touched now."""
-        self.traffic += sum(t.numel() * t.element_size() for t in tensors)
-        for tensor in tensors:
-            for block in _blocks(tensor):
+    def _mark(self, covered: list) -> None:
+        self.traffic += sum(t.numel() * t.element_size() for t, _ in covered)
+        for _, blocks in covered:
+            for block in blocks:
                 self.touched[block] = self.traffic
