@@ -21,7 +21,7 @@ def faults_of_a_fresh_40_mib_tensor():
     torch.ones(10 << 20)                      # 40 MiB written, then freed
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
 warm_up = [faults_of_a_fresh_40_mib_tensor() for _ in range(2)]
-print(json.dumps({"kept": kept, "later": [faults_of_a_fresh_40_mib_tensor() for _ in range(5)]}))
+print(json.dumps({"kept": kept, "later": [faults_of_a_fresh_40_mib_tensor() for _ in range(7)]}))
 """
 
 
@@ -39,7 +39,12 @@ def _child(env_value: str | None) -> dict:
 def test_a_freed_tensor_is_reused_without_page_faults():
     kept = _child(None)
     assert kept["kept"] is True
-    assert max(kept["later"]) < 100                   # 40 MiB fresh from the system: 10,240
+    # 40 MiB fresh from the system: 10,240 faults. A CI run once saw the first of five calls
+    # fault 10,240 times and the other four none (not reproduced here: the kernel can unmap
+    # a process's pages on its own, e.g. to migrate them), so most calls, not all, must
+    # reuse the memory; left alone, every call faults.
+    assert sorted(kept["later"])[len(kept["later"]) // 2] < 100
+    assert sum(faults > 5000 for faults in kept["later"]) <= 2
     left_alone = _child("0")
     assert left_alone["kept"] is False
     assert min(left_alone["later"]) > 5000            # past glibc's 32 MiB mmap threshold:

@@ -8,6 +8,9 @@ import hashlib
 import io
 import os
 import shutil
+import signal
+import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -165,6 +168,26 @@ def test_the_fallback_hides_the_environment_and_ends_the_session(classroom, monk
     assert result == {("mallory", "nb01-c3"): "passed", ("mallory", "nb01-c5"): "passed"}
     assert not _processes_with_mark(mark)
     assert "NOT hidden" in (grades / "grades.md").read_text().splitlines()[0]
+
+
+def test_ending_the_run_waits_until_its_processes_have_exited():
+    """SIGKILL returns before the process is gone: a process holding 1 GiB takes tens of
+    milliseconds to tear down, so the grades must wait for it, not only send the signal."""
+    token = uuid.uuid4().hex
+    child = subprocess.Popen(
+        [sys.executable, "-c", "b = b'x' * (1 << 30); print('ready', flush=True); "
+         "import time; time.sleep(60)"],
+        env={**os.environ, sandbox.TOKEN_VARIABLE: token}, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        run = sandbox.Sandbox.__new__(sandbox.Sandbox)     # no folders: only its token
+        run.token = token
+        run.end_every_process()
+        assert not sandbox._running(child.pid)
+        assert child.wait(timeout=5) == -signal.SIGKILL
+    finally:
+        child.kill()
+        child.wait()
 
 
 def test_the_minimal_environment_holds_nothing_of_the_teacher(tmp_path, monkeypatch):

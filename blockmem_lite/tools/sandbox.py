@@ -32,6 +32,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -178,14 +179,22 @@ class Sandbox:
                                       ip=str(self.connection / "socket"),
                                       connection_file=str(self.connection / "kernel.json"))
 
-    def end_every_process(self) -> None:
-        """Kill what is left of the run: under bubblewrap the namespace is already gone with
-        its kernel; otherwise every process carrying the run's token."""
-        for pid in _processes_with(TOKEN_VARIABLE, self.token):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+    def end_every_process(self, rounds: int = 5, wait_seconds: float = 5.0) -> None:
+        """Kill what is left of the run and wait until it has exited: under bubblewrap the
+        namespace is already gone with its kernel; otherwise every process carrying the
+        run's token. The search is repeated (up to ``rounds`` times) so a process started
+        while the others were killed is found too; a killed process counts as gone once it
+        has exited (a zombie), since SIGKILL ends it only after the kernel tears it down."""
+        for _ in range(rounds):
+            found = _processes_with(TOKEN_VARIABLE, self.token)
+            if not found:
+                return
+            for pid in found:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            _wait_until_exited(found, wait_seconds)
 
 
 def _interpreter_and_kit() -> list[Path]:
@@ -199,6 +208,25 @@ def _interpreter_and_kit() -> list[Path]:
     inside = sorted(p.resolve() for p in places
                     if p.resolve().is_relative_to(tmp) and p.resolve().exists())
     return [p for p in inside if not any(p != q and p.is_relative_to(q) for q in inside)]
+
+
+def _wait_until_exited(pids: list[int], timeout: float) -> None:
+    """Poll /proc until every one of ``pids`` is gone or a zombie, or ``timeout`` passes."""
+    deadline = time.monotonic() + timeout
+    left = list(pids)
+    while left and time.monotonic() < deadline:
+        left = [pid for pid in left if _running(pid)]
+        if left:
+            time.sleep(0.01)
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` exists and has not exited (state Z/X: exited, not yet reaped)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[0] not in ("Z", "X")
 
 
 def _processes_with(variable: str, value: str) -> list[int]:
