@@ -1,5 +1,5 @@
-"""The lab's recall models on worker processes (``lab.parts``): the same parts as the lab's
-own process trains, each handed over as it ends; a stop or a dead worker loses nothing
+"""The lab's recall and facts models on worker processes (``lab.parts``): the same parts as
+the lab's own process trains, each handed over as it ends; a stop or a dead worker loses nothing
 finished and leaves no process behind; bad settings are refused before any work."""
 
 import multiprocessing
@@ -38,6 +38,24 @@ def test_workers_train_the_same_parts_as_the_lab_process(tmp_path, monkeypatch):
     assert set(apart["parts"]) == {"dense/model/0", "bcmt/model/0", "bcmt/twin/0"}
     assert apart["parts"] == here["parts"]
     assert apart["memory_pays"] == here["memory_pays"]
+
+
+def test_facts_models_train_on_the_workers_beside_the_recall_models(tmp_path, monkeypatch):
+    """The facts tables of MoC and its iso-FLOP dense go to the workers with the recall
+    models (one thread everywhere: the same bits as in the lab's process)."""
+    corpus = load_corpus("offline")
+    here = lab.Lab("tiny", tmp_path / "here", archs=["moc"], corpus=corpus, progress=False,
+                   tasks=("facts",), workers=0).run()
+    monkeypatch.setattr(lab_run, "facts_part", lambda *a, **k: pytest.fail(
+        "a facts model was trained in the lab's process"))
+    apart = lab.Lab("tiny", tmp_path / "apart", archs=["moc"], corpus=corpus, progress=False,
+                    tasks=("facts", "recall"), workers=2).run()
+    facts = {key for key in apart["parts"] if key.startswith("facts:")}
+    assert facts == {"facts:moc/2", "facts:dense iso-FLOP (moc)/2"}
+    assert any(not key.startswith("facts:") for key in apart["parts"])   # recall beside them
+    assert {key: apart["parts"][key] for key in facts} == here["parts"]
+    assert apart["knowledge"] == here["knowledge"]
+    assert apart["done"]["facts/moc"]["counts"] == here["done"]["facts/moc"]["counts"]
 
 
 def test_jobs_are_handed_out_costliest_first(tmp_path):

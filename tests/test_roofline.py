@@ -97,6 +97,54 @@ def test_small_far_data_is_not_replayed_cold():
     assert c.cold_launches == 0          # below MIN_COLD_BYTES: the flush, not the data
 
 
+class _Event:
+    """A raw profiler event as ``_top_level_operator_ns`` reads it."""
+
+    def __init__(self, name, thread, start, duration):
+        self._values = name, thread, start, duration
+
+    def name(self):
+        return self._values[0]
+
+    def start_thread_id(self):
+        return self._values[1]
+
+    def start_ns(self):
+        return self._values[2]
+
+    def duration_ns(self):
+        return self._values[3]
+
+
+def test_operators_are_timed_once_however_nested_and_per_thread():
+    events = [_Event("aten::linear", 1, 0, 100),          # its addmm lies inside: 100
+              _Event("aten::addmm", 1, 10, 80),
+              _Event("aten::add", 1, 150, 20),            # 20 more, after a gap
+              _Event("aten::mul", 1, 160, 30),            # overlaps add's end: 20 more
+              _Event("python_function", 1, 300, 500),     # not an operator
+              _Event("aten::mm", 2, 0, 50)]               # another thread: its own 50
+    assert opcount._top_level_operator_ns(events) == 100 + 20 + 20 + 50
+
+
+def test_the_raw_events_give_the_profilers_own_top_level_time():
+    """Same figure as summing ``prof.events()``'s operators that no operator called."""
+    layer = torch.nn.Linear(64, 64)
+    x = torch.randn(32, 64, requires_grad=True)
+    prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+    with prof:
+        layer(x).relu().sum().backward()
+
+    def called_by_an_operator(event):
+        parent = event.cpu_parent
+        while parent is not None and not parent.name.startswith("aten::"):
+            parent = parent.cpu_parent
+        return parent is not None
+    parsed_us = sum(e.time_range.elapsed_us() for e in prof.events()
+                    if e.name.startswith("aten::") and not called_by_an_operator(e))
+    raw_ns = opcount._top_level_operator_ns(prof.profiler.kineto_results.events())
+    assert raw_ns > 0 and raw_ns / 1e3 == pytest.approx(parsed_us, rel=1e-6)
+
+
 def test_the_host_share_is_the_time_outside_every_operator():
     a = torch.randn(4, 4)
 

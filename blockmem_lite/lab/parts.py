@@ -1,4 +1,4 @@
-"""The recall models of the lab, trained one per CPU core side by side.
+"""The lab's small models (recall and facts), trained one per CPU core side by side.
 
 The recall experiment trains many small independent models (every entry, seed and twin
 at the recall recipe's sizes: d=64, T=64, batch 32). A step of such a model spends about
@@ -22,11 +22,14 @@ verdicts held). On one thread everywhere (the tests) the results are equal bit f
 
 The class language models (d=128, T=256, batch 16) are matmul-bound and do scale with
 threads (dense 215 ms a step on 2 threads, 380 on 1, 420 each two at once: nothing to
-gain), so the lab trains those, and the facts models of the same width, in its own
-process on every thread.
+gain), so the lab trains those in its own process on every thread. The facts models
+have the same width at half the length (T=128, batch 16, optimizer step included): MoC's
+took 155 ms a step on 2 threads, 220 on 1 and 243-248 each two at once, 1.27x the
+throughput, so they join the recall models on the workers (``FactsJob``), where they
+also fill the gap the last long recall model leaves.
 
-``recall_part`` trains and measures one recall model, in the lab's process or in a
-worker; ``train_in_workers`` runs a list of ``RecallJob`` on a pool of worker processes
+``recall_part`` and ``facts_part`` train and measure one model, in the lab's process or
+in a worker; ``train_in_workers`` runs a list of jobs on a pool of worker processes
 (``forkserver``: fresh processes, started once, that never inherit a notebook kernel's
 threads), hands each result to the caller as it arrives (the lab stores it at once),
 turns the workers' step reports into one progress fraction and their probes into the
@@ -55,7 +58,7 @@ from typing import Callable
 
 import torch
 
-from blockmem_lite import distributed, recall, registry
+from blockmem_lite import distributed, knowledge, recall, registry
 from blockmem_lite.config import ModelConfig, RunConfig
 from blockmem_lite.measure import metrics
 from blockmem_lite.models.base import build_model
@@ -112,15 +115,56 @@ class RecallJob:
         """Forward FLOPs of the whole training, over every stage at its own length: what
         orders the jobs, longest first (a mechanism without a FLOP model is priced as dense
         of its sizes)."""
-        dense = ModelConfig(registry.BASELINE, d_model=self.cfg.d_model, n_layer=self.cfg.n_layer,
-                            n_head=self.cfg.n_head, vocab_size=self.cfg.vocab_size,
-                            seq_len=self.cfg.seq_len)
+        dense = _dense_of(self.cfg)
         total = 0.0
         for stage in recall.stages(self.recipe, self.spec.recall_curriculum):
             per_token = (metrics.flops_per_token(self.cfg, stage.seq_len)
                          or metrics.flops_per_token(dense, stage.seq_len))
             total += stage.steps * stage.batch_size * stage.seq_len * per_token
         return total
+
+    task = "recall"                 # the lab's task it belongs to
+    watched = True                  # a live view may follow its recall accuracy
+
+    def train(self, callbacks_for: Callable = lambda name, stage: []) -> dict:
+        return recall_part(self, callbacks_for)
+
+
+@dataclass(frozen=True)
+class FactsJob:
+    """One facts model: a lab entry pretrained on a table of ``count`` entities."""
+
+    key: str                        # its part's key in results["parts"]
+    label: str
+    name: str                       # shown while it trains, e.g. "moc facts 64"
+    arch: str
+    cfg: ModelConfig                # at the facts recipe's length
+    run: RunConfig
+    recipe: knowledge.FactsRecipe
+    count: int
+
+    @property
+    def steps(self) -> int:
+        return self.recipe.steps
+
+    @property
+    def cost(self) -> float:
+        """Forward FLOPs of the whole training (as ``RecallJob.cost``)."""
+        per_token = metrics.flops_per_token(self.cfg, self.recipe.seq_len) or \
+            metrics.flops_per_token(_dense_of(self.cfg), self.recipe.seq_len)
+        return self.steps * self.recipe.batch_size * self.recipe.seq_len * per_token
+
+    task = "facts"
+    watched = False
+
+    def train(self, callbacks_for: Callable = lambda name, stage: []) -> dict:
+        return facts_part(self, callbacks_for)
+
+
+def _dense_of(cfg: ModelConfig) -> ModelConfig:
+    """Dense at ``cfg``'s sizes: the price of a mechanism without a FLOP model."""
+    return ModelConfig(registry.BASELINE, d_model=cfg.d_model, n_layer=cfg.n_layer,
+                       n_head=cfg.n_head, vocab_size=cfg.vocab_size, seq_len=cfg.seq_len)
 
 
 def recall_part(job: RecallJob, callbacks_for: Callable = lambda name, stage: []) -> dict:
@@ -149,13 +193,27 @@ def recall_part(job: RecallJob, callbacks_for: Callable = lambda name, stage: []
     return measured
 
 
+def facts_part(job: FactsJob, callbacks_for: Callable = lambda name, stage: []) -> dict:
+    """``job``'s model (fresh, seeded) pretrained on its table of facts and measured
+    (``knowledge.measure``)."""
+    facts = knowledge.table(job.count, job.recipe)
+    run = dataclasses.replace(job.run, model=job.cfg,
+                              train=job.recipe.train_config(job.run.train))
+    seed_everything(job.recipe.seed)
+    model = build_model(job.cfg)
+    finished(Trainer(model, run.replace(checkpoint_dir=None),
+                     knowledge.training_windows(facts, job.recipe),
+                     callbacks=callbacks_for(job.name, 0)).fit())
+    return distributed.current().on_main(lambda: knowledge.measure(model, facts, job.recipe))
+
+
 def can_run_in_workers(arch: str) -> bool:
     """Whether a fresh process can build ``arch`` (a built-in, an installed entry point or a
     plugin file; not a mechanism defined in this notebook or session)."""
     return bool(registry.source(arch))
 
 
-def worker_count(jobs: list[RecallJob], device: torch.device, workers=None) -> int:
+def worker_count(jobs: list, device: torch.device, workers=None) -> int:
     """How many worker processes to use: ``workers`` when given, else one per thread torch
     uses here on a CPU with at least two, and none (train in this process) on an
     accelerator, under torchrun, or for fewer than two jobs."""
@@ -208,12 +266,12 @@ class _Reporter:
                           accuracy))
 
 
-def _run_job(index: int, job: RecallJob, watched: bool) -> tuple[int, dict]:
-    every = max(1, job.recipe.steps // PROBE_POINTS) if watched else None
-    return index, recall_part(job, lambda shown, k: [_Reporter(index, job, every, shown, k)])
+def _run_job(index: int, job, watched: bool) -> tuple[int, dict]:
+    every = max(1, job.recipe.steps // PROBE_POINTS) if watched and job.watched else None
+    return index, job.train(lambda shown, k: [_Reporter(index, job, every, shown, k)])
 
 
-def train_in_workers(jobs: list[RecallJob], workers: int, on_result: Callable,
+def train_in_workers(jobs: list, workers: int, on_result: Callable,
                      on_progress: Callable = lambda fraction, text: None,
                      live_for: Callable | None = None) -> None:
     """Train ``jobs`` on ``workers`` processes, the costliest first (``RecallJob.cost``: a
@@ -249,7 +307,7 @@ def train_in_workers(jobs: list[RecallJob], workers: int, on_result: Callable,
                     raise TrainingStopped(history)
                 _drain(reports, jobs, done_steps, views, live_for)
                 on_progress(sum(done_steps.values()) / total_steps,
-                            f"{len(jobs) - len(pending)} of {len(jobs)} recall models on "
+                            f"{len(jobs) - len(pending)} of {len(jobs)} small models on "
                             f"{workers} processes")
                 for future in [f for f in pending if f.done()]:
                     i = pending.pop(future)
@@ -260,27 +318,27 @@ def train_in_workers(jobs: list[RecallJob], workers: int, on_result: Callable,
         reports.close()
 
 
-def costliest_first(jobs: list[RecallJob]) -> list[int]:
+def costliest_first(jobs: list) -> list[int]:
     """The indices of ``jobs`` in the order they are handed out: by ``cost``, highest first
     (equal costs keep the plan's order)."""
     return sorted(range(len(jobs)), key=lambda i: -jobs[i].cost)
 
 
 class WorkerLost(RuntimeError):
-    """A worker process died (killed, or out of memory) while training a recall model."""
+    """A worker process died (killed, or out of memory) while training a model."""
 
 
-def _result_of(future, job: RecallJob) -> dict:
+def _result_of(future, job) -> dict:
     """A finished job's measurements; its error raised, naming the model."""
     try:
         _, measured = future.result()
     except BrokenProcessPool:
-        raise WorkerLost(f"a worker process died while training the recall model {job.name!r} "
+        raise WorkerLost(f"a worker process died while training the {job.task} model {job.name!r} "
                          "(killed, or out of memory); the models finished before it are "
                          "kept: run the same command again to continue, or with workers=0 "
                          "(--workers 0) to train one model at a time in this process") from None
     except FloatingPointError as err:            # a training broke: say whose
-        err.label = job.label
+        err.label, err.task = job.label, job.task
         raise
     return measured
 

@@ -1,8 +1,8 @@
 """The lab's progress: one text bar over the whole plan of a ``reproduce`` run, with an ETA.
 
-Training steps feed it between tasks (it is a ``Trainer`` callback); the recall models
-trained on worker processes (``lab.parts``) show as one task, and count as done once
-they are.
+Training steps feed it between tasks (it is a ``Trainer`` callback); the recall and facts
+models trained on worker processes (``lab.parts``) show as one task, and count as done
+once they are.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ class PlanProgress:
         """The models of ``tasks`` train on worker processes, shown as one task; once they
         are done, those tasks count as done (``end_workers``) and add nothing when they run."""
         weight = sum(self.WEIGHT[task] for task, _ in tasks)
-        self.current, self.weight, self.fraction = "recall models", weight, 0.0
+        self.current, self.weight, self.fraction = "small models", weight, 0.0
         self._workers = tasks
         self._print(force=True)
 

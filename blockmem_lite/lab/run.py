@@ -56,7 +56,7 @@ from blockmem_lite.checkpoints import atomic_write, atomic_write_bytes, prepare_
 from blockmem_lite.config import PRESET_NAMES, ModelConfig, RunConfig, preset
 from blockmem_lite.corpora import data_dir, load_corpus, make_loaders
 from blockmem_lite.lab import parts
-from blockmem_lite.lab.parts import RecallJob, finished, recall_part
+from blockmem_lite.lab.parts import FactsJob, RecallJob, facts_part, finished, recall_part
 from blockmem_lite.lab.progress import PlanProgress
 from blockmem_lite.lab.report import write_report
 from blockmem_lite.lab.verdicts import claims_table, knowledge_pays, memory_pays
@@ -244,9 +244,9 @@ class Lab:
 
     # --- running -------------------------------------------------------------------------
     def run(self) -> dict:
-        """Every task not stored yet, in plan order (the recall models first, on worker
-        processes where that pays); then the report."""
-        self._recall_in_workers()
+        """Every task not stored yet, in plan order (the recall and facts models first, on
+        worker processes where that pays); then the report."""
+        self._train_in_workers()
         for task, label in self.plan:
             key = f"{task}/{label}"
             if key in self.results["done"]:
@@ -379,7 +379,7 @@ class Lab:
     def _recall_part(self, label: str, role: str, cfg: ModelConfig,
                      recipe: recall.RecallRecipe, seed: int) -> dict:
         """One recall model trained and measured at every variant (stored in "parts"), here,
-        unless the workers trained it already (``_recall_in_workers``)."""
+        unless the workers trained it already (``_train_in_workers``)."""
         job, parts_done = self._recall_job(label, role, cfg, seed), self.results.setdefault(
             "parts", {})
         if job.key in parts_done:
@@ -394,16 +394,16 @@ class Lab:
         self._store_results()
         return parts_done[job.key]
 
-    def _recall_in_workers(self) -> None:
-        """The recall models of the plan not stored yet, on worker processes (``lab.parts``:
-        one per CPU thread); each stored as it ends. Nothing happens with fewer than two
-        workers, and a mechanism a fresh process cannot build trains later, here."""
+    def _train_in_workers(self) -> None:
+        """The recall and facts models of the plan not stored yet, on worker processes
+        (``lab.parts``: one per CPU thread); each stored as it ends. Nothing happens with
+        fewer than two workers, and a mechanism a fresh process cannot build trains later,
+        here."""
         stored = self.results.setdefault("parts", {})
-        pending = [label for task, label in self.plan
-                   if task == "recall" and f"recall/{label}" not in self.results["done"]]
-        jobs = [self._recall_job(label, role, cfg, seed) for label in pending
-                for role, cfg in self._recall_roles(label).items()
-                for seed in self.recipe.seeds_of(role)]
+        pending = [(task, label) for task, label in self.plan if task in ("recall", "facts")
+                   and f"{task}/{label}" not in self.results["done"]]
+        jobs = [job for task, label in pending for job in (
+            self._recall_jobs(label) if task == "recall" else self._facts_jobs(label))]
         jobs = [j for j in jobs if j.key not in stored]
         here = {j.label for j in jobs if not parts.can_run_in_workers(j.arch)}
         jobs = [j for j in jobs if j.label not in here]
@@ -412,11 +412,11 @@ class Lab:
         if not workers:
             return
 
-        def keep(job: RecallJob, measured: dict) -> None:
+        def keep(job, measured: dict) -> None:
             stored[job.key] = measured
             self._store_results()
 
-        self.progress.begin_workers([("recall", label) for label in pending
+        self.progress.begin_workers([(task, label) for task, label in pending
                                      if label not in here])
         completed = False
         try:
@@ -424,35 +424,41 @@ class Lab:
                                    live_for=self.recall_live if self.world.is_main else None)
             completed = True
         except FloatingPointError as err:                 # a training broke in a worker
-            raise FloatingPointError(self._broken_training("recall", err.label, err)) from None
+            raise FloatingPointError(self._broken_training(err.task, err.label, err)) from None
         finally:
             self.progress.end_workers(completed)
+
+    def _recall_jobs(self, label: str) -> list[RecallJob]:
+        return [self._recall_job(label, role, cfg, seed)
+                for role, cfg in self._recall_roles(label).items()
+                for seed in self.recipe.seeds_of(role)]
+
+    def _facts_jobs(self, label: str) -> list[FactsJob]:
+        """One job per table of facts of the preset's ``FactsRecipe``."""
+        entry, recipe = self.by_label[label], knowledge.FACTS_SIZES[self.preset]
+        cfg = (knowledge.baseline_config(self.by_label[entry.baseline_of].cfg, recipe)
+               if entry.baseline_of else recipe.model_config(entry.cfg))
+        return [FactsJob(f"facts:{label}/{count}", label, f"{label} facts {count}", entry.arch,
+                         cfg, entry.run, recipe, count) for count in recipe.counts]
 
     def _facts(self, label: str) -> dict:
         """The entry pretrained on each table of facts of the preset's ``FactsRecipe`` (a
         baseline at the iso-FLOP config of its mechanism at the recipe's length)."""
-        entry, recipe = self.by_label[label], knowledge.FACTS_SIZES[self.preset]
         start = time.perf_counter()
-        cfg = (knowledge.baseline_config(self.by_label[entry.baseline_of].cfg, recipe)
-               if entry.baseline_of else recipe.model_config(entry.cfg))
-        counts = [self._facts_part(label, cfg, recipe, count) for count in recipe.counts]
-        return {"arch": entry.arch, "baseline_of": entry.baseline_of, "n_layer": cfg.n_layer,
-                "counts": counts, "seconds": time.perf_counter() - start}
+        jobs = self._facts_jobs(label)
+        counts = [self._facts_part(job) for job in jobs]
+        return {"arch": jobs[0].arch, "baseline_of": self.by_label[label].baseline_of,
+                "n_layer": jobs[0].cfg.n_layer, "counts": counts,
+                "seconds": time.perf_counter() - start}
 
-    def _facts_part(self, label: str, cfg: ModelConfig, recipe: knowledge.FactsRecipe,
-                    count: int) -> dict:
-        """One model pretrained on a table of ``count`` entities, measured (a stored part)."""
-        key, parts = f"facts:{label}/{count}", self.results.setdefault("parts", {})
-        if key in parts:
-            return parts[key]
-        entry, facts = self.by_label[label], knowledge.table(count, recipe)
-        run = dataclasses.replace(entry.run, model=cfg, train=recipe.train_config(entry.run.train))
-        seed_everything(recipe.seed)
-        model = build_model(cfg)
-        finished(self._trainer(model, run, knowledge.training_windows(facts, recipe)).fit())
-        parts[key] = self.world.on_main(lambda: knowledge.measure(model, facts, recipe))
-        self._store_results()
-        return parts[key]
+    def _facts_part(self, job: FactsJob) -> dict:
+        """One model pretrained on a table of facts, measured (a stored part), here, unless
+        the workers trained it already."""
+        stored = self.results.setdefault("parts", {})
+        if job.key not in stored:
+            stored[job.key] = facts_part(job, lambda shown, k: [self.progress])
+            self._store_results()
+        return stored[job.key]
 
     def _bench(self, label: str) -> dict:
         """All entries, every variant, timed interleaved with dense at each length (the
