@@ -26,15 +26,17 @@ def _jobs(tmp_path, archs=("bcmt",)) -> list[parts.RecallJob]:
             for seed in run.recipe.seeds_of(role)]
 
 
+def _tiny_lab(folder, archs: list[str], tasks: tuple, workers: int) -> dict:
+    return lab.Lab("tiny", folder, archs=archs, corpus=load_corpus("offline"), progress=False,
+                   tasks=tasks, workers=workers).run()
+
+
 def test_workers_train_the_same_parts_as_the_lab_process(tmp_path, monkeypatch):
     """One thread everywhere (conftest), so the sums run in the same order: equal bits."""
-    corpus = load_corpus("offline")
-    here = lab.Lab("tiny", tmp_path / "here", archs=["bcmt"], corpus=corpus, progress=False,
-                   tasks=("recall",), workers=0).run()
+    here = _tiny_lab(tmp_path / "here", ["bcmt"], ("recall",), workers=0)
     monkeypatch.setattr(lab_run, "recall_part", lambda *a, **k: pytest.fail(
         "a recall model was trained in the lab's process"))
-    apart = lab.Lab("tiny", tmp_path / "apart", archs=["bcmt"], corpus=corpus, progress=False,
-                    tasks=("recall",), workers=2).run()
+    apart = _tiny_lab(tmp_path / "apart", ["bcmt"], ("recall",), workers=2)
     assert set(apart["parts"]) == {"dense/model/0", "bcmt/model/0", "bcmt/twin/0"}
     assert apart["parts"] == here["parts"]
     assert apart["memory_pays"] == here["memory_pays"]
@@ -43,13 +45,10 @@ def test_workers_train_the_same_parts_as_the_lab_process(tmp_path, monkeypatch):
 def test_facts_models_train_on_the_workers_beside_the_recall_models(tmp_path, monkeypatch):
     """The facts tables of MoC and its iso-FLOP dense go to the workers with the recall
     models (one thread everywhere: the same bits as in the lab's process)."""
-    corpus = load_corpus("offline")
-    here = lab.Lab("tiny", tmp_path / "here", archs=["moc"], corpus=corpus, progress=False,
-                   tasks=("facts",), workers=0).run()
+    here = _tiny_lab(tmp_path / "here", ["moc"], ("facts",), workers=0)
     monkeypatch.setattr(lab_run, "facts_part", lambda *a, **k: pytest.fail(
         "a facts model was trained in the lab's process"))
-    apart = lab.Lab("tiny", tmp_path / "apart", archs=["moc"], corpus=corpus, progress=False,
-                    tasks=("facts", "recall"), workers=2).run()
+    apart = _tiny_lab(tmp_path / "apart", ["moc"], ("facts", "recall"), workers=2)
     facts = {key for key in apart["parts"] if key.startswith("facts:")}
     assert facts == {"facts:moc/2", "facts:dense iso-FLOP (moc)/2"}
     assert any(not key.startswith("facts:") for key in apart["parts"])   # recall beside them
