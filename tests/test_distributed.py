@@ -324,7 +324,8 @@ def test_reproduce_under_torchrun_reads_dense_recall_on_every_rank(tmp_path):
         "import sys\nfrom blockmem_lite import distributed, lab\n"
         "distributed.setup()\n"
         f"lab.reproduce('tiny', {str(tmp_path / 'ddp')!r}, archs=['bcmt'], tasks=('recall',),\n"
-        f"              progress=False, dense_recall_from={str(source)!r})\n")
+        f"              progress=False, dense_recall_from={str(source)!r})\n"
+        "distributed.shutdown()\n")     # as the CLI does: a Gloo rank leaving early can abort
     ddp = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                           "--nproc-per-node", "2", str(script)], cwd=ROOT, env=ENV,
                          capture_output=True, text=True, timeout=240)
