@@ -135,7 +135,8 @@ def test_variants_are_interleaved_with_dense_and_get_ratios(twin_arch, monkeypat
 
     monkeypatch.setattr(metrics, "time_interleaved", spy)
     records = bench.run_bench(["twin"], [32], memory=("none",), **TINY)
-    assert counts == [3, 3]                  # dense + L=8 + L=16, per phase, one timing run
+    # dense + L=8 + L=16 together: train in one timing run, decode in one per block
+    assert counts == [3] * (1 + bench.DECODE_BLOCKS)
     assert [(r["arch"], r["variant"]) for r in records if r["phase"] == "train"] == [
         ("dense", ""), ("twin", "L=8"), ("twin", "L=16")]
     dense = {r["phase"]: r for r in records if r["arch"] == "dense"}
@@ -237,6 +238,20 @@ def test_bcmt_and_honly_share_the_block_size_option():
     state = {r["arch"]: r["state_bytes"] for r in records}
     assert state["dense"] > state["honly"] > 0
     assert {r["variant"] for r in records if r["arch"] != "dense"} == {"L=8"}
+
+
+def test_decoding_is_timed_in_blocks_from_a_fresh_prefill(dense_records, monkeypatch):
+    for r in dense_records:                         # repeats=1: one round per block
+        blocks = bench.DECODE_BLOCKS if r["phase"] == "decode" else 1
+        assert len(r["step_times_ms"]) == blocks
+    prefills = []
+    real = metrics.prefill_state
+    monkeypatch.setattr(metrics, "prefill_state",
+                        lambda model, batch, t, **kw: prefills.append(t) or real(model, batch,
+                                                                               t, **kw))
+    bench.run_bench(["dense"], [16], phases=("decode",), memory=("none",),
+                    **{**TINY, "roofline_seconds": None})
+    assert prefills == [16] * (bench.DECODE_BLOCKS + 1)   # every block from t = T; the state
 
 
 # --- roofline --------------------------------------------------------------------------------

@@ -46,6 +46,49 @@ def test_a_call_is_priced_at_its_fastest_replay_in_the_run():
     assert len(cache) == 2
 
 
+def test_the_sweep_prices_every_call_of_a_phase_again_on_fresh_tensors():
+    a, acc = torch.randn(64, 64), torch.zeros(4)
+    cache = opcount.ReplayCache()
+    first = opcount.count_step(lambda: a @ a, "cpu", cache, caches=())
+    second = opcount.count_step(lambda: acc.add_(1), "cpu", cache, caches=())
+    mm, add = (key for key, _, _ in first.tally + second.tally)
+    cache[mm] = cache[add] = 1.0                    # both counted in a slow moment
+    swept = opcount.sweep(cache, [mm, add], "cpu")
+    assert swept == 2 and cache[mm] < 1.0 and cache[add] < 1.0
+    assert first.priced(cache).heavy_s == pytest.approx(cache[mm])
+    assert torch.equal(acc, torch.full((4,), 2.0))  # the step's own tensors are left alone
+    assert cache.replays[mm] == 2                   # the count's replay, then the sweep's
+    cache[mm] = 1.0
+    assert opcount.sweep(cache, [add], "cpu") == 1 and cache[mm] == 1.0   # only those asked
+
+
+def test_a_call_whose_work_depends_on_its_values_keeps_the_price_of_its_count():
+    mask, x = torch.tensor([True, False, True, True]), torch.randn(4, 8)
+    cache = opcount.ReplayCache()
+    count = opcount.count_step(lambda: x[mask], "cpu", cache, caches=())
+    keys = [key for key, _, _ in count.tally]
+    for key in keys:
+        cache[key] = 1.0
+    swept = opcount.sweep(cache, keys, "cpu")
+    kept = [key for key in keys if cache[key] == 1.0]
+    assert kept and swept == len(keys) - len(kept)      # all-False mask: another shape
+    assert all(key not in cache.calls for key in kept)  # and never swept again
+
+
+def test_swept_tensors_keep_the_layout_of_the_step():
+    base = torch.randn(3, 1)
+    layouts = [base.expand(3, 5), torch.randn(5, 3).t(), torch.zeros(0, 4),
+               torch.arange(6).view(2, 3), torch.ones(2, dtype=torch.bool)]
+    for tensor in layouts:
+        made = opcount._materialise(opcount._template(tensor), torch.Generator())
+        assert (made.shape, made.stride(), made.dtype) == \
+            (tensor.shape, tensor.stride(), tensor.dtype)
+        if not tensor.dtype.is_floating_point:
+            assert not made.any()                       # an index is always in range
+        elif made.numel():
+            assert 0.5 <= made.min() and made.max() < 1.0
+
+
 def test_operators_that_write_are_replayed_on_copies():
     a, out = torch.randn(8, 8), torch.zeros(8, 8)
     c = opcount.count_step(lambda: torch.mm(a, a, out=out), "cpu")

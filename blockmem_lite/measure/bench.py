@@ -18,7 +18,11 @@ Phases:
   every length does about the same work per step.
 * ``decode``: after a prefill of t = T tokens, the time of ``model.step``
   (tokens/s of decoding, batch 1 by default). Each timed sample runs
-  ``decode_burst`` steps; ``ms_per_step`` is per token step. ``state_bytes`` is
+  ``decode_burst`` steps; ``ms_per_step`` is per token step. The rounds run in
+  ``DECODE_BLOCKS`` blocks, each from a fresh prefill (the same contexts, t = T on), so
+  the median spans three times the machine's time: a decoding round lasts about 0.3 s,
+  and in one class run a stretch of a second slowed dense's T = 1024 steps from 1.2 to
+  2.2 ms in 4 rounds of 5 (MoC above its roofline ceiling at 111%). ``state_bytes`` is
   ``state.nbytes()`` after a prefill of exactly t tokens.
 * ``compile=True`` (``--compile``): every model of the train / decode phases is
   compiled first (``compiling.compile_training`` / ``compile_decoding``); compiled
@@ -71,13 +75,13 @@ is missing (no FLOP model, peaks not measured, dense itself for the ceiling).
 
 from __future__ import annotations
 
-import json
+import itertools
 import os
 import platform
 import sys
+import time
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
 import torch
 
@@ -90,10 +94,15 @@ from blockmem_lite.measure.bench_compile import (
     compiled,
     timed_warmup,
 )
+from blockmem_lite.measure.bench_table import (  # noqa: F401  (the output, read through here)
+    format_table,
+    rss_delta,
+    text_table,
+    write_json,
+)
 from blockmem_lite.measure.flops import flop_ceiling, training_flops_per_token
 from blockmem_lite.models.base import build_model
 from blockmem_lite.runtime import keep_freed_memory, pick_device, seed_everything
-from blockmem_lite.units import fmt, human_bytes
 from blockmem_lite.validation import fail
 
 PHASES = ("train", "decode")
@@ -105,6 +114,7 @@ RECORD_KEYS = ("arch", "variant", "phase", "seq_len", "batch", "tokens_per_s", "
                "ratio_vs_dense", "flop_ceiling", "frac_of_ceiling", "memory_bytes",
                "memory_method", "state_bytes", "device", "dtype", "threads", "torch_version")
 COUNTED_CALLS = 3    # calls opcount.count_step makes: profiler, reuse distances, counter
+DECODE_BLOCKS = 3    # decoding is timed in this many blocks of rounds, each from the prefill
 NO_MEMORY = {"memory_bytes": None, "memory_method": "none", "saved_bytes": None,
              "rss_peak_bytes": None, "rss_base_bytes": None}
 
@@ -211,12 +221,20 @@ class BenchContext:
         return metrics.prepared_for_bench(build_model(cfg), cfg).to(self.device)
 
     # --- timing, memory, FLOPs ------------------------------------------------------------
-    def time(self, step_fns: list[Callable[[], object]], tokens_per_call) -> list[metrics.Timing]:
-        """Time the functions interleaved (A B A B …); ``tokens_per_call``: int or one per fn."""
+    def time(self, step_fns: list[Callable[[], object]], tokens_per_call,
+             blocks: Iterable[list[Callable[[], object]]] = ()) -> list[metrics.Timing]:
+        """Time the functions interleaved (A B A B …); ``tokens_per_call``: int or one per fn.
+        ``blocks``: further sets of the same functions (fresh ones: a decoding step's
+        state restarts at its prefill), each timed interleaved in turn after ``step_fns``;
+        the median runs over every block's rounds."""
         counts = tokens_per_call if isinstance(tokens_per_call, list) \
             else [tokens_per_call] * len(step_fns)
-        times = metrics.time_interleaved(step_fns, warmup=self.warmup, repeats=self.repeats,
-                                         device=self.device)
+        times: list[list[float]] = [[] for _ in step_fns]
+        for fns in itertools.chain([step_fns], blocks):
+            block = metrics.time_interleaved(fns, warmup=self.warmup, repeats=self.repeats,
+                                             device=self.device)
+            for seconds, more in zip(times, block, strict=True):
+                seconds += more
         return [metrics.summarize_times(t, n) for t, n in zip(times, counts, strict=True)]
 
     def rss(self, cfg: ModelConfig, phase: str, batch: int, seq_len: int, steps: int = 2) -> dict:
@@ -264,7 +282,14 @@ class BenchContext:
 
     def priced(self, costs: list[dict]) -> list[dict]:
         """``costs`` (from ``step_cost``) re-priced from the run's replay cache once every
-        entry of a phase is counted, so each bound uses the fastest replays seen."""
+        entry of a phase is counted and their calls swept once more, interleaved
+        (``opcount.sweep``), so each bound uses the fastest replays seen."""
+        counts = [cost["count"] for cost in costs if cost["count"]]
+        if counts:
+            keys = [key for count in counts for key, _, _ in count.tally]
+            seconds = time.perf_counter()
+            swept = opcount.sweep(self.replays, keys, self.device)
+            self.log(f"swept {swept:,} calls in {time.perf_counter() - seconds:.1f} s")
         return [{**cost, "count": cost["count"].priced(self.replays) if cost["count"] else None}
                 for cost in costs]
 
@@ -375,15 +400,19 @@ def bench_phase(ctx: BenchContext, entries: list[Entry], phase: str, seq_len: in
                                          precision=ctx.precision) for m in models]
         tokens_per_call, per_call = batch * seq_len, 1
     else:
-        steps = [metrics.make_decode_step(compiled(ctx, m, phase), batch, seq_len,
-                                          n_calls=ctx.warmup + ctx.repeats + extra,
-                                          burst=ctx.burst, precision=ctx.precision)
-                 for m in models]
+        def decode_steps():
+            return [metrics.make_decode_step(compiled(ctx, m, phase), batch, seq_len,
+                                             n_calls=ctx.warmup + ctx.repeats + extra,
+                                             burst=ctx.burst, precision=ctx.precision)
+                    for m in models]
+        steps = decode_steps()
         tokens_per_call, per_call = batch * ctx.burst, ctx.burst
     warmup_s = timed_warmup(ctx, entries, steps, phase)
+    blocks = 1 if phase == "train" else DECODE_BLOCKS
     ctx.log(f"T={seq_len} {phase} batch={batch}: timing {len(entries)} model(s) interleaved, "
-            f"{ctx.warmup} warm-up + {ctx.repeats} timed round(s)")
-    timings = ctx.time(steps, tokens_per_call)
+            f"{blocks} x ({ctx.warmup} warm-up + {ctx.repeats} timed) round(s)")
+    timings = ctx.time(steps, tokens_per_call,
+                       blocks=(decode_steps() for _ in range(blocks - 1)))
     decode = phase == "decode"
     dense_flops = ctx.flops(entries[0].cfg, seq_len, decode)
     flops = [ctx.flops(entry.cfg, seq_len, decode) for entry in entries]
@@ -540,111 +569,3 @@ def _plan(ctx: BenchContext, archs: list[str], phases, options: dict) -> list:
         for arch in archs:
             registry.plugin_file(arch)                  # session-only mechanisms: say so now
     return plan
-
-
-# --------------------------------------------------------------------------------------
-# Output
-# --------------------------------------------------------------------------------------
-
-def text_table(header: list[str], rows: list[list[str]], left_columns: int = 1) -> str:
-    """The one fixed-width table of the bench: the first ``left_columns`` left-aligned."""
-    rows = [header] + rows
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    lines = ["  ".join(cell.ljust(w) if i < left_columns else cell.rjust(w)
-                       for i, (cell, w) in enumerate(zip(row, widths, strict=True))).rstrip()
-             for row in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
-
-
-def rss_delta(record: dict):
-    peak = record.get("rss_peak_bytes")
-    return peak - record["rss_base_bytes"] if peak is not None else None
-
-
-PHASE_COLUMNS = (
-    ("arch", lambda r: r["arch"]), ("variant", lambda r: r["variant"] or "-"),
-    ("phase", lambda r: r["phase"]), ("T", lambda r: str(r["seq_len"])),
-    ("batch", lambda r: str(r["batch"])), ("tok/s", lambda r: f"{r['tokens_per_s']:,.0f}"),
-    ("ms/step", lambda r: f"{r['ms_per_step']:.2f}"),
-    ("x dense", lambda r: fmt(r["ratio_vs_dense"], ".2f")),
-    ("ceiling", lambda r: fmt(r["flop_ceiling"], ".2f")),
-    ("% ceil", lambda r: _percent(r.get("frac_of_ceiling"))),
-    ("memory", lambda r: human_bytes(r["memory_bytes"])), ("method", lambda r: r["memory_method"]),
-    ("saved", lambda r: human_bytes(r.get("saved_bytes"))),
-    ("rss delta", lambda r: human_bytes(rss_delta(r))),
-    ("state", lambda r: human_bytes(r["state_bytes"])),
-    ("bound", lambda r: r.get("roofline_bound") or "-"),
-    ("% roof", lambda r: _percent(r.get("roofline_fraction"))),
-    ("roof ceil", lambda r: fmt(r.get("bound_ceiling"), ".2f")),
-    ("% roof ceil", lambda r: _percent(r.get("frac_of_bound_ceiling"))),
-)
-ROOFLINE_COLUMNS = ("bound", "% roof", "roof ceil", "% roof ceil")   # absent when not counted
-PHASE_LEGEND = (
-    "x dense: tokens/s ratio to dense in the same run; ceiling: analytic FLOP ratio "
-    "dense/variant; % ceil = x dense / ceiling.\n"
-    "memory methods: rss_subprocess = peak RSS of a fresh process incl. the interpreter+torch "
-    "baseline (rss delta = growth after import + model build); saved_tensors = activations "
-    "saved for backward; cuda_max_allocated = CUDA peak.\n"
-    "train = forward+backward, no optimizer step; decode ms/step is per token step; "
-    "state = decoding state bytes at t = T.")
-ROOFLINE_LEGEND = (
-    "bound: the largest of the roofline's terms for the counted step (compute: its matmuls "
-    "and attention kernels replayed alone at their shapes; memory: its other operators, "
-    "likewise; launch: issuing them, the Python around the operators); % roof = bound / "
-    "measured time; roof ceil = dense's bound / this one's (the ratio vs dense the machine "
-    "allows); % roof ceil = x dense / roof ceil.")
-
-
-def _percent(value) -> str:
-    return "-" if value is None else f"{100 * value:.0f}%"
-
-
-def roofline_header(record: dict) -> str:
-    """``  matmul=… GFLOP/s  copy=… GB/s  launch=… us`` from a record's measured peaks ('' if
-    none)."""
-    flops, bandwidth = record.get("peak_flops_per_s"), record.get("peak_bytes_per_s")
-    if flops is None or bandwidth is None:
-        return ""
-    launch = record.get("peak_launch_s")
-    return (f"  matmul={flops / 1e9:,.1f} GFLOP/s  copy={bandwidth / 1e9:,.1f} GB/s"
-            + ("" if launch is None else f"  launch={1e6 * launch:.1f} us"))
-
-
-def _columns_table(records: list[dict], columns, left_columns: int) -> str:
-    return text_table([name for name, _ in columns],
-                      [[cell(r) for _, cell in columns] for r in records], left_columns)
-
-
-def format_table(records: list[dict]) -> str:
-    """Every record as readable tables: train/decode with a header and legend, then one table
-    per special benchmark (laid out by its mechanism's columns)."""
-    if not records:
-        return "(no records)"
-    first = records[0]
-    parts = [f"device={first['device']} ({first.get('machine', '?')})  dtype={first['dtype']}  "
-             f"threads={first['threads']}  torch={first['torch_version']}  "
-             f"load={fmt(first.get('load_avg_1m'), '.2f')}"
-             + ("  compiled (torch.compile)" if first.get("compiled") else "")
-             + roofline_header(first)]
-    main = [r for r in records if r["phase"] in PHASES]
-    if main:
-        counted = any(r.get("roofline_bound") for r in main)     # run_bench(roofline_seconds=None)
-        columns = [c for c in PHASE_COLUMNS if counted or c[0] not in ROOFLINE_COLUMNS]
-        parts += [_columns_table(main, columns, 3), PHASE_LEGEND]
-        parts += [ROOFLINE_LEGEND] if counted else []
-    archs = list(dict.fromkeys(r["arch"] for r in records if r["arch"] in registry.names()))
-    for name, (_, special) in special_benches(archs).items():
-        own = [r for r in records if r["phase"] == name]
-        if own:
-            parts += ["", special.title(own), _columns_table(own, special.columns, 2),
-                      *special.footer(own)]
-    return "\n".join(parts + roofline.breach_lines(records))
-
-
-def write_json(records: list[dict], path: str | Path) -> Path:
-    """Write the records as a JSON list of dicts (no wrapper)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(records, indent=2))
-    return path

@@ -4,7 +4,8 @@
 the step runs (after autograd, so the backward's too). Each operator that runs a kernel is
 replayed right there, alone, on its own inputs (copies of the ones it writes into), the
 fastest of a few calls; a call's signature (operator, shapes, strides, dtype, arguments)
-keeps its fastest replay in the run's ``ReplayCache``. Operators are sorted:
+keeps its fastest replay in the run's ``ReplayCache`` (and ``sweep`` replays a phase's
+calls once more, interleaved across its models). Operators are sorted:
 
 * **heavy** (the matmul family and the attention kernels, ``HEAVY_OPS``): the compute
   term. Their FLOPs are counted by torch's formulas with the kit's two conventions
@@ -112,14 +113,15 @@ class StepCount:
 class ReplayCache(dict):
     """The fastest replayed seconds seen per call signature, shared by every model of one
     bench run: a call is replayed again where it recurs (the next layer, the next model),
-    up to ``MAX_REPLAYS`` times, so a slow moment of the machine does not stay in the
-    bound."""
+    up to ``MAX_REPLAYS`` times, and once more in ``sweep``, so a slow moment of the
+    machine does not stay in the bound."""
 
     def __init__(self):
         super().__init__()
         self.replays: dict = {}                    # signature -> replays made
         self.call_overhead_s: float | None = None  # set by the first replay (below)
         self.flush: dict[int, torch.Tensor] = {}   # cache size -> the buffer read first
+        self.calls: dict = {}                      # signature -> _Call (what ``sweep`` replays)
 
     def wants(self, key) -> bool:
         """Whether ``key`` is still to be replayed (fewer than ``MAX_REPLAYS`` so far)."""
@@ -252,7 +254,7 @@ class _Counter(TorchDispatchMode):
         self.cold_launches += tier > 0
         key = (signature, tier)
         if self.cache.wants(key):
-            self._replay(key, func, args, kwargs)
+            self._replay(key, func, args, kwargs, out)
         heavy = func.overloadpacket in HEAVY_OPS and not func._schema.is_mutable
         self.tally[(key, heavy)] = self.tally.get((key, heavy), 0) + 1
         if heavy:
@@ -264,24 +266,19 @@ class _Counter(TorchDispatchMode):
             self.other_bytes += _nbytes(tensors)
         return out
 
-    def _replay(self, key: tuple, func, args, kwargs) -> None:
+    def _replay(self, key: tuple, func, args, kwargs, out) -> None:
         """Time ``func`` on copies of what it writes, warm or past the cache levels ``key``
-        says (``_tier``)."""
+        says (``_tier``); the first time, keep what ``sweep`` needs to replay it later."""
         if self.cache.call_overhead_s is None:
             self.cache.call_overhead_s = _call_overhead_seconds(self.device)
         replay_args, replay_kwargs = _copies_of_written(func, args, kwargs)
-
-        def call():
-            return func(*replay_args, **replay_kwargs)
         tier = key[1]
-        if tier:
-            size = self.caches[tier - 1]
-            if size not in self.cache.flush:
-                self.cache.flush[size] = torch.zeros(2 * size // 4, device=self.device)
-            seconds = _cold_replay_seconds(call, self.device, self.cache.flush[size])
-        else:
-            seconds = _replay_seconds(call, self.device)
-        self.cache.record(key, max(0.0, seconds - self.cache.call_overhead_s))
+        flush_size = self.caches[tier - 1] if tier else None
+        if key not in self.cache.calls:
+            self.cache.calls[key] = _Call(func, _template(args), _template(kwargs),
+                                          _shapes(out), flush_size)
+        _time_replay(self.cache, key, lambda: func(*replay_args, **replay_kwargs),
+                     self.device, flush_size)
 
     def _tier(self, tensors: list[torch.Tensor]) -> int:
         """How many cache levels the call's data lay beyond: the levels past which at least
@@ -292,6 +289,119 @@ class _Counter(TorchDispatchMode):
             return 0
         enough = max(MIN_COLD_BYTES, COLD_SHARE * _nbytes(tensors))
         return sum(far >= enough for far in self.reuse.visit(tensors, self.caches))
+
+
+def _time_replay(cache: ReplayCache, key: tuple, call: Callable[[], object],
+                 device: torch.device, flush_size: int | None) -> None:
+    """Time ``call`` warm, or after a read of twice ``flush_size`` bytes, and record it
+    under ``key`` (less the replay loop's own cost per call)."""
+    if flush_size:
+        if flush_size not in cache.flush:
+            cache.flush[flush_size] = torch.zeros(2 * flush_size // 4, device=device)
+        seconds = _cold_replay_seconds(call, device, cache.flush[flush_size])
+    else:
+        seconds = _replay_seconds(call, device)
+    cache.record(key, max(0.0, seconds - cache.call_overhead_s))
+
+
+# --------------------------------------------------------------------------------------
+# The sweep: every call of a phase replayed once more, the models' calls interleaved
+# --------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _TensorTemplate:
+    """A tensor argument, by what a replay's time depends on (not its values)."""
+
+    shape: tuple
+    stride: tuple
+    dtype: torch.dtype
+    device: str
+
+
+@dataclass(frozen=True)
+class _Call:
+    """What ``sweep`` needs to replay a call without the step's tensors."""
+
+    func: object
+    args: object                         # the arguments, tensors as ``_TensorTemplate``
+    kwargs: object
+    out_shapes: object                   # the step's output shapes, to check the replay's
+    flush_size: int | None               # the cache level it is replayed past (None: warm)
+
+
+def sweep(cache: ReplayCache, keys, device, seed: int = 0) -> int:
+    """Replay each of ``keys`` (signatures ``cache`` has a call for) once more, on fresh
+    tensors of the same shapes, strides and types, in a shuffled order; returns how many
+    were replayed.
+
+    A count replays a call where the step runs it, up to ``MAX_REPLAYS`` times, so a call
+    that recurs in every layer is priced within one second of one model's count: a slow
+    second stays in that model's bound alone, and moved dense's training bound at T = 256
+    from 215-222 ms to 247 in one class run. Swept once all the models of a phase are
+    counted, in an order that mixes their calls, every model's bound is priced over the
+    same stretch of time, as its step is timed interleaved with the others'.
+
+    A call whose replay on such tensors fails or gives other output shapes (its work
+    depends on the values: a boolean mask, ``nonzero``) keeps the prices of its count."""
+    device = torch.device(device)
+    wanted = set(keys)
+    order = [k for k in cache.calls if k in wanted]         # first replayed first
+    generator = torch.Generator().manual_seed(seed)
+    order = [order[i] for i in torch.randperm(len(order), generator=generator).tolist()]
+    replayed = 0
+    for key in order:
+        call = cache.calls[key]
+        args, kwargs = _materialise(call.args, generator), _materialise(call.kwargs, generator)
+        try:
+            matches = _shapes(call.func(*args, **kwargs)) == call.out_shapes
+        except (RuntimeError, ValueError, IndexError):
+            matches = False
+        if matches:
+            _time_replay(cache, key, lambda c=call, a=args, kw=kwargs: c.func(*a, **kw),
+                         device, call.flush_size)
+            replayed += 1
+        else:
+            del cache.calls[key]                # not again
+    return replayed
+
+
+def _template(value):
+    """``value`` with every tensor replaced by its ``_TensorTemplate``."""
+    if isinstance(value, torch.Tensor):
+        return _TensorTemplate(tuple(value.shape), tuple(value.stride()), value.dtype,
+                               str(value.device))
+    if isinstance(value, (list, tuple)):
+        return type(value)(_template(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _template(v) for k, v in value.items()}
+    return value
+
+
+def _materialise(value, generator: torch.Generator):
+    """``value`` with every ``_TensorTemplate`` made a tensor of its layout (zeros for
+    integers and booleans, so an index is always in range; uniform in [0.5, 1) for
+    floating point, away from a logarithm's or a division's zero)."""
+    if isinstance(value, _TensorTemplate):
+        span = 1 + sum((n - 1) * s for n, s in zip(value.shape, value.stride, strict=True)) \
+            if all(value.shape) else 0
+        base = torch.zeros(span, dtype=value.dtype)
+        if value.dtype.is_floating_point:
+            base.uniform_(0.5, 1.0, generator=generator)
+        return base.to(value.device).as_strided(value.shape, value.stride)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_materialise(v, generator) for v in value)
+    if isinstance(value, dict):
+        return {k: _materialise(v, generator) for k, v in value.items()}
+    return value
+
+
+def _shapes(value):
+    """The shapes of the tensors in ``value``, nested as it is."""
+    if isinstance(value, torch.Tensor):
+        return tuple(value.shape)
+    if isinstance(value, (list, tuple)):
+        return tuple(_shapes(v) for v in value)
+    return None
 
 
 def _call_overhead_seconds(device: torch.device) -> float:

@@ -1,0 +1,117 @@
+"""The bench's output: its fixed-width tables (train / decode records with the roofline
+columns, one table per special benchmark) and its JSON file. ``bench`` re-exports
+``format_table``, ``text_table``, ``rss_delta`` and ``write_json``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from blockmem_lite import registry
+from blockmem_lite.measure import roofline
+from blockmem_lite.units import fmt, human_bytes
+
+
+def text_table(header: list[str], rows: list[list[str]], left_columns: int = 1) -> str:
+    """The one fixed-width table of the bench: the first ``left_columns`` left-aligned."""
+    rows = [header] + rows
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(w) if i < left_columns else cell.rjust(w)
+                       for i, (cell, w) in enumerate(zip(row, widths, strict=True))).rstrip()
+             for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def rss_delta(record: dict):
+    peak = record.get("rss_peak_bytes")
+    return peak - record["rss_base_bytes"] if peak is not None else None
+
+
+PHASE_COLUMNS = (
+    ("arch", lambda r: r["arch"]), ("variant", lambda r: r["variant"] or "-"),
+    ("phase", lambda r: r["phase"]), ("T", lambda r: str(r["seq_len"])),
+    ("batch", lambda r: str(r["batch"])), ("tok/s", lambda r: f"{r['tokens_per_s']:,.0f}"),
+    ("ms/step", lambda r: f"{r['ms_per_step']:.2f}"),
+    ("x dense", lambda r: fmt(r["ratio_vs_dense"], ".2f")),
+    ("ceiling", lambda r: fmt(r["flop_ceiling"], ".2f")),
+    ("% ceil", lambda r: _percent(r.get("frac_of_ceiling"))),
+    ("memory", lambda r: human_bytes(r["memory_bytes"])), ("method", lambda r: r["memory_method"]),
+    ("saved", lambda r: human_bytes(r.get("saved_bytes"))),
+    ("rss delta", lambda r: human_bytes(rss_delta(r))),
+    ("state", lambda r: human_bytes(r["state_bytes"])),
+    ("bound", lambda r: r.get("roofline_bound") or "-"),
+    ("% roof", lambda r: _percent(r.get("roofline_fraction"))),
+    ("roof ceil", lambda r: fmt(r.get("bound_ceiling"), ".2f")),
+    ("% roof ceil", lambda r: _percent(r.get("frac_of_bound_ceiling"))),
+)
+ROOFLINE_COLUMNS = ("bound", "% roof", "roof ceil", "% roof ceil")   # absent when not counted
+PHASE_LEGEND = (
+    "x dense: tokens/s ratio to dense in the same run; ceiling: analytic FLOP ratio "
+    "dense/variant; % ceil = x dense / ceiling.\n"
+    "memory methods: rss_subprocess = peak RSS of a fresh process incl. the interpreter+torch "
+    "baseline (rss delta = growth after import + model build); saved_tensors = activations "
+    "saved for backward; cuda_max_allocated = CUDA peak.\n"
+    "train = forward+backward, no optimizer step; decode ms/step is per token step; "
+    "state = decoding state bytes at t = T.")
+ROOFLINE_LEGEND = (
+    "bound: the largest of the roofline's terms for the counted step (compute: its matmuls "
+    "and attention kernels replayed alone at their shapes; memory: its other operators, "
+    "likewise; launch: issuing them, the Python around the operators); % roof = bound / "
+    "measured time; roof ceil = dense's bound / this one's (the ratio vs dense the machine "
+    "allows); % roof ceil = x dense / roof ceil.")
+
+
+def _percent(value) -> str:
+    return "-" if value is None else f"{100 * value:.0f}%"
+
+
+def roofline_header(record: dict) -> str:
+    """``  matmul=… GFLOP/s  copy=… GB/s  launch=… us`` from a record's measured peaks ('' if
+    none)."""
+    flops, bandwidth = record.get("peak_flops_per_s"), record.get("peak_bytes_per_s")
+    if flops is None or bandwidth is None:
+        return ""
+    launch = record.get("peak_launch_s")
+    return (f"  matmul={flops / 1e9:,.1f} GFLOP/s  copy={bandwidth / 1e9:,.1f} GB/s"
+            + ("" if launch is None else f"  launch={1e6 * launch:.1f} us"))
+
+
+def _columns_table(records: list[dict], columns, left_columns: int) -> str:
+    return text_table([name for name, _ in columns],
+                      [[cell(r) for _, cell in columns] for r in records], left_columns)
+
+
+def format_table(records: list[dict]) -> str:
+    """Every record as readable tables: train/decode with a header and legend, then one table
+    per special benchmark (laid out by its mechanism's columns)."""
+    from blockmem_lite.measure.bench import PHASES, special_benches  # it imports this module
+    if not records:
+        return "(no records)"
+    first = records[0]
+    parts = [f"device={first['device']} ({first.get('machine', '?')})  dtype={first['dtype']}  "
+             f"threads={first['threads']}  torch={first['torch_version']}  "
+             f"load={fmt(first.get('load_avg_1m'), '.2f')}"
+             + ("  compiled (torch.compile)" if first.get("compiled") else "")
+             + roofline_header(first)]
+    main = [r for r in records if r["phase"] in PHASES]
+    if main:
+        counted = any(r.get("roofline_bound") for r in main)     # run_bench(roofline_seconds=None)
+        columns = [c for c in PHASE_COLUMNS if counted or c[0] not in ROOFLINE_COLUMNS]
+        parts += [_columns_table(main, columns, 3), PHASE_LEGEND]
+        parts += [ROOFLINE_LEGEND] if counted else []
+    archs = list(dict.fromkeys(r["arch"] for r in records if r["arch"] in registry.names()))
+    for name, (_, special) in special_benches(archs).items():
+        own = [r for r in records if r["phase"] == name]
+        if own:
+            parts += ["", special.title(own), _columns_table(own, special.columns, 2),
+                      *special.footer(own)]
+    return "\n".join(parts + roofline.breach_lines(records))
+
+
+def write_json(records: list[dict], path: str | Path) -> Path:
+    """Write the records as a JSON list of dicts (no wrapper)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(records, indent=2))
+    return path
