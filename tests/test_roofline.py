@@ -62,6 +62,15 @@ def test_the_sweep_prices_every_call_of_a_phase_again_on_fresh_tensors():
     assert opcount.sweep(cache, [add], "cpu") == 1 and cache[mm] == 1.0   # only those asked
 
 
+def test_the_sweep_takes_the_calls_that_make_up_most_of_a_step():
+    cache = opcount.ReplayCache()
+    cache.update({"big": 1.0, "mid": 0.5, "small": 0.01})
+    step = count(tally=(("small", 10, False), ("big", 6, True), ("mid", 3, False)))
+    assert step.costliest_calls(cache, share=0.9) == ["big", "mid"]   # 6 + 1.5 of 7.6 s
+    assert step.costliest_calls(cache, share=0.5) == ["big"]
+    assert step.costliest_calls(cache, share=1.0) == ["big", "mid", "small"]
+
+
 def test_a_call_whose_work_depends_on_its_values_keeps_the_price_of_its_count():
     mask, x = torch.tensor([True, False, True, True]), torch.randn(4, 8)
     cache = opcount.ReplayCache()

@@ -282,11 +282,11 @@ class BenchContext:
 
     def priced(self, costs: list[dict]) -> list[dict]:
         """``costs`` (from ``step_cost``) re-priced from the run's replay cache once every
-        entry of a phase is counted and their calls swept once more, interleaved
-        (``opcount.sweep``), so each bound uses the fastest replays seen."""
+        entry of a phase is counted and the calls making up most of each step swept once
+        more, interleaved (``opcount.sweep``), so each bound uses the fastest replays seen."""
         counts = [cost["count"] for cost in costs if cost["count"]]
         if counts:
-            keys = [key for count in counts for key, _, _ in count.tally]
+            keys = [key for count in counts for key in count.costliest_calls(self.replays)]
             seconds = time.perf_counter()
             swept = opcount.sweep(self.replays, keys, self.device)
             self.log(f"swept {swept:,} calls in {time.perf_counter() - seconds:.1f} s")

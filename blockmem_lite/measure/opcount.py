@@ -76,6 +76,8 @@ REPLAY_TARGET_S = 5e-4                 # a timed replay batch lasts at least abo
 REPLAY_ROUNDS = 3                      # timed batches per replay (the fastest counts)
 MAX_REPLAY_BATCH = 64
 MAX_REPLAYS = 4                        # replays per call signature and run; later: the cache
+SWEEP_SHARE = 0.9                      # of a step's replayed time that ``sweep`` replays again,
+SWEEP_ROUNDS = 1                       # in this many timed batches (a sample at another time)
 COLD_SHARE = 0.5                       # a call whose far bytes reach this share is cold,
 MIN_COLD_BYTES = 128 << 10             # and this many: below it a cold replay times the
                                        # flush's disturbance (code, TLB), not the data
@@ -102,6 +104,20 @@ class StepCount:
     @property
     def other_launches(self) -> int:
         return self.launches - self.heavy_ops
+
+    def costliest_calls(self, cache: ReplayCache, share: float = SWEEP_SHARE) -> list:
+        """The signatures that make up ``share`` of the step's replayed time, costliest
+        first (the ones ``sweep`` replays again: the rest, hundreds of small calls, sum to
+        a few percent of a bound, and a cold one costs its flush each time)."""
+        costs = sorted(((n * cache[key], key) for key, n, _ in self.tally),
+                       key=lambda cost: cost[0], reverse=True)
+        total, kept, out = sum(cost for cost, _ in costs), 0.0, []
+        for cost, key in costs:
+            if kept >= share * total:
+                break
+            out.append(key)
+            kept += cost
+        return out
 
     def priced(self, cache: ReplayCache) -> StepCount:
         """This count with ``heavy_s`` / ``other_s`` from ``cache``'s current times."""
@@ -292,15 +308,16 @@ class _Counter(TorchDispatchMode):
 
 
 def _time_replay(cache: ReplayCache, key: tuple, call: Callable[[], object],
-                 device: torch.device, flush_size: int | None) -> None:
-    """Time ``call`` warm, or after a read of twice ``flush_size`` bytes, and record it
-    under ``key`` (less the replay loop's own cost per call)."""
+                 device: torch.device, flush_size: int | None,
+                 rounds: int = REPLAY_ROUNDS) -> None:
+    """Time ``call`` warm, or after a read of twice ``flush_size`` bytes, the fastest of
+    ``rounds``, and record it under ``key`` (less the replay loop's own cost per call)."""
     if flush_size:
         if flush_size not in cache.flush:
             cache.flush[flush_size] = torch.zeros(2 * flush_size // 4, device=device)
-        seconds = _cold_replay_seconds(call, device, cache.flush[flush_size])
+        seconds = _cold_replay_seconds(call, device, cache.flush[flush_size], rounds)
     else:
-        seconds = _replay_seconds(call, device)
+        seconds = _replay_seconds(call, device, rounds)
     cache.record(key, max(0.0, seconds - cache.call_overhead_s))
 
 
@@ -358,7 +375,7 @@ def sweep(cache: ReplayCache, keys, device, seed: int = 0) -> int:
             matches = False
         if matches:
             _time_replay(cache, key, lambda c=call, a=args, kw=kwargs: c.func(*a, **kw),
-                         device, call.flush_size)
+                         device, call.flush_size, SWEEP_ROUNDS)
             replayed += 1
         else:
             del cache.calls[key]                # not again
@@ -414,7 +431,8 @@ def _call_overhead_seconds(device: torch.device) -> float:
     return _replay_seconds(lambda: alias(*(x,), **{}), device)
 
 
-def _replay_seconds(call: Callable[[], object], device: torch.device) -> float:
+def _replay_seconds(call: Callable[[], object], device: torch.device,
+                    rounds: int = REPLAY_ROUNDS) -> float:
     """Seconds of one ``call``: batches of calls lasting about ``REPLAY_TARGET_S`` (on an
     accelerator, so its queue hides the launch latency), the fastest batch's mean."""
     start = time.perf_counter()
@@ -423,7 +441,7 @@ def _replay_seconds(call: Callable[[], object], device: torch.device) -> float:
     first = time.perf_counter() - start
     batch = max(1, min(MAX_REPLAY_BATCH, math.ceil(REPLAY_TARGET_S / max(first, 1e-9))))
     best = math.inf
-    for _ in range(REPLAY_ROUNDS):
+    for _ in range(rounds):
         start = time.perf_counter()
         for _ in range(batch):
             call()
@@ -433,12 +451,12 @@ def _replay_seconds(call: Callable[[], object], device: torch.device) -> float:
 
 
 def _cold_replay_seconds(call: Callable[[], object], device: torch.device,
-                         flush: torch.Tensor) -> float:
+                         flush: torch.Tensor, rounds: int = REPLAY_ROUNDS) -> float:
     """Seconds of one ``call`` after ``flush`` (twice a cache level) is read, evicting the
-    call's inputs: the fastest of ``REPLAY_ROUNDS`` such calls (one untimed call first)."""
+    call's inputs: the fastest of ``rounds`` such calls (one untimed call first)."""
     call()
     times = []
-    for _ in range(REPLAY_ROUNDS):
+    for _ in range(rounds):
         flush.sum()                      # read: evicts without leaving lines to write back
         synchronize(device)
         start = time.perf_counter()
