@@ -69,6 +69,17 @@ def test_jobs_are_handed_out_costliest_first(tmp_path):
     assert [job.key for job in jobs][0].startswith("dense/")        # the plan's order
 
 
+def test_the_progress_of_the_workers_weighs_each_step_by_its_jobs_cost(tmp_path):
+    jobs = _jobs(tmp_path, archs=("bcmt", "cat"))
+    cat = next(i for i, job in enumerate(jobs) if job.key == "cat/model/0")
+    half_of_cat = {i: (jobs[i].steps // 2 if i == cat else 0) for i in range(len(jobs))}
+    share = parts.done_share(jobs, half_of_cat)
+    assert share == pytest.approx(jobs[cat].cost / 2 / sum(job.cost for job in jobs))
+    assert share > 0.5 * jobs[cat].steps / sum(job.steps for job in jobs)   # more than by steps
+    assert parts.done_share(jobs, {i: job.steps for i, job in enumerate(jobs)}) == \
+        pytest.approx(1.0)
+
+
 def test_each_result_is_handed_over_as_it_ends_and_progress_reaches_one(tmp_path):
     jobs, got, fractions = _jobs(tmp_path), [], []
     parts.train_in_workers(jobs, 2, lambda job, measured: got.append((job.key, measured)),
