@@ -191,6 +191,18 @@ def test_a_notebook_can_ask_the_recall_task_alone_at_its_own_seeds(tmp_path):
         lab.Lab("tiny", tmp_path, archs=["bcmt"], corpus=corpus, recall_seeds=(0,))
 
 
+def test_the_bench_shows_its_phases_on_the_progress_bar(tmp_path, capsys):
+    lab.Lab("tiny", tmp_path, archs=["bcmt"], corpus=load_corpus("offline"),
+            tasks=("bench",)).run()
+    lines = [line for line in capsys.readouterr().err.splitlines()
+             if line.startswith("[reproduce] [")]
+    shown = [line.split("elapsed, eta ")[1].split("  ", 1)[1] for line in lines]
+    assert list(dict.fromkeys(text for text in shown if text.startswith("bench:"))) == [
+        "bench: T=32 train", "bench: T=32 decode", "bench: decoding state curves"]
+    shares = [int(line.split("]")[2].split("%")[0]) for line in lines]
+    assert shares == sorted(shares) and shares[-1] == 100, shares
+
+
 @pytest.mark.parametrize("kwargs, message", [
     ({"tasks": ("recal",)}, "tasks='recal' is not allowed: expected one of lm, recall"),
     ({"tasks": "recall"}, "tasks='recall' is not allowed: expected a tuple of task kinds"),

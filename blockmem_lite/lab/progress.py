@@ -2,7 +2,7 @@
 
 Training steps feed it between tasks (it is a ``Trainer`` callback); the recall and facts
 models trained on worker processes (``lab.parts``) show as one task, and count as done
-once they are.
+once they are; the bench reports its phases (``within``).
 """
 
 from __future__ import annotations
@@ -45,9 +45,12 @@ class PlanProgress:
         self._workers = tasks
         self._print(force=True)
 
-    def worker_progress(self, fraction: float, text: str) -> None:
+    def within(self, fraction: float, text: str) -> None:
+        """Progress inside the current task: the workers' share of their work, the bench's
+        phases (``text`` replaces the task's name on the bar)."""
+        changed = text != self.current
         self.current, self.fraction = text, fraction
-        self._print()
+        self._print(force=changed)
 
     def end_workers(self, completed: bool) -> None:
         if completed:

@@ -420,7 +420,7 @@ class Lab:
                                      if label not in here])
         completed = False
         try:
-            parts.train_in_workers(jobs, workers, keep, self.progress.worker_progress,
+            parts.train_in_workers(jobs, workers, keep, self.progress.within,
                                    live_for=self.recall_live if self.world.is_main else None)
             completed = True
         except FloatingPointError as err:                 # a training broke in a worker
@@ -476,16 +476,18 @@ class Lab:
                                  torch.get_num_threads(), sizes["warmup"], sizes["repeats"],
                                  sizes["decode_burst"], ("saved",), False,
                                  roofline.measure_peaks(device, precision))
-        records = []
-        for seq_len in sizes["bench_lens"]:
-            for phase in bench.PHASES:
-                extra = (ctx.warmup + ctx.repeats) * ctx.burst if phase == "decode" else 0
+        records, phases = [], [(t, phase) for t in sizes["bench_lens"] for phase in bench.PHASES]
+        weights = [BENCH_WEIGHT[phase] for _, phase in phases] + [BENCH_WEIGHT["state"]]
+        for i, (seq_len, phase) in enumerate(phases):
+            self.progress.within(sum(weights[:i]) / sum(weights), f"bench: T={seq_len} {phase}")
+            extra = (ctx.warmup + ctx.repeats) * ctx.burst if phase == "decode" else 0
+            entries = self._bench_entries(seq_len + extra)
+            if phase == "decode" and bench.counted_decode_tokens(ctx, entries) > extra:
+                extra = bench.counted_decode_tokens(ctx, entries)    # the roofline's count
                 entries = self._bench_entries(seq_len + extra)
-                if phase == "decode" and bench.counted_decode_tokens(ctx, entries) > extra:
-                    extra = bench.counted_decode_tokens(ctx, entries)    # the roofline's count
-                    entries = self._bench_entries(seq_len + extra)
-                records += bench.bench_phase(ctx, entries, phase, seq_len,
-                                             bench.default_batch(phase, seq_len))
+            records += bench.bench_phase(ctx, entries, phase, seq_len,
+                                         bench.default_batch(phase, seq_len))
+        self.progress.within(sum(weights[:-1]) / sum(weights), "bench: decoding state curves")
         return {"records": records, "state": self._state_curves()}
 
     def _bench_entries(self, seq_len: int) -> list[bench.Entry]:
@@ -522,6 +524,9 @@ class Lab:
 
 
 TASKS = ("lm", "recall", "facts", "bench")
+BENCH_WEIGHT = {"train": 4, "decode": 1, "state": 1}   # the bench's parts, as the progress
+                                                       # bar counts them (class: about 100,
+                                                       # 25 and 24 s)
 
 
 def _only(plan: list[tuple[str, str]], tasks) -> list[tuple[str, str]]:
