@@ -95,7 +95,7 @@ from blockmem_lite.measure.bench_compile import (
     timed_warmup,
 )
 from blockmem_lite.measure.bench_table import (  # noqa: F401  (the output, read through here)
-    format_table,
+    format_records,
     rss_delta,
     text_table,
     write_json,
@@ -154,6 +154,11 @@ def resolve_phases(phases, archs: list[str]) -> tuple[str, ...]:
         fail("phases", phases, f"expected one or more of {', '.join(allowed)} (special phases "
                                "come with their mechanism's --arch)")
     return phases
+
+
+def format_table(records: list[dict]) -> str:
+    """Every record as readable tables (``bench_table.format_records``)."""
+    return format_records(records, PHASES, special_benches)
 
 
 def default_batch(phase: str, seq_len: int) -> int:

@@ -1,6 +1,7 @@
 """The bench's output: its fixed-width tables (train / decode records with the roofline
 columns, one table per special benchmark) and its JSON file. ``bench`` re-exports
-``format_table``, ``text_table``, ``rss_delta`` and ``write_json``."""
+``text_table``, ``rss_delta`` and ``write_json``, and its ``format_table`` calls
+``format_records`` with the protocol's phases (this module imports nothing of ``bench``)."""
 
 from __future__ import annotations
 
@@ -82,10 +83,10 @@ def _columns_table(records: list[dict], columns, left_columns: int) -> str:
                       [[cell(r) for _, cell in columns] for r in records], left_columns)
 
 
-def format_table(records: list[dict]) -> str:
-    """Every record as readable tables: train/decode with a header and legend, then one table
-    per special benchmark (laid out by its mechanism's columns)."""
-    from blockmem_lite.measure.bench import PHASES, special_benches  # it imports this module
+def format_records(records: list[dict], phases: tuple[str, ...], specials_of) -> str:
+    """Every record as readable tables: the ``phases`` (train / decode) with a header and
+    legend, then one table per special benchmark (laid out by its mechanism's columns;
+    ``specials_of(archs)``: ``bench.special_benches``). ``bench.format_table`` passes them."""
     if not records:
         return "(no records)"
     first = records[0]
@@ -94,14 +95,14 @@ def format_table(records: list[dict]) -> str:
              f"load={fmt(first.get('load_avg_1m'), '.2f')}"
              + ("  compiled (torch.compile)" if first.get("compiled") else "")
              + roofline_header(first)]
-    main = [r for r in records if r["phase"] in PHASES]
+    main = [r for r in records if r["phase"] in phases]
     if main:
         counted = any(r.get("roofline_bound") for r in main)     # run_bench(roofline_seconds=None)
         columns = [c for c in PHASE_COLUMNS if counted or c[0] not in ROOFLINE_COLUMNS]
         parts += [_columns_table(main, columns, 3), PHASE_LEGEND]
         parts += [ROOFLINE_LEGEND] if counted else []
     archs = list(dict.fromkeys(r["arch"] for r in records if r["arch"] in registry.names()))
-    for name, (_, special) in special_benches(archs).items():
+    for name, (_, special) in specials_of(archs).items():
         own = [r for r in records if r["phase"] == name]
         if own:
             parts += ["", special.title(own), _columns_table(own, special.columns, 2),
