@@ -5,7 +5,7 @@ the step runs (after autograd, so the backward's too). Each operator that runs a
 replayed right there, alone, on its own inputs (copies of the ones it writes into), the
 fastest of a few calls; a call's signature (operator, shapes, strides, dtype, arguments)
 keeps its fastest replay in the run's ``ReplayCache`` (and ``sweep`` replays a phase's
-calls once more, interleaved across its models). Operators are sorted:
+costliest calls once more, interleaved across its models). Operators are sorted:
 
 * **heavy** (the matmul family and the attention kernels, ``HEAVY_OPS``): the compute
   term. Their FLOPs are counted by torch's formulas with the kit's two conventions
@@ -322,7 +322,7 @@ def _time_replay(cache: ReplayCache, key: tuple, call: Callable[[], object],
 
 
 # --------------------------------------------------------------------------------------
-# The sweep: every call of a phase replayed once more, the models' calls interleaved
+# The sweep: a phase's costliest calls replayed once more, the models' calls mixed
 # --------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)

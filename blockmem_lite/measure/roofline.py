@@ -48,11 +48,11 @@ whose wider matmuls hide more of it.
 
 Replays are floors measured in the run; a call recurring in the step, or in another
 model of the run, is replayed again and priced at its fastest (``opcount.ReplayCache``),
-and once every model of a phase is counted, all their calls are replayed once more in a
-mixed order (``opcount.sweep``), so a slow moment of a shared machine does not stay in one
-model's bound. Its speed still drifts by 10-20% between seconds, which is why the bench
-names records above 105% rather than any test asserting it on a live run (tests never
-assert wall-clock times).
+and once every model of a phase is counted, the calls that make up 90% of each step are
+replayed once more in a mixed order (``opcount.sweep``), so a slow moment of a shared
+machine does not stay in one model's bound. Its speed still drifts by 10-20% between
+seconds, which is why the bench names records above 105% rather than any test asserting
+it on a live run (tests never assert wall-clock times).
 
 **The probes** (``measure_peaks``, about 1.5 s, once per bench run, with the run's threads
 pinned; shown in the bench's header, and what each step's own speed is compared with):
