@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from blockmem_lite.measure import opcount, roofline
 
@@ -60,6 +61,24 @@ def test_the_sweep_prices_every_call_of_a_phase_again_on_fresh_tensors():
     assert cache.replays[mm] == 2                   # the count's replay, then the sweep's
     cache[mm] = 1.0
     assert opcount.sweep(cache, [add], "cpu") == 1 and cache[mm] == 1.0   # only those asked
+
+
+def test_the_sweep_times_its_shape_check_as_the_replays_first_call():
+    a, other = torch.randn(256, 256), torch.zeros(1 << 18)     # 256 KiB, 1 MiB
+    cache = opcount.ReplayCache()
+    opcount.count_step(lambda: (a @ a, other.add_(1)), "cpu", cache, caches=(64 << 10,))
+    (key,) = [key for key in cache if "mm" in key[0][0]]
+    assert key[1] == 1                              # replayed cold: one call per timed round
+
+    class Calls(TorchDispatchMode):
+        mm = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Calls.mm += func is torch.ops.aten.mm.default
+            return func(*args, **(kwargs or {}))
+    with Calls():
+        assert opcount.sweep(cache, [key], "cpu") == 1
+    assert Calls.mm == 1 + opcount.SWEEP_ROUNDS     # the check, then the timed rounds only
 
 
 def test_the_sweep_takes_the_calls_that_make_up_most_of_a_step():

@@ -400,16 +400,17 @@ def bench_phase(ctx: BenchContext, entries: list[Entry], phase: str, seq_len: in
         torch._dynamo.reset()        # drop the graphs of earlier phases' (freed) models
     models = [ctx.build(e.cfg) for e in entries]
     extra = compile_warmup_calls(ctx, entries) if phase == "decode" else 0
+    runners = [compiled(ctx, m, phase) for m in models]     # compiled once (if at all)
     if phase == "train":
-        steps = [metrics.make_train_step(compiled(ctx, m, phase), batch, seq_len,
-                                         precision=ctx.precision) for m in models]
+        steps = [metrics.make_train_step(runner, batch, seq_len, precision=ctx.precision)
+                 for runner in runners]
         tokens_per_call, per_call = batch * seq_len, 1
     else:
         def decode_steps():
-            return [metrics.make_decode_step(compiled(ctx, m, phase), batch, seq_len,
+            return [metrics.make_decode_step(runner, batch, seq_len,
                                              n_calls=ctx.warmup + ctx.repeats + extra,
                                              burst=ctx.burst, precision=ctx.precision)
-                    for m in models]
+                    for runner in runners]
         steps = decode_steps()
         tokens_per_call, per_call = batch * ctx.burst, ctx.burst
     warmup_s = timed_warmup(ctx, entries, steps, phase)

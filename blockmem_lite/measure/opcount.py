@@ -309,15 +309,18 @@ class _Counter(TorchDispatchMode):
 
 def _time_replay(cache: ReplayCache, key: tuple, call: Callable[[], object],
                  device: torch.device, flush_size: int | None,
-                 rounds: int = REPLAY_ROUNDS) -> None:
+                 rounds: int = REPLAY_ROUNDS, first_s: float | None = None) -> None:
     """Time ``call`` warm, or after a read of twice ``flush_size`` bytes, the fastest of
-    ``rounds``, and record it under ``key`` (less the replay loop's own cost per call)."""
+    ``rounds``, and record it under ``key`` (less the replay loop's own cost per call).
+    ``first_s``: the seconds of a call just made (the sweep's check), which then stands
+    for the untimed first call."""
     if flush_size:
         if flush_size not in cache.flush:
             cache.flush[flush_size] = torch.zeros(2 * flush_size // 4, device=device)
-        seconds = _cold_replay_seconds(call, device, cache.flush[flush_size], rounds)
+        seconds = _cold_replay_seconds(call, device, cache.flush[flush_size], rounds,
+                                       warmed=first_s is not None)
     else:
-        seconds = _replay_seconds(call, device, rounds)
+        seconds = _replay_seconds(call, device, rounds, first_s)
     cache.record(key, max(0.0, seconds - cache.call_overhead_s))
 
 
@@ -369,13 +372,15 @@ def sweep(cache: ReplayCache, keys, device, seed: int = 0) -> int:
     for key in order:
         call = cache.calls[key]
         args, kwargs = _materialise(call.args, generator), _materialise(call.kwargs, generator)
+        start = time.perf_counter()
         try:
             matches = _shapes(call.func(*args, **kwargs)) == call.out_shapes
         except (RuntimeError, ValueError, IndexError):
             matches = False
-        if matches:
+        synchronize(device)
+        if matches:                             # the check was the replay's first call
             _time_replay(cache, key, lambda c=call, a=args, kw=kwargs: c.func(*a, **kw),
-                         device, call.flush_size, SWEEP_ROUNDS)
+                         device, call.flush_size, SWEEP_ROUNDS, time.perf_counter() - start)
             replayed += 1
         else:
             del cache.calls[key]                # not again
@@ -432,13 +437,16 @@ def _call_overhead_seconds(device: torch.device) -> float:
 
 
 def _replay_seconds(call: Callable[[], object], device: torch.device,
-                    rounds: int = REPLAY_ROUNDS) -> float:
+                    rounds: int = REPLAY_ROUNDS, first_s: float | None = None) -> float:
     """Seconds of one ``call``: batches of calls lasting about ``REPLAY_TARGET_S`` (on an
-    accelerator, so its queue hides the launch latency), the fastest batch's mean."""
-    start = time.perf_counter()
-    call()
-    synchronize(device)
-    first = time.perf_counter() - start
+    accelerator, so its queue hides the launch latency), the fastest batch's mean. The
+    batch is sized by an untimed first call, or by ``first_s``, one made by the caller."""
+    first = first_s
+    if first is None:
+        start = time.perf_counter()
+        call()
+        synchronize(device)
+        first = time.perf_counter() - start
     batch = max(1, min(MAX_REPLAY_BATCH, math.ceil(REPLAY_TARGET_S / max(first, 1e-9))))
     best = math.inf
     for _ in range(rounds):
@@ -451,10 +459,13 @@ def _replay_seconds(call: Callable[[], object], device: torch.device,
 
 
 def _cold_replay_seconds(call: Callable[[], object], device: torch.device,
-                         flush: torch.Tensor, rounds: int = REPLAY_ROUNDS) -> float:
+                         flush: torch.Tensor, rounds: int = REPLAY_ROUNDS,
+                         warmed: bool = False) -> float:
     """Seconds of one ``call`` after ``flush`` (twice a cache level) is read, evicting the
-    call's inputs: the fastest of ``rounds`` such calls (one untimed call first)."""
-    call()
+    call's inputs: the fastest of ``rounds`` such calls (one untimed call first, unless
+    ``warmed``: the caller just made one)."""
+    if not warmed:
+        call()
     times = []
     for _ in range(rounds):
         flush.sum()                      # read: evicts without leaving lines to write back
