@@ -54,6 +54,13 @@ machine does not stay in one model's bound. Its speed still drifts by 10-20% bet
 seconds, which is why the bench names records above 105% rather than any test asserting
 it on a live run (tests never assert wall-clock times).
 
+**Why a narrow model sits further below its bound.** A replay prices a call at its
+fastest; a step pays each call's typical time, and the gap is wider for short calls. On
+the class machine dense's 1.8 ms matmuls typically ran 13-26% above their fastest call,
+CAT's 11 ms ones 5%, so models whose steps are mostly small matmuls reach a smaller share
+of their bounds, and a wide model's ratio to dense can pass its ceiling by a few percent
+(docs/MEASUREMENTS.md, "Where the training records' spread comes from").
+
 **The probes** (``measure_peaks``, about 1.5 s, once per bench run, with the run's threads
 pinned; shown in the bench's header, and what each step's own speed is compared with):
 
