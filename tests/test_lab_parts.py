@@ -5,6 +5,10 @@ finished and leaves no process behind; bad settings are refused before any work.
 import multiprocessing
 import os
 import signal
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,6 +18,7 @@ from blockmem_lite.corpora import load_corpus
 from blockmem_lite.lab import parts
 from blockmem_lite.lab import run as lab_run
 from blockmem_lite.tools.cli import reproduce_main
+from blockmem_lite.train.stopping import StopButton
 
 
 def _jobs(tmp_path, archs=("bcmt",)) -> list[parts.RecallJob]:
@@ -103,6 +108,75 @@ def test_a_stop_keeps_the_finished_models_and_ends_every_worker(tmp_path):
         parts.train_in_workers(jobs, 2, stop_after_the_first)
     assert stopped.value.history.stopped_by == "SIGINT"
     assert 1 <= len(got) < len(jobs)
+    assert multiprocessing.active_children() == []
+
+
+@dataclass
+class _TrainingJob:
+    """A stand-in job for a worker. ``mode`` "trainer": trains inside a stop button, as a
+    Trainer does, writing ``caught`` if a stop signal reaches it; "deaf": ignores SIGTERM
+    while it trains; "short": waits until the other job is under way (its ``started``
+    file), then ends at once. A long one gives up after a minute."""
+
+    key: str
+    folder: Path
+    mode: str
+    arch: str = "dense"
+    task: str = "recall"
+    name: str = "stand-in"
+    steps: int = 1
+
+    @property
+    def cost(self) -> float:
+        return 1.0 if self.mode == "short" else 2.0      # the long one is handed out first
+
+    def train(self, callbacks) -> dict:
+        started, deadline = self.folder / "started", time.monotonic() + 60
+        if self.mode == "short":
+            while not started.exists() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            return {}
+        if self.mode == "deaf":
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        with StopButton() as stop:
+            started.touch()
+            try:
+                while not stop.requested and time.monotonic() < deadline:
+                    time.sleep(0.01)
+            finally:                                     # a second signal raises here
+                if stop.requested:
+                    (self.folder / "caught").touch()
+        return {}
+
+
+@pytest.mark.parametrize("mode", ["trainer", "deaf"])
+def test_a_stop_ends_a_worker_whose_training_would_outlive_sigterm(tmp_path, monkeypatch, mode):
+    """The lab's process ends its workers with SIGTERM. A Trainer's stop button would take
+    it as a clean stop, hand back its result and leave the worker waiting for the next job,
+    and the lab's process waiting for the worker (a CI run hung so): a worker exits at the
+    signal instead. One that ignores it (a plugin's own handler) is killed."""
+    monkeypatch.setattr(parts, "END_GRACE_S", 0.5)
+    jobs = [_TrainingJob("long", tmp_path, mode), _TrainingJob("short", tmp_path, "short")]
+
+    def stop_after_the_first(job, measured):
+        os.kill(os.getpid(), signal.SIGINT)
+
+    stuck = threading.Event()                            # a guard, so a regression fails
+
+    def unstick():                                       # rather than hangs the suite
+        stuck.set()
+        for child in multiprocessing.active_children():
+            os.kill(child.pid, signal.SIGKILL)
+    guard = threading.Timer(120, unstick)
+    guard.start()
+    try:
+        with pytest.raises(parts.TrainingStopped):
+            parts.train_in_workers(jobs, 2, stop_after_the_first)
+    finally:
+        guard.cancel()
+    assert not stuck.is_set(), "a worker outlived the lab's SIGTERM"
+    assert (tmp_path / "started").exists()               # the long job was under way
+    assert not (tmp_path / "caught").exists()            # its training never saw the stop
     assert multiprocessing.active_children() == []
 
 

@@ -48,6 +48,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import multiprocessing
+import os
 import queue as queue_module
 import signal
 import time
@@ -69,6 +70,7 @@ from blockmem_lite.train.stopping import StopButton
 
 PROBE_POINTS = 10              # probes of a watched recall model over its training
 REPORT_EVERY_S = 0.5           # a worker's step reports, at most this often
+END_GRACE_S = 10.0             # a worker still alive this long after SIGTERM is killed
 
 
 class TrainingStopped(KeyboardInterrupt):
@@ -233,15 +235,31 @@ _reports = None                   # the worker's queue to the lab's process
 
 
 def _start_worker(reports, threads: int, plugins: tuple[str, ...]) -> None:
-    """Each worker: its share of the threads, Ctrl-C left to the lab's process (which ends
-    the workers), the plugin files the jobs need."""
+    """Each worker: its share of the threads, Ctrl-C and a closed terminal left to the lab's
+    process (which ends the workers), SIGTERM (how it ends them) ending the worker at once,
+    and the plugin files the jobs need.
+
+    A worker's Trainer must not catch the SIGTERM: its stop button takes over any signal
+    still at its default handler, so a training under way stopped cleanly, handed back its
+    result and the worker waited for the next job, while the lab's process waited for it
+    to end (a CI run hung there: ``test_lab_parts``'s stop test)."""
     global _reports
     _reports = reports
     torch.set_num_threads(threads)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if hasattr(signal, "SIGHUP"):                       # not on Windows
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _end_worker_now)
     registry.load_entry_points()
     for path in plugins:
         registry.load_plugin(path)
+
+
+def _end_worker_now(signum, frame) -> None:
+    """A worker's SIGTERM handler: exit at once. Its training under way is dropped by
+    design (the module docstring), and an exception would only reach the pool's worker
+    loop, which reports it and waits for the next job."""
+    os._exit(128 + signum)
 
 
 class _Reporter:
@@ -355,14 +373,19 @@ def _result_of(future, job) -> dict:
 
 def _end(pool: ProcessPoolExecutor) -> None:
     """Every worker ended at once, the running trainings with them (the executor has no
-    public way to stop a running call before Python 3.14's ``terminate_workers``)."""
+    public way to stop a running call before Python 3.14's ``terminate_workers``): SIGTERM,
+    then SIGKILL for any worker still alive ``END_GRACE_S`` later (a plugin's own SIGTERM
+    handler, say), so this always returns."""
     processes = list((pool._processes or {}).values())
     pool.shutdown(wait=False, cancel_futures=True)
     for process in processes:
         if process.is_alive():
             process.terminate()
     for process in processes:
-        process.join()
+        process.join(END_GRACE_S)
+        if process.is_alive():
+            process.kill()
+            process.join()
 
 
 def _drain(reports, jobs, done_steps: dict, views: dict, live_for) -> None:
