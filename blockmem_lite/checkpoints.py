@@ -28,6 +28,7 @@ import warnings
 import zipfile
 from pathlib import Path
 
+import psutil
 import torch
 
 from blockmem_lite.units import human_bytes
@@ -53,24 +54,26 @@ def is_disk_full(error: BaseException) -> bool:
 
 
 def _pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` runs on this machine (psutil: on Windows ``os.kill(pid, 0)``
+    sends a console Ctrl-C instead of testing the pid)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        return psutil.pid_exists(pid)
+    except (OverflowError, ValueError):      # no pid at all
         return False
-    except PermissionError:           # alive, owned by someone else
-        return True
-    except OSError:
-        return False
-    return True
 
 
 def _process_start(pid: int) -> int | None:
-    """When process ``pid`` started (clock ticks since boot, /proc/<pid>/stat field 22), which
-    tells it from a later process given the same pid; None where /proc cannot say."""
+    """When process ``pid`` started, which tells it from a later process given the same pid:
+    clock ticks since boot (/proc/<pid>/stat field 22) on Linux, milliseconds since the
+    epoch (psutil) where there is no /proc (macOS, Windows); None where neither can say."""
     try:
-        fields = (PROC_ROOT / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
-        return int(fields[19])
+        fields = (PROC_ROOT / str(pid) / "stat").read_text(encoding="utf-8").rsplit(")", 1)[1]
+        return int(fields.split()[19])
     except (OSError, IndexError, ValueError):
+        pass
+    try:
+        return round(psutil.Process(pid).create_time() * 1000)
+    except (psutil.Error, OverflowError, ValueError):
         return None
 
 
@@ -175,11 +178,12 @@ class RunLocked(RuntimeError):
 class RunLock:
     """``with RunLock(folder):`` one process at a time writes checkpoints into ``folder``.
 
-    The lock file holds the owner's pid, host, start time and /proc start ticks. A lock
-    left by a process that no longer runs on this host, or whose pid now names another
-    process (a later one, or one that cannot be a run: pid 1 of a container), is stale and
-    taken over; a lock from another host cannot be checked and is left to the user. The same
-    process may take the lock again (nested fits); the outermost release frees it.
+    The lock file holds the owner's pid, host, start time and the moment its process
+    started (``_process_start``). A lock left by a process that no longer runs on this host,
+    or whose pid now names another process (a later one, or one that cannot be a run: pid 1
+    of a container), is stale and taken over; a lock from another host cannot be checked and
+    is left to the user. The same process may take the lock again (nested fits); the
+    outermost release frees it.
     """
 
     _held: dict[str, int] = {}                 # folder -> nesting depth in this process
@@ -191,7 +195,7 @@ class RunLock:
     def owner(self) -> dict | None:
         """The lock file's content (pid, host, started, process_start); None if unreadable."""
         try:
-            owner = json.loads(self.path.read_text())
+            owner = json.loads(self.path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return None
         return owner if isinstance(owner, dict) else None
@@ -241,7 +245,7 @@ class RunLock:
                     raise self._refusal(owner) from None
                 self.path.unlink(missing_ok=True)            # stale: its process is gone
                 continue
-            with os.fdopen(fd, "w") as f:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
                 json.dump({"pid": os.getpid(), "host": socket.gethostname(),
                            "started": time.strftime("%Y-%m-%d %H:%M:%S"),
                            "process_start": _process_start(os.getpid())}, f)

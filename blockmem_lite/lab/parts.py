@@ -30,14 +30,15 @@ also fill the gap the last long recall model leaves.
 
 ``recall_part`` and ``facts_part`` train and measure one model, in the lab's process or
 in a worker; ``train_in_workers`` runs a list of jobs on a pool of worker processes
-(``forkserver``: fresh processes, started once, that never inherit a notebook kernel's
-threads), hands each result to the caller as it arrives (the lab stores it at once),
-turns the workers' step reports into one progress fraction and their probes into the
-caller's live views. A stop (Ctrl-C, SIGTERM, SIGHUP) ends the workers at once: what
-finished is stored, the trainings under way are dropped (``TrainingStopped``). A worker
-that dies (killed, out of memory) ends the others the same way and is named
-(``WorkerLost``): ``concurrent.futures`` notices a dead worker, where a
-``multiprocessing.Pool`` would wait for its result forever.
+(``forkserver``, ``spawn`` on Windows: fresh processes, started once, that never inherit a
+notebook kernel's threads; the jobs travel pickled, to functions of this module), hands each
+result to the caller as it arrives (the lab stores it at once), turns the workers' step
+reports into one progress fraction and their probes into the caller's live views. A stop
+(Ctrl-C, SIGTERM, SIGHUP where there is one) ends the workers at once: what finished is
+stored, the trainings under way are dropped (``TrainingStopped``). A worker that dies
+(killed, out of memory) ends the others the same way and is named (``WorkerLost``):
+``concurrent.futures`` notices a dead worker, where a ``multiprocessing.Pool`` would wait
+for its result forever.
 
 ``parts_of_run`` takes finished recall models from another run instead (a notebook reads
 the kit's shipped dense reference rather than training it a third time).
@@ -306,8 +307,7 @@ def train_in_workers(jobs: list, workers: int, on_result: Callable,
     order = costliest_first(jobs)
     threads = max(1, torch.get_num_threads() // workers)
     plugins = tuple(sorted({p for job in jobs if (p := registry.plugin_file(job.arch))}))
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["blockmem_lite.lab.parts"])
+    context = _worker_context()
     reports = context.Queue()
     done_steps = {i: 0 for i in order}
     views: dict[str, object] = {}
@@ -333,6 +333,17 @@ def train_in_workers(jobs: list, workers: int, on_result: Callable,
     finally:
         _end(pool)
         reports.close()
+
+
+def _worker_context():
+    """The workers' start method: ``forkserver`` (Linux, macOS), its server importing this
+    module once for all the workers; ``spawn`` where the platform has no forkserver
+    (Windows), each worker importing it itself."""
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["blockmem_lite.lab.parts"])
+    return context
 
 
 def done_share(jobs: list, done_steps: dict[int, int]) -> float:

@@ -114,5 +114,5 @@ def write_json(records: list[dict], path: str | Path) -> Path:
     """Write the records as a JSON list of dicts (no wrapper)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(records, indent=2))
+    path.write_text(json.dumps(records, indent=2), encoding="utf-8")
     return path

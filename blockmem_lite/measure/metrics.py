@@ -309,23 +309,39 @@ def cuda_peak_bytes(fn: Callable[[], object], device: torch.device | str) -> int
     return int(torch.cuda.max_memory_allocated(device))
 
 
+PROC_SELF_STATUS = Path("/proc/self/status")   # Linux: VmHWM, this program's peak RSS
+
+
 def max_rss_bytes() -> int:
     """Peak RSS of this process so far, in bytes.
 
     Linux: ``VmHWM`` from /proc/self/status, the high-water mark of the running
     program only (``ru_maxrss`` keeps the *parent's* peak across fork + exec,
-    which would hide the child's own figure). Elsewhere ``ru_maxrss``: bytes
-    on macOS, KiB on other Unixes.
+    which would hide the child's own figure). Other Unixes: ``ru_maxrss``, in
+    bytes on macOS, KiB elsewhere. Windows (no ``resource``): psutil's peak
+    working set.
     """
-    status = Path("/proc/self/status")
-    if status.exists():
-        for line in status.read_text().splitlines():
+    try:
+        for line in PROC_SELF_STATUS.read_text(encoding="utf-8").splitlines():
             if line.startswith("VmHWM:"):
                 return int(line.split()[1]) * 1024                        # reported in kB
-    import resource
-
+    except OSError:                                                      # no /proc
+        pass
+    try:
+        import resource
+    except ImportError:                                                  # Windows
+        return _peak_working_set_bytes()
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(peak) if sys.platform == "darwin" else int(peak) * 1024
+
+
+def _peak_working_set_bytes() -> int:
+    """psutil's ``peak_wset`` (Windows' peak RSS); where psutil has no peak field, the
+    current RSS (a lower bound of the peak)."""
+    import psutil
+
+    info = psutil.Process().memory_info()
+    return int(getattr(info, "peak_wset", info.rss))
 
 
 @dataclass
@@ -378,9 +394,11 @@ def peak_rss_subprocess(spec: dict, timeout: float = 600.0) -> RssReading:
     package_root = str(Path(__file__).resolve().parent.parent)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+    env["PYTHONIOENCODING"] = "utf-8"          # its errors read whatever the code page
     try:
         done = subprocess.run([sys.executable, "-c", _CHILD_CODE], input=json.dumps(spec),
-                              capture_output=True, text=True, timeout=timeout, env=env)
+                              capture_output=True, encoding="utf-8", errors="replace",
+                              timeout=timeout, env=env)
     except subprocess.TimeoutExpired as err:
         raise RuntimeError(f"RSS subprocess timed out after {timeout:.0f} s for "
                            f"phase={spec['phase']!r}, seq_len={spec['seq_len']}, "

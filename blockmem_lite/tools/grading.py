@@ -58,6 +58,7 @@ from blockmem_lite.tools.sandbox import (
     SandboxError,
     choose_level,
     describe,
+    require_linux,
 )
 
 UNKNOWN = ("cannot tell which exercise this is: keep the NN_ prefix of the notebook "
@@ -533,7 +534,8 @@ def main(argv: list[str] | None = None) -> int:
     """``exercises grade``: grade, write the tables, say what was graded; 2 on a usage error."""
     args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
     try:
-        check_out(args.out)   # before minutes of grading
+        require_linux()       # before minutes of grading
+        check_out(args.out)
         budget = Budget(cell=args.cell_timeout, notebook=args.notebook_timeout,
                         student=args.student_timeout, isolation=args.isolation,
                         hidden=(args.out.resolve(),))

@@ -22,6 +22,9 @@ Both levels apply the resource limits of ``Limits`` (prlimit): address space, fi
 CPU seconds and open files, and processes for a user that is not root (Linux does not
 count processes against root's limit). The wall-clock limits per cell, notebook and
 student are the grader's (``tools/grading.py``).
+
+Both are Linux's (namespaces, prlimit, /proc): elsewhere ``require_linux`` refuses at once,
+naming where to grade instead.
 """
 
 from __future__ import annotations
@@ -76,8 +79,17 @@ def bubblewrap_works() -> bool:
         return False
 
 
+def require_linux() -> None:
+    """A SandboxError on any platform but Linux, whose sandboxes grading needs."""
+    if not sys.platform.startswith("linux"):
+        raise SandboxError(f"grading needs Linux (its sandbox is bubblewrap and prlimit) and "
+                           f"this is {sys.platform}: grade on a Linux machine, or in a Linux "
+                           "container (Docker; on Windows also WSL)")
+
+
 def choose_level(wanted: str = "auto") -> str:
     """The level to grade at: ``auto`` takes bubblewrap where it works, else ``process``."""
+    require_linux()
     if wanted not in LEVELS:
         raise SandboxError(f"--isolation={wanted} is not allowed: expected one of "
                          f"{', '.join(LEVELS)}")
