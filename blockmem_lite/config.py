@@ -20,8 +20,33 @@ preset    size                         meant for
 tiny      d=32, 2 layers, T=32         unit tests (milliseconds)
 fast      d=32, 2 layers, T=64         CI notebooks (< 1 min each on 2 CPU cores)
 class     d=128, 4 layers, T=256       a classroom laptop CPU (a few minutes)
-gpu       d=384, 8 layers, T=1024      one GPU (about 15M parameters)
+gpu       d=384, 8 layers, T=1024,     one GPU: a free Colab T4 (15 GiB) holds
+          batch 16                     every mechanism, a 6-8 GiB laptop GPU
+                                       dense, HOnly, BCMT and ARMT
 ========  ===========================  =========================================
+
+The ``gpu`` preset per mechanism (parameters; training memory at batch 16 under bf16 or
+fp16 autocast, as ``measure.memory_estimate`` finds it with CPU autocast standing in):
+
+======  =======  ========  ==============================================================
+arch    params   memory    why
+======  =======  ========  ==============================================================
+dense   14.4M    2.9 GiB   the backbone (HOnly the same)
+armt    15.6M    3.4 GiB   + the associative memory of every layer
+bcmt    17.9M    3.4 GiB   + the memory gates of every layer
+cat     65.4M    7.3 GiB   the decoder at twice the width (the paper's default, a kit
+                           decision): 4x the parameters per layer; + compressor and W_f
+moc     119.4M   10 GiB    100.7M of it the paper's bank (4097 chapters x 64 tokens, a
+                           kit decision), a table read 65 chapters at a time; each
+                           window of 128 tokens reads 4160 bank tokens
+======  =======  ========  ==============================================================
+
+Before the first step the Trainer checks the estimate against the card's free memory
+(``TrainConfig.check_memory``) and names the largest batch that fits; the precision is
+bf16 on cards with fast bf16 (Ampere and later), else fp16 with a GradScaler
+(``runtime.resolve_precision``). Its corpus is the offline one like every preset's (about
+0.4M byte tokens, so 5,000 steps see it about 200 times: expect the validation loss to
+turn up); ``corpus="wikitext-103"`` asks for WikiText, downloaded once.
 """
 
 from __future__ import annotations
@@ -31,7 +56,9 @@ import os
 from dataclasses import dataclass, field, fields
 
 from blockmem_lite import registry
+from blockmem_lite.measure.flops import training_flops_per_token
 from blockmem_lite.registry import PRESET_NAMES, Options
+from blockmem_lite.runtime import PRECISIONS, matmul_flops_per_second, pick_device
 from blockmem_lite.validation import check_bool, check_float, check_int, fail
 
 
@@ -211,12 +238,14 @@ class TrainConfig:
     checkpoint_dir: str | None = None
     seed: int = 0
     device: str = "auto"             # auto = cuda > mps > cpu
-    precision: str = "auto"          # auto = bf16 autocast on CUDA, fp32 elsewhere
+    precision: str = "auto"          # auto = CUDA: bf16 autocast from compute capability 8.0
+    #                                  (Ampere), fp16 + GradScaler before; fp32 elsewhere
     num_workers: int = 0             # DataLoader workers; 0 keeps 2-core machines responsive
     val_fraction: float = 0.1
     corpus: str = "offline"          # see corpora.load_corpus
     tokenizer: str = "bytes"         # "bytes" or a Hugging Face tokenizer in the local cache
     compile: bool = False            # torch.compile the model's forward/backward (compiling.py)
+    check_memory: bool = True        # estimate the run's memory first; refuse what won't fit
 
     def __post_init__(self) -> None:
         self.validate()
@@ -238,10 +267,11 @@ class TrainConfig:
         check_int("seed", self.seed, 0)
         if self.device not in ("auto", "cpu", "cuda", "mps") and not self.device.startswith("cuda:"):
             fail("device", self.device, "expected 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'")
-        if self.precision not in ("auto", "fp32", "bf16"):
-            fail("precision", self.precision, "expected 'auto', 'fp32' or 'bf16'")
+        if self.precision not in PRECISIONS:
+            fail("precision", self.precision, f"expected one of {', '.join(map(repr, PRECISIONS))}")
         check_int("num_workers", self.num_workers, 0)
         check_bool("compile", self.compile)
+        check_bool("check_memory", self.check_memory)
         check_float("val_fraction", self.val_fraction, 0.0, 0.5, low_inclusive=False)
         if not isinstance(self.tokenizer, str) or not self.tokenizer:
             fail("tokenizer", self.tokenizer, "expected 'bytes' or the name of a Hugging Face "
@@ -304,8 +334,8 @@ _PRESETS = {
               dict(steps=600, batch_size=16, lr=3e-3, warmup_steps=30, eval_every=100,
                    eval_batches=8, log_every=10)),
     "gpu": (dict(d_model=384, n_layer=8, n_head=6, seq_len=1024),
-            dict(steps=5000, batch_size=32, lr=1e-3, warmup_steps=200, eval_every=250,
-                 eval_batches=20, log_every=25, corpus="wikitext-103")),
+            dict(steps=5000, batch_size=16, lr=1e-3, warmup_steps=200, eval_every=250,
+                 eval_batches=20, log_every=25)),
 }
 assert tuple(_PRESETS) == PRESET_NAMES
 
@@ -341,4 +371,37 @@ def notebook_config(preset_name: str = "class", *, fast: dict | None = None,
     if fast_mode():
         cfg = preset("fast", **overrides)
         return cfg.replace(**fast) if fast else cfg
-    return preset(preset_name, **overrides)
+    cfg = preset(preset_name, **overrides)
+    note = gpu_preset_on_cpu(cfg)
+    if note:
+        print(note)
+    return cfg
+
+
+# A training step reaches 0.5-1.1 of a bare matmul's rate on a 2-core CPU (class preset:
+# dense and BCMT about 0.5, CAT and MoC about 1.0): the slower share bounds the time.
+CPU_STEP_EFFICIENCY = (0.5, 1.0)
+GPU_SIZED_PRESETS = ("gpu",)
+
+
+def gpu_preset_on_cpu(cfg: RunConfig, rate: float | None = None) -> str:
+    """What a notebook says when a preset sized for a GPU meets a CPU: about how long its
+    training takes here (its FLOPs at ``rate``, this CPU's matmul rate by default) and how
+    to switch; "" for any other preset or device."""
+    if cfg.preset not in GPU_SIZED_PRESETS or pick_device(cfg.train.device).type != "cpu":
+        return ""
+    rate = matmul_flops_per_second() if rate is None else rate
+    mechanism = registry.get(cfg.model.arch)
+    if mechanism.flops is None:
+        return ""
+    tokens = cfg.train.steps * cfg.train.batch_size * cfg.model.seq_len
+    total = training_flops_per_token(mechanism.flops(cfg.model, cfg.model.seq_len, False)) * tokens
+    fastest, slowest = (total / (rate * share) for share in reversed(CPU_STEP_EFFICIENCY))
+    return (f"preset {cfg.preset!r} on a CPU: its {cfg.train.steps} training steps would take "
+            f"about {_hours_or_minutes(fastest)} to {_hours_or_minutes(slowest)} here. It is sized for "
+            "a GPU: in Colab, Runtime > Change runtime type > GPU, then run the notebook again; "
+            "or use notebook_config(\"class\", ...), sized for this CPU (minutes).")
+
+
+def _hours_or_minutes(seconds: float) -> str:
+    return f"{seconds / 3600:.0f} hours" if seconds >= 5400 else f"{seconds / 60:.0f} minutes"

@@ -1,7 +1,10 @@
 """Where and how code runs: device choice, seeding, autocast, memory readings.
 
 Device-agnostic by construction: ``pick_device`` prefers cuda > mps > cpu and
-nothing else in the kit assumes CUDA. bf16 autocast is used only on CUDA.
+nothing else in the kit assumes CUDA. Autocast is used only on CUDA, and
+``resolve_precision`` picks its dtype by the card: bf16 where the card has fast bf16
+(compute capability >= 8.0, Ampere and later), fp16 with a ``GradScaler`` on older cards
+(a T4, an RTX 20xx: bf16 there is emulated, slowly and silently), fp32 off CUDA.
 Memory readings are honest for each device: CUDA's allocator counters on a
 GPU, the process's resident set size (RSS) on CPU (documented as such).
 """
@@ -11,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import time
 import warnings
 from pathlib import Path, PurePosixPath
 
@@ -42,6 +46,33 @@ def _mps_available() -> bool:
     return bool(backend and backend.is_available())
 
 
+def device_summary(preference: str = "auto") -> str:
+    """One line for a notebook's first cell: the device it will run on, and what that means."""
+    device = pick_device(preference)
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        what = f"cuda: {props.name}, {props.total_memory / 2**30:.0f} GiB"
+    elif device.type == "mps":
+        what = "mps: the Apple GPU"
+    else:
+        what = (f"cpu, {torch.get_num_threads()} threads: every notebook's class preset is sized "
+                "for this; only the gpu preset wants a GPU")
+    return f"device {what} (torch {torch.__version__})"
+
+
+def matmul_flops_per_second(device: str = "cpu", size: int = 512, seconds: float = 0.2) -> float:
+    """This device's rate on fp32 ``size`` x ``size`` matmuls, timed for about ``seconds``."""
+    a = torch.randn(size, size, device=device)
+    b = torch.randn(size, size, device=device)
+    a @ b                                            # warm-up
+    calls, start = 0, time.perf_counter()
+    while calls == 0 or time.perf_counter() - start < seconds:
+        a @ b
+        calls += 1
+    synchronize(torch.device(device))
+    return 2.0 * size ** 3 * calls / (time.perf_counter() - start)
+
+
 def seed_everything(seed: int) -> None:
     """Seed Python, NumPy (if present) and torch (all devices)."""
     random.seed(seed)
@@ -55,15 +86,82 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def autocast_context(device: torch.device, precision: str = "auto"):
-    """bf16 autocast on CUDA for ``auto``/``bf16``; a no-op elsewhere (fp32)."""
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+FAST_BF16_CAPABILITY = (8, 0)          # Ampere and later: bf16 tensor cores
+AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def cuda_capability(device) -> tuple[int, int]:
+    """(major, minor) compute capability of a CUDA device, e.g. (7, 5) for a T4."""
+    return tuple(torch.cuda.get_device_capability(torch.device(device)))
+
+
+def resolve_precision(device, precision: str = "auto",
+                      capability: tuple[int, int] | None = None) -> str:
+    """What ``precision`` means on ``device``: "bf16", "fp16" or "fp32" (the module docstring).
+
+    ``auto``: bf16 on CUDA at ``capability`` >= FAST_BF16_CAPABILITY (default: the card's
+    own), fp16 on older CUDA cards, fp32 elsewhere. ``bf16`` / ``fp16`` only on CUDA; an
+    explicit ``bf16`` on an older card runs, with a warning that it is emulated.
+    """
     device = torch.device(device)
-    if device.type == "cuda" and precision in ("auto", "bf16"):
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    if precision == "bf16" and device.type != "cuda":
-        raise ValueError(f"precision='bf16' is not allowed on {device.type}: bf16 autocast is "
-                         "used only on CUDA; use 'auto' or 'fp32'")
-    return contextlib.nullcontext()
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision={precision!r} is not allowed: expected one of "
+                         f"{', '.join(map(repr, PRECISIONS))}")
+    if device.type != "cuda":
+        if precision in AUTOCAST_DTYPES:
+            raise ValueError(f"precision={precision!r} is not allowed on {device.type}: "
+                             f"{precision} autocast is used only on CUDA; use 'auto' or 'fp32'")
+        return "fp32"
+    if precision not in ("auto", "bf16"):
+        return precision
+    capability = tuple(capability or cuda_capability(device))
+    if capability >= FAST_BF16_CAPABILITY:
+        return "bf16"
+    if precision == "bf16":
+        warnings.warn(f"precision='bf16' on a card of compute capability {capability}: bf16 is "
+                      "emulated there (slow); 'auto' picks fp16 with a GradScaler",
+                      UserWarning, stacklevel=2)
+        return "bf16"
+    return "fp16"
+
+
+def autocast_for(device, resolved: str):
+    """The autocast context of a resolved precision ("bf16", "fp16"; "fp32": none) on
+    ``device``, without the CUDA-only rule (tests rehearse fp16 on CPU with it)."""
+    dtype = AUTOCAST_DTYPES.get(resolved)
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(torch.device(device).type, dtype=dtype)
+
+
+def autocast_context(device: torch.device, precision: str = "auto"):
+    """Autocast at ``resolve_precision(device, precision)``; a no-op for fp32."""
+    return autocast_for(device, resolve_precision(device, precision))
+
+
+def grad_scaler(device, resolved: str):
+    """A ``torch.amp.GradScaler`` for fp16 (its gradients would underflow unscaled); None
+    for bf16 and fp32, whose exponent range is fp32's."""
+    if resolved != "fp16":
+        return None
+    return torch.amp.GradScaler(torch.device(device).type)
+
+
+def precision_note(device, resolved: str) -> str:
+    """One phrase saying which precision runs and why, e.g. for a T4: "fp16 autocast with a
+    GradScaler (compute capability 7.5 has no fast bf16)"."""
+    device = torch.device(device)
+    if resolved == "fp32":
+        return "fp32"
+    why = ""
+    if device.type == "cuda":
+        capability = cuda_capability(device)
+        fast = capability >= FAST_BF16_CAPABILITY
+        why = f" (compute capability {capability[0]}.{capability[1]} " \
+              f"{'has' if fast else 'has no'} fast bf16)"
+    scaler = " with a GradScaler" if resolved == "fp16" else ""
+    return f"{resolved} autocast{scaler}{why}"
 
 
 def process_rss_bytes() -> int:

@@ -189,13 +189,14 @@ from blockmem_lite.models.dense import DenseLM
 
 
 class NanAfterThree(DenseLM):
-    """Dense, whose training loss turns NaN at its fourth training step."""
+    """Dense, whose training loss turns NaN at its fourth training step (the Trainer's
+    memory estimate runs batches of 1 and 2 sequences first: not counted)."""
 
     calls = 0
 
     def forward(self, *args, **kwargs):
         out = super().forward(*args, **kwargs)
-        if self.training and out.loss is not None:
+        if self.training and out.loss is not None and args[0].shape[0] > 2:
             NanAfterThree.calls += 1
             if NanAfterThree.calls > 3:
                 out.loss = out.loss * float("nan")

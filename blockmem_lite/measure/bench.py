@@ -102,12 +102,19 @@ from blockmem_lite.measure.bench_table import (  # noqa: F401  (the output, read
 )
 from blockmem_lite.measure.flops import flop_ceiling, training_flops_per_token
 from blockmem_lite.models.base import build_model
-from blockmem_lite.runtime import keep_freed_memory, pick_device, seed_everything
+from blockmem_lite.runtime import (
+    AUTOCAST_DTYPES,
+    PRECISIONS,
+    keep_freed_memory,
+    pick_device,
+    resolve_precision,
+    seed_everything,
+)
 from blockmem_lite.validation import fail
 
 PHASES = ("train", "decode")
 MEMORY_CHOICES = ("saved", "rss", "none")
-DTYPES = ("auto", "fp32", "bf16")
+DTYPES = PRECISIONS               # auto: runtime.resolve_precision's choice for the card
 TRAIN_TOKENS_PER_STEP = 4096     # default train batch = max(1, this // T)
 DEFAULT_SEQ_LENS = (256, 1024, 4096)
 RECORD_KEYS = ("arch", "variant", "phase", "seq_len", "batch", "tokens_per_s", "ms_per_step",
@@ -478,14 +485,13 @@ def _step_cost(ctx: BenchContext, cfg: ModelConfig, model, phase: str, batch: in
 # --------------------------------------------------------------------------------------
 
 def resolve_dtype(dtype: str, device: torch.device) -> str:
+    """``runtime.resolve_precision`` with the bench's flag name in its errors."""
     if dtype not in DTYPES:
         fail("dtype", dtype, f"expected one of {', '.join(DTYPES)}")
-    if dtype == "auto":
-        return "bf16" if device.type == "cuda" else "fp32"
-    if dtype == "bf16" and device.type != "cuda":
-        fail("dtype", dtype, f"bf16 autocast is used only on CUDA, not on {device.type}; "
+    if dtype in AUTOCAST_DTYPES and device.type != "cuda":
+        fail("dtype", dtype, f"{dtype} autocast is used only on CUDA, not on {device.type}; "
                              "use 'auto' or 'fp32'")
-    return dtype
+    return resolve_precision(device, dtype)
 
 
 def _check_choices(name: str, values, allowed) -> tuple[str, ...]:

@@ -64,7 +64,7 @@ of their bounds, and a wide model's ratio to dense can pass its ceiling by a few
 **The probes** (``measure_peaks``, about 1.5 s, once per bench run, with the run's threads
 pinned; shown in the bench's header, and what each step's own speed is compared with):
 
-* matmul FLOP/s: square n x n matmuls in the run's compute dtype (bf16 under bf16
+* matmul FLOP/s: square n x n matmuls in the run's compute dtype (bf16 or fp16 under
   autocast, else fp32; n = 8192 on CUDA, 1024 elsewhere), 2·n³ FLOPs each, the
   fastest call of those timed;
 * bandwidth: ``dst.copy_(src)`` of a large fp32 buffer (512 MiB on CUDA, 64 MiB
@@ -83,7 +83,7 @@ from dataclasses import dataclass
 import torch
 
 from blockmem_lite.measure.opcount import StepCount
-from blockmem_lite.runtime import synchronize
+from blockmem_lite.runtime import AUTOCAST_DTYPES, synchronize
 from blockmem_lite.validation import check_non_negative, check_positive
 
 PROBE_SECONDS = 0.5                    # per probe (matmul, copy, launch): 1.5 s in all
@@ -98,7 +98,7 @@ class Peaks:
 
     flops_per_s: float                 # matmul FLOP/s in ``dtype``
     bytes_per_s: float                 # copy bandwidth (read + write)
-    dtype: str                         # "fp32" or "bf16": the matmul dtype
+    dtype: str                         # "fp32", "bf16" or "fp16": the matmul dtype
     matmul_n: int
     copy_bytes: int                    # size of the copied buffer
     seconds: float                     # wall time the probes took
@@ -125,8 +125,8 @@ def measure_peaks(device, precision: str = "fp32", seconds: float = PROBE_SECOND
     """Measure matmul FLOP/s, copy bandwidth and the launch cost on ``device`` for about
     3 x ``seconds``.
 
-    ``precision``: "bf16" measures bf16 matmuls (what bf16 autocast runs), anything
-    else fp32. ``matmul_n`` / ``copy_bytes`` override the sizes (tests use small ones).
+    ``precision``: "bf16" / "fp16" measure matmuls in that dtype (what autocast runs),
+    anything else fp32. ``matmul_n`` / ``copy_bytes`` override the sizes (tests use small ones).
     """
     device = torch.device(device)
     check_non_negative("seconds", seconds)
@@ -135,14 +135,14 @@ def measure_peaks(device, precision: str = "fp32", seconds: float = PROBE_SECOND
     size = copy_bytes or ((512 if cuda else 64) << 20)
     check_positive("matmul_n", n)
     check_positive("copy_bytes", size)
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    dtype = AUTOCAST_DTYPES.get(precision, torch.float32)
     start = time.perf_counter()
     with torch.no_grad():
         matmul_s = _matmul_seconds(n, dtype, device, seconds)
         copy_s = _copy_seconds(size // 4, device, seconds)
         launch_s = _launch_seconds(device, seconds)
     return Peaks(flops_per_s=2.0 * n ** 3 / matmul_s, bytes_per_s=2.0 * (size // 4) * 4 / copy_s,
-                 dtype="bf16" if dtype == torch.bfloat16 else "fp32", matmul_n=n,
+                 dtype=precision if precision in AUTOCAST_DTYPES else "fp32", matmul_n=n,
                  copy_bytes=size, seconds=time.perf_counter() - start, launch_s=launch_s)
 
 

@@ -226,7 +226,7 @@ def _infer_entries(bench, seq_len: int, segment_sizes, dense_max) -> list:
 def _dense_skipped_note(bench, batch: int, seq_len: int, dense_max) -> str | None:
     if dense_max is None or seq_len <= dense_max:
         return None
-    width = 2 if bench.precision == "bf16" else 4
+    width = 2 if bench.precision in ("bf16", "fp16") else 4
     kv = 2 * bench.base["n_layer"] * batch * seq_len * bench.base["d_model"] * width
     return (f"dense not run at T={seq_len} on {bench.device.type}: above --infer-dense-max="
             f"{dense_max} (its quadratic prefill takes minutes per pass here); its KV cache "

@@ -20,7 +20,8 @@ Steps (sizes for one GPU; ``--tiny``: small sizes, the logic on a CPU in seconds
    (T = 512, crossing block, segment and chunk boundaries); every logit equals
    the full forward's within ``CACHED_TOLERANCE`` x max(1, max |logit|).
 3. ``train`` (dense and BCMT): the ``gpu`` preset on the offline corpus (pydoc
-   topics, no network), 60 AdamW steps at the preset's precision (bf16 on CUDA):
+   topics, no network), 60 AdamW steps at the preset's precision (bf16 from compute
+   capability 8.0, fp16 with a GradScaler before):
    the loss falls (the mean of the last 10 steps at most 0.8 x the first loss);
    the figure gives tokens/s (median of the second half of the steps) and peak memory.
 4. ``bench`` (every arch): ``bench.run_bench`` of dense and the arch (the last
@@ -68,7 +69,13 @@ from blockmem_lite.corpora import load_corpus, make_loaders
 from blockmem_lite.measure import bench, metrics
 from blockmem_lite.models.base import build_model
 from blockmem_lite.nn import attention
-from blockmem_lite.runtime import autocast_context, pick_device, seed_everything, synchronize
+from blockmem_lite.runtime import (
+    autocast_context,
+    pick_device,
+    precision_note,
+    seed_everything,
+    synchronize,
+)
 from blockmem_lite.train import Callback, Trainer
 from blockmem_lite.units import fmt, human_bytes
 from blockmem_lite.validation import fail
@@ -271,7 +278,7 @@ def check_training(arch: str, device: torch.device, sizes: Sizes) -> list[tuple[
     last = statistics.mean(losses[-10:])
     speed = statistics.median(history.tokens_per_s[len(history.tokens_per_s) // 2:])
     memory = max(history.memory_bytes) if history.memory_bytes else None
-    precision = "bf16 autocast" if device.type == "cuda" else "fp32"
+    precision = precision_note(device, trainer.precision)
     figure = (f"loss {losses[0]:.3f} -> {last:.3f} in {len(losses)} steps of "
               f"{run_cfg.train.batch_size}x{run_cfg.model.seq_len} tokens ({precision}), "
               f"{speed:,.0f} tok/s, memory {human_bytes(memory)} "
@@ -563,6 +570,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         path = Path(args.out)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(to_json(rows, total, device, args.tiny), indent=2))
+        path.write_text(json.dumps(to_json(rows, total, device, args.tiny), indent=2),
+                        encoding="utf-8")
         print(f"wrote {path}")
     return 1 if any(r.result == "FAIL" for r in rows) else 0

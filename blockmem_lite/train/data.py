@@ -42,6 +42,13 @@ def as_dataset(data, name: str):
     return data
 
 
+def first_examples(dataset, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first ``n`` examples collated (the last one repeated where there are fewer):
+    (x (n, T), y (n, T)); what the memory estimate's dry runs read."""
+    batch = default_collate([dataset[min(i, len(dataset) - 1)] for i in range(n)])
+    return batch[0], batch[1]
+
+
 def _check_example(item, name: str) -> None:
     ok = (isinstance(item, (tuple, list)) and len(item) == 2
           and all(isinstance(t, torch.Tensor) for t in item)

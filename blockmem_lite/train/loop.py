@@ -9,7 +9,13 @@ need; each piece has its own module beside this one:
 * the batch stream and evaluation: ``data``; checkpoints, resume and RNG states:
   ``resume``; the stop button and the clock: ``stopping``; the History and callbacks
   (``on_step`` / ``on_eval`` / ``on_end``): ``callbacks``; the optimiser: ``optim``.
-* Device: ``runtime.pick_device`` (cuda > mps > cpu); bf16 autocast only on CUDA.
+* Device: ``runtime.pick_device`` (cuda > mps > cpu); autocast only on CUDA, at
+  ``runtime.resolve_precision``'s dtype: bf16 on cards with fast bf16 (Ampere and later),
+  else fp16 with a GradScaler (scale the loss, unscale before clipping, step, update; a
+  step whose scaled gradients overflow is skipped, not failed).
+* Memory: before the first step, ``measure.memory_estimate`` estimates what the run needs
+  (weights, gradients, AdamW moments, activations from two small dry runs) and refuses a
+  run that does not fit the device, naming the largest batch that does (``check_memory``).
 * Several processes (``torchrun``, ``distributed.setup``): the model trains inside DDP;
   each process takes ``batch_size / W`` rows of the same global batch, the loss is
   weighted by each process's share of the target tokens, so the gradient and the logged
@@ -38,22 +44,35 @@ from blockmem_lite.checkpoints import (
 )
 from blockmem_lite.compiling import compile_training
 from blockmem_lite.config import RunConfig, TrainConfig
+from blockmem_lite.measure.memory_estimate import (
+    MemoryEstimate,
+    check_fits,
+    estimate_training_memory,
+    memory_for_run,
+)
 from blockmem_lite.models.base import IGNORE_INDEX, build_model, check_output, model_name
+from blockmem_lite.registry import PRESET_NAMES
 from blockmem_lite.runtime import (
-    autocast_context,
+    autocast_for,
+    grad_scaler,
     keep_freed_memory,
     peak_memory,
+    precision_note,
     reset_peak_memory,
+    resolve_precision,
     seed_everything,
     synchronize,
     usable_workers,
 )
 from blockmem_lite.train import resume
 from blockmem_lite.train.callbacks import History, PrintProgress, check_callbacks, emit
-from blockmem_lite.train.data import BatchStream, as_dataset, evaluate
+from blockmem_lite.train.data import BatchStream, as_dataset, evaluate, first_examples
 from blockmem_lite.train.optim import lr_at, make_optimizer
 from blockmem_lite.train.resume import CheckpointNotSaved
 from blockmem_lite.train.stopping import Clock, StopButton, agreed_stop
+from blockmem_lite.units import human_bytes
+
+MAX_SKIPPED_IN_A_ROW = 20     # fp16: overflowing steps in a row before the run is failed
 
 
 class Trainer:
@@ -76,6 +95,10 @@ class Trainer:
     Under ``distributed.setup`` (torchrun) the Trainer trains with every process of the
     run (see the module docstring); callbacks then run on rank 0 only, and a
     KeyboardInterrupt they raise stops every process after the current step.
+    ``trainer.precision`` is the precision chosen (bf16, fp16 or fp32), ``trainer.memory``
+    the memory estimate (a ``MemoryEstimate``; None with ``check_memory=False`` or where the
+    free memory is unknown). The estimate's two dry runs call the model in training mode on
+    batches of 1 and 2 of the first examples before the first step.
     """
 
     def __init__(self, model: torch.nn.Module, cfg: RunConfig | TrainConfig, train_data,
@@ -96,16 +119,20 @@ class Trainer:
                                         else dataclasses.asdict(cfg), self.world)
         distributed.check_batch_size(cfg.batch_size, self.world.world_size)
         self.device = distributed.joined_device(cfg.device, self.world)
-        autocast_context(self.device, cfg.precision)   # fails early for bf16 off CUDA
+        self.precision = resolve_precision(self.device, cfg.precision)   # bf16 / fp16 / fp32
         keep_freed_memory()                            # steps that do not page-fault
         self.model = model.to(self.device)
-        if cfg.compile:                                # forward + backward compiled in place
-            compile_training(self.model)
         self.train_dataset = as_dataset(train_data, "train_data")
         self.val_dataset = as_dataset(val_data, "val_data") if val_data is not None else None
+        self.memory = self._check_memory() if cfg.check_memory else None
+        if cfg.compile:                                # forward + backward compiled in place
+            compile_training(self.model)
         callbacks = check_callbacks(callbacks) or [PrintProgress(cfg.log_every)]
         self.callbacks = callbacks if self.world.is_main else []
         self.optimizer = make_optimizer(self.model, cfg)
+        self.scaler = grad_scaler(self.device, self.precision)   # fp16 only
+        self.skipped_steps = 0                 # fp16 steps skipped for overflowing gradients
+        self._skipped_in_a_row = 0
         self.history = History()
         self.step = 0
         self._stream = BatchStream(self.train_dataset, cfg.batch_size, cfg.seed,
@@ -118,6 +145,55 @@ class Trainer:
         self._mid_update = False
         self._saved_step: int | None = None           # step of the last checkpoint written here
         self._contract_checked = False                # the model's outputs, on the first step
+
+    def _check_memory(self) -> MemoryEstimate | None:
+        """Estimate the run's training memory and refuse (ValueError, on every process) one
+        that does not fit the device, before any step; None where its free memory is
+        unknown or the model cannot run a dry run. On CUDA one line says the precision and
+        the estimate."""
+        available = memory_for_run(self.model, self.device)
+        if available is None:
+            return None
+        where = self.device.type
+        if where == "cuda":
+            where = f"cuda ({torch.cuda.get_device_name(self.device)})"
+        estimate, problem = self._estimate_memory(where)
+        if estimate is not None:
+            try:
+                check_fits(estimate, available, where, self.world.world_size,
+                           self._smaller_preset())
+            except ValueError as err:
+                problem = str(err)
+        problems = [p for p in self.world.gather_objects(problem) if p]
+        if problems:
+            raise ValueError(problems[0])
+        if estimate is not None and self.device.type == "cuda" and self.world.is_main:
+            print(f"{where}: {precision_note(self.device, self.precision)}; training needs "
+                  f"{estimate.describe()} of {human_bytes(available)} free", flush=True)
+        return estimate
+
+    def _estimate_memory(self, where: str) -> tuple[MemoryEstimate | None, str | None]:
+        """(the estimate, None), or (None, why it cannot fit) when even the dry runs run out
+        of memory, or (None, None) when the model fails on the data: its first step then
+        says why, as it would without the estimate."""
+        x, y = (t.to(self.device) for t in first_examples(self.train_dataset, 2))   # (2, T)
+        try:
+            return estimate_training_memory(self.model, x, y,
+                                            self.cfg.batch_size // self.world.world_size,
+                                            self.precision), None
+        except torch.OutOfMemoryError:
+            return None, (f"seq_len={x.shape[1]} is not allowed on {where}: even a dry run of "
+                          "2 sequences ran out of memory; expected a shorter seq_len or a "
+                          "smaller model")
+        except Exception:              # any error of the model on this data: its step reports it
+            return None, None
+
+    def _smaller_preset(self) -> str:
+        """"the 'class' preset" for a run of the 'gpu' preset, and so on; "" without one."""
+        name = self.run_cfg.preset if self.run_cfg is not None else None
+        if name not in PRESET_NAMES or PRESET_NAMES.index(name) == 0:
+            return ""
+        return f"the {PRESET_NAMES[PRESET_NAMES.index(name) - 1]!r} preset"
 
     # --- public API ---------------------------------------------------------------------------
     def fit(self, steps: int | None = None) -> History:
@@ -224,6 +300,8 @@ class Trainer:
         are refused (``CheckpointError``)."""
         resume.load_weights(self.model, ckpt, path)
         self.optimizer.load_state_dict(ckpt["optimizer"])
+        if self.scaler is not None and "grad_scaler" in ckpt:
+            self.scaler.load_state_dict(ckpt["grad_scaler"])
         self.step = int(ckpt["step"])
         self._stream.seek(int(ckpt["epoch"]), int(ckpt["position"]))
         self.history = History.from_dict(ckpt["history"])
@@ -255,6 +333,8 @@ class Trainer:
                  "step": self.step, "epoch": epoch, "position": position,
                  "data_size": len(self.train_dataset), "history": self.history.to_dict(),
                  "rng": resume.rng_state(self.device), "train_config": dataclasses.asdict(self.cfg)}
+        if self.scaler is not None:
+            state["grad_scaler"] = self.scaler.state_dict()
         run_dict = resume.run_config_dict(self.model, self.cfg, self.run_cfg)
         if run_dict is not None:
             state["run_config"] = run_dict
@@ -287,7 +367,7 @@ class Trainer:
                                      f"warmup_steps={self.cfg.warmup_steps}")
         for group in self.optimizer.param_groups:
             group["lr"] = lr * group.get("lr_scale", 1.0)
-        with autocast_context(self.device, self.cfg.precision):
+        with autocast_for(self.device, self.precision):
             out = self._train_model(x, y)
         if not self._contract_checked:                  # the first step of this Trainer
             check_output(out, x, getattr(getattr(self.model, "cfg", None), "vocab_size", None),
@@ -300,16 +380,17 @@ class Trainer:
         if self.world.distributed:
             loss_v, ce_v, aux_v, norm_v, extra_v = self._distributed_backward(out, ce, aux, y)
         else:
-            out.loss.backward()
+            self._backward(out.loss)
             grad_norm = self._clip_gradients()
             loss_v, ce_v, aux_v, norm_v, *extra_v = torch.stack(
                 [out.loss.detach().float(), ce.detach().float(), aux.detach().float(),
                  grad_norm.float(), *(torch.as_tensor(v, device=out.loss.device).detach().float()
                                       for v in extras.values())]).tolist()     # one host sync
-        if not (math.isfinite(loss_v) and math.isfinite(norm_v)):
+        skipped = self._overflow_to_skip(loss_v, norm_v)          # fp16: the scaler skips it
+        if not skipped and not (math.isfinite(loss_v) and math.isfinite(norm_v)):
             self._fail_non_finite(loss_v, norm_v, total)
         self._mid_update = True
-        self.optimizer.step()
+        self._optimizer_step()
         self.step += 1
         self._mid_update = False
         synchronize(self.device)
@@ -339,7 +420,7 @@ class Trainer:
             rest = torch.zeros_like(ce)
         else:                                # the loss beyond the cross-entropy
             rest = aux if out.aux_loss is not None else out.loss - ce
-        (ce * share + rest).backward()                # out.loss's own graph when share = 1
+        self._backward(ce * share + rest)             # out.loss's own graph when share = 1
         grad_norm = self._clip_gradients()                        # of the averaged gradients
         extras = out.extras or {}
         local = torch.stack([(ce * share).detach().float(), rest.detach().float(),
@@ -348,6 +429,33 @@ class Trainer:
                                for v in extras.values())])
         ce_v, rest_v, aux_v, *extra_v = self.world.all_reduce_mean(local).tolist()
         return ce_v + rest_v, ce_v, aux_v, float(grad_norm), extra_v
+
+    def _backward(self, loss: torch.Tensor) -> None:
+        """``loss.backward()``; with a GradScaler (fp16) of the scaled loss, and the gradients
+        unscaled again, so clipping and the logged norm see their true values."""
+        if self.scaler is None:
+            loss.backward()
+            return
+        self.scaler.scale(loss).backward()
+        self.scaler.unscale_(self.optimizer)
+
+    def _overflow_to_skip(self, loss: float, grad_norm: float) -> bool:
+        """fp16: a finite loss whose scaled gradients overflowed. The scaler skips the update
+        and lowers its scale, so it is no failure, unless MAX_SKIPPED_IN_A_ROW come in a row.
+        Counted in ``skipped_steps``; the step still counts (the LR schedule moves on)."""
+        overflow = self.scaler is not None and math.isfinite(loss) and not math.isfinite(grad_norm)
+        self._skipped_in_a_row = self._skipped_in_a_row + 1 if overflow else 0
+        self.skipped_steps += int(overflow)
+        return overflow and self._skipped_in_a_row < MAX_SKIPPED_IN_A_ROW
+
+    def _optimizer_step(self) -> None:
+        """The AdamW update; with a GradScaler its step (skipped when the gradients hold an
+        inf or NaN) and update (the scale halves after a skip, grows after a clean run)."""
+        if self.scaler is None:
+            self.optimizer.step()
+            return
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
 
     def _clip_gradients(self) -> torch.Tensor:
         """Global grad norm before clipping; clips to ``cfg.grad_clip`` when it is > 0."""

@@ -10,12 +10,11 @@ from __future__ import annotations
 import torch
 
 from blockmem_lite.config import TrainConfig
+from blockmem_lite.measure.memory_estimate import parameter_bytes
 from blockmem_lite.models.base import LanguageModel, build_model
 from blockmem_lite.runtime import available_memory_bytes
 from blockmem_lite.train.simple import adamw, cosine_lr
 from blockmem_lite.units import human_bytes
-
-TRAIN_BYTES_PER_PARAM = 16       # fp32 weights + gradients + AdamW's two moments
 
 
 def lr_at(step: int, cfg: TrainConfig, total_steps: int | None = None) -> float:
@@ -59,9 +58,13 @@ def count_parameters(cfg) -> int:
 
 def check_fits_in_memory(cfg, device) -> int:
     """Refuse (ValueError) a model whose weights, gradients and AdamW state alone exceed the
-    memory available on ``device``; returns that estimate in bytes."""
-    params = count_parameters(cfg)
-    need = TRAIN_BYTES_PER_PARAM * params
+    memory available on ``device``, before it is built (counted on the meta device); returns
+    that estimate in bytes. The Trainer then checks the whole run, activations included
+    (``measure.memory_estimate``)."""
+    with torch.device("meta"):
+        model = build_model(cfg)
+    params = model.num_params()
+    need = sum(parameter_bytes(model))
     available = available_memory_bytes(device)
     if available is not None and need > available:
         raise ValueError(f"this model is too large for this machine: {params / 1e6:,.1f}M "

@@ -4,7 +4,8 @@
 Notebook 01 builds it cell by cell and checks it against this one. ``train.Trainer``
 makes the same update (the same AdamW groups, ``cosine_lr`` schedule and clipping; a
 test proves their first steps equal on the CPU) and adds what a long run needs around
-it: checkpoints and resume, evaluation, progress, signals, bf16 autocast on CUDA, DDP.
+it: checkpoints and resume, evaluation, progress, signals, autocast on CUDA (bf16, or fp16
+with a GradScaler), DDP.
 """
 
 from __future__ import annotations
