@@ -1,5 +1,6 @@
-"""Command line: ``python -m blockmem_lite COMMAND ...``, COMMAND one of ``COMMANDS`` below
-(envcheck, train, bench, reproduce, exercises, site, gpucheck, sweep).
+"""Command line: ``python -m blockmem_lite COMMAND ...`` (or the console script
+``blockmem-lite COMMAND ...``; usage lines name whichever ran, ``program()``), COMMAND one of
+``COMMANDS`` below (envcheck, train, bench, reproduce, exercises, site, gpucheck, sweep).
 
 Each subcommand is a ``main(argv)`` function in its own module of ``tools/``
 (``tools/cli.py`` for train, bench and reproduce), imported only when used, so
@@ -11,10 +12,13 @@ from __future__ import annotations
 
 import importlib
 import sys
+from pathlib import Path
 
 COMMANDS = {   # name: (module, function, help)
     "envcheck": ("blockmem_lite.tools.envcheck", "main",
                  "check dependencies and widgets (OK/FAIL per item)"),
+    "notebooks": ("blockmem_lite.tools.notebooks", "main",
+                  "copy the notebooks, exercises and figures into a folder, ready to open"),
     "train": ("blockmem_lite.tools.cli", "train_main",
               "train a model from a preset, with checkpoints and resume"),
     "bench": ("blockmem_lite.tools.cli", "bench_main",
@@ -36,10 +40,22 @@ SUBCOMMANDS = {   # (command, subcommand): (module, function); grading sits abov
 }
 
 
+SCRIPT = "blockmem-lite"   # the console script (pyproject.toml [project.scripts])
+
+
+def program(argv0: str | None = None) -> str:
+    """The name usage lines give the kit: ``blockmem-lite`` when the console script runs
+    (``argv0``, default ``sys.argv[0]``), else ``python -m blockmem_lite`` (also in pytest or
+    a notebook)."""
+    argv0 = (sys.argv or [""])[0] if argv0 is None else argv0
+    return SCRIPT if Path(argv0).stem == SCRIPT else "python -m blockmem_lite"
+
+
 def usage() -> str:
-    lines = ["usage: python -m blockmem_lite COMMAND [options]", "", "commands:"]
+    prog = program()
+    lines = [f"usage: {prog} COMMAND [options]", "", "commands:"]
     lines += [f"  {name:<10} {help_}" for name, (_, _, help_) in COMMANDS.items()]
-    lines += ["", "`python -m blockmem_lite COMMAND --help` shows a command's options."]
+    lines += ["", f"`{prog} COMMAND --help` shows a command's options."]
     return "\n".join(lines)
 
 

@@ -182,13 +182,18 @@ def _join_lines(rows) -> str:
     return "".join(row if row.endswith("\n") else row + "\n" for row in rows)
 
 
+DATASETS_MISSING = ("Hugging Face `datasets` is not installed (WikiText needs it): "
+                    "pip install 'blockmem_lite[data]'")
+
+
 def _load_dataset(*args, **kwargs):
     """``datasets.load_dataset`` with the kit's cache dir; ``datasets`` imported here only."""
     try:
         from datasets import load_dataset
-    except ImportError as e:
-        raise ImportError("this corpus needs Hugging Face `datasets` (the 'notebooks' extra): "
-                          "pip install -e '.[notebooks]'") from e
+    except ModuleNotFoundError as err:
+        if err.name != "datasets":                 # datasets is there but broken: say so
+            raise
+        raise ImportError(DATASETS_MISSING) from None
     return load_dataset(*args, cache_dir=str(cache_dir()), **kwargs)
 
 
@@ -284,9 +289,8 @@ def _wikitext_from_hub(name: str, config: str):
     try:
         return _load_dataset(WIKITEXT_REPO, config)
     except ImportError as e:
-        raise CorpusUnavailable(f"{name} needs Hugging Face `datasets`: {e}. Pass "
-                                "allow_fallback=True (--allow-fallback) to fall back to the "
-                                "offline corpus.") from e
+        raise CorpusUnavailable(f"{name}: {e}; or pass allow_fallback=True (--allow-fallback) "
+                                "for the offline corpus") from None
     except (ConnectionError, FileNotFoundError) as e:
         raise CorpusUnavailable(_unavailable_message(name, config, e)) from e
 

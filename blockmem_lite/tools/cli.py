@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from blockmem_lite import distributed, lab, registry
+from blockmem_lite.__main__ import program
 from blockmem_lite.checkpoints import (
     CHECKPOINT_NAME,
     RunLock,
@@ -82,7 +83,7 @@ def mechanisms_help(with_options: bool) -> str:
 # --- train -----------------------------------------------------------------------------------
 def train_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m blockmem_lite train", formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog=f"{program()} train", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Train a model from a preset; writes checkpoint.pt and history.json to --out. "
                     "Ctrl-C, SIGTERM and SIGHUP stop after the current step and save both. "
                     "Several GPUs or nodes: start it with torchrun (docs/DISTRIBUTED.md)"
@@ -408,7 +409,7 @@ def _fit_and_report(trainer: Trainer, run_cfg: RunConfig, out: Path, world, say)
 # --- bench -----------------------------------------------------------------------------------
 def bench_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m blockmem_lite bench", formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog=f"{program()} bench", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Throughput, memory and decoding-state bytes of dense and the mechanisms, "
                     "dense interleaved in the same run (PERFORMANCE.md protocol).",
         epilog="architectures:\n" + mechanisms_help(with_options=False))
@@ -428,7 +429,8 @@ def bench_parser() -> argparse.ArgumentParser:
                         help="torch threads (default: torch's current setting)")
     parser.add_argument("--device", default="auto", help="auto (cuda > mps > cpu), cpu, cuda")
     parser.add_argument("--dtype", default="auto", choices=bench.DTYPES,
-                        help="auto: bf16 autocast on CUDA, fp32 elsewhere")
+                        help="auto: on CUDA bf16 autocast (fp16 before compute capability "
+                             "8.0), fp32 elsewhere")
     parser.add_argument("--phases", default="auto",
                         help="comma-separated: train, decode and the special benches of the "
                              "chosen mechanisms (auto: all of them)")
@@ -519,7 +521,7 @@ def _json_target(text: str) -> Path:
 # --- reproduce -------------------------------------------------------------------------------
 def reproduce_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m blockmem_lite reproduce",
+        prog=f"{program()} reproduce",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Train every architecture on the same data, budget and seed; measure "
                     "validation loss, same-run speed and memory vs dense, decoding state and "

@@ -1,17 +1,27 @@
 """``python -m blockmem_lite envcheck``: is this environment ready for the kit and its notebooks?
 
-Prints one aligned line per item, ``OK`` or ``FAIL`` with a detail, and
-exits 1 when a required item fails. Required: Python >= 3.10, torch, numpy
-and the kit itself (a tiny model runs a forward pass); the notebook extras
-(plotly, ipywidgets, anywidget, jupyterlab, datasets) too unless ``--core``.
-Optional items (psutil, nbval, a plotly ``FigureWidget``, the lock, the mode
-variables) are reported but never change the exit code: without a
-FigureWidget the live dashboards fall back to text.
+Prints one aligned line per item and exits 1 only when a required item fails. ``OK``: present
+and working; ``FAIL``: missing or broken (required ones decide the exit code, optional ones
+are marked ``[optional]``); ``--``: an optional extra that is not installed, which is normal
+in a student install. Required: Python >= 3.10, torch, numpy and the kit itself (a tiny model
+runs a forward pass); the ``notebooks`` extra (plotly, ipywidgets, anywidget, jupyterlab,
+ipykernel) too unless ``--core``. Optional: ``datasets`` (the ``data`` extra: WikiText),
+``transformers`` (``hf``: the Hugging Face adapter), the test tools (``make test`` only),
+psutil, widgets in JupyterLab, the lock, and the mode variables. In a hosted notebook
+(Colab, Kaggle: ``HOSTED``) JupyterLab and its extensions are not needed: it has its own.
+
+Kit design choice: the check is fast (about a second beyond importing torch) because it
+imports only what it runs (torch, numpy, the kit); every other package is looked up in the
+installed metadata (``importlib.metadata``, ``importlib.util.find_spec``), and whether
+plotly's ``FigureWidget`` can draw in JupyterLab is read from the installed packages and
+JupyterLab extensions rather than by building one (importing jupyterlab, datasets and
+ipywidgets took seconds to tens of seconds).
 
 The ``lock`` item compares every installed package with ``requirements.lock``, the
 versions ``make test`` passed with, and names each difference ("transformers 5.24.0,
-tested with 5.23.0"). PyTorch's own build (triton, the CUDA libraries) is left out:
-the platform's torch wheel chooses it; torch is compared without its local label
+tested with 5.23.0"); locked packages that are not installed (the extras a student install
+leaves out) are counted, not failed. PyTorch's own build (triton, the CUDA libraries) is
+left out: the platform's torch wheel chooses it; torch is compared without its local label
 (2.13.0+cpu is 2.13.0).
 """
 
@@ -19,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import os
 import re
 import sys
@@ -26,22 +37,47 @@ from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 
+from blockmem_lite.__main__ import program
+
 MIN_PYTHON = (3, 10)
 CORE = ("python", "torch", "numpy", "kit")
-NOTEBOOK_EXTRAS = ("plotly", "ipywidgets", "anywidget", "jupyterlab", "datasets")
-OPTIONAL = ("psutil", "nbval", "FigureWidget", "lock", "BLOCKMEM_FAST", "BLOCKMEM_HEADLESS")
+NOTEBOOK_EXTRAS = ("plotly", "ipywidgets", "anywidget", "jupyterlab", "ipykernel")
+TEST_TOOLS = ("pytest", "nbval", "nbformat", "nbclient", "ruff", "kaleido", "playwright", "build")
+OPTIONAL = ("datasets", "transformers", "test tools", "psutil", "FigureWidget", "lock",
+            "BLOCKMEM_FAST", "BLOCKMEM_HEADLESS")
+NOTEBOOKS_HINT = "pip install 'blockmem_lite[notebooks]', or make lab"
 LOCK_NAME = "requirements.lock"
 # PyTorch's build: chosen by the platform's torch wheel (TORCH_SPEC), not by the lock
 TORCH_BUILD = re.compile(r"^(triton|nvidia-.*|cuda-.*)$")
+# The JupyterLab extension (a folder under share/jupyter/labextensions) each widget package
+# draws through; plotly >= 6 draws FigureWidget with anywidget, plotly 5 with its own.
+LAB_EXTENSIONS = {"ipywidgets": "@jupyter-widgets/jupyterlab-manager",
+                  "anywidget": "anywidget", "plotly": "jupyterlab-plotly"}
+# Hosted notebooks bring their own Jupyter front-end (no JupyterLab, no lab extensions); each
+# sets an environment variable in its kernels.
+HOSTED = {"COLAB_RELEASE_TAG": "Colab", "KAGGLE_KERNEL_RUN_TYPE": "Kaggle"}
 
-Item = tuple[str, bool, str]
+Item = tuple[str, bool | None, str]    # (name, ok, detail); ok None: optional, not installed
+
+
+def installed(name: str) -> str | None:
+    """The version of distribution ``name`` when it and its module ``name`` are installed,
+    else None. Nothing is imported (a metadata look-up and a finder query: milliseconds)."""
+    try:
+        version = metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+    return version if importlib.util.find_spec(name) is not None else None
+
+
+def hosted_notebook() -> str | None:
+    """The hosted notebook service this kernel runs in ("Colab"), or None."""
+    return next((name for variable, name in HOSTED.items() if variable in os.environ), None)
 
 
 def _version(module) -> str:
     version = getattr(module, "__version__", None)
     if version is None:
-        from importlib import metadata
-
         try:
             version = metadata.version(module.__name__)
         except metadata.PackageNotFoundError:
@@ -50,11 +86,44 @@ def _version(module) -> str:
 
 
 def _package(name: str, why: str) -> Item:
+    """A package the check imports anyway (torch, numpy): an import failure is reported."""
     try:
         module = importlib.import_module(name)
     except Exception as err:  # any import failure is reported, not raised
         return name, False, f"cannot import: {type(err).__name__}: {err} ({why})"
     return name, True, _version(module)
+
+
+def _notebook_package(name: str, why: str) -> Item:
+    """A package of the ``notebooks`` extra: required unless ``--core``."""
+    version = installed(name)
+    if version is None:
+        return name, False, f"not installed ({why}: {NOTEBOOKS_HINT})"
+    return name, True, version
+
+
+def _jupyterlab() -> Item:
+    """JupyterLab: required for ``make lab``, not in a hosted notebook (its own front-end)."""
+    service = hosted_notebook()
+    if service and installed("jupyterlab") is None:
+        return "jupyterlab", None, f"not installed (not needed in {service}: its own front-end)"
+    return _notebook_package("jupyterlab", "make lab opens it")
+
+
+def _optional_package(name: str, need: str) -> Item:
+    """A package only some work needs: its version, or ``--`` and who needs it (never FAIL)."""
+    version = installed(name)
+    return (name, True, version) if version else (name, None, f"not installed ({need})")
+
+
+def _test_tools() -> Item:
+    """The ``test`` extra's tools on one line: ``make test`` needs them, a student does not."""
+    versions = {name: installed(name) for name in TEST_TOOLS}
+    have = ", ".join(f"{name} {version}" for name, version in versions.items() if version)
+    missing = [name for name, version in versions.items() if version is None]
+    if not missing:
+        return "test tools", True, have
+    return "test tools", None, f"not installed (only `make test` needs them): {', '.join(missing)}"
 
 
 def default_lock() -> Path:
@@ -84,7 +153,7 @@ def read_lock(path: Path) -> dict[str, str]:
     lines with a marker are skipped.
     """
     locked = {}
-    for line in path.read_text().splitlines():
+    for line in path.read_text(encoding="utf-8").splitlines():
         requirement, _, marker = line.partition(";")
         match = re.fullmatch(r"([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)", requirement.strip())
         if match is None or (marker.strip() and not _marker_applies(marker.strip())):
@@ -118,25 +187,22 @@ def lock_differences(locked: dict[str, str], installed: dict[str, str]) -> tuple
 
 
 def _lock(path: Path | None = None) -> Item:
-    """Installed versions against the lock (optional: a difference is reported, not fatal)."""
+    """Installed versions against the lock (optional: a difference is reported, not fatal;
+    locked packages that are not installed are counted, as a student install leaves some out)."""
     path = default_lock() if path is None else path
     if not path.is_file():
         return "lock", True, (f"no {path} (the kit is not a checkout, e.g. installed from a "
                               "wheel): versions not compared with the tested ones")
     locked = read_lock(path)
     differ, missing = lock_differences(locked, installed_versions())
-    if not differ and not missing:
-        return "lock", True, (f"all {len(locked)} packages of {path.name} applying here are "
-                              "installed at the tested versions")
-    parts = []
-    if differ:
-        parts.append(f"{len(differ)} differ from {path.name}: " + "; ".join(differ))
-    if missing:
-        shown = ", ".join(missing[:6]) + (f" and {len(missing) - 6} more" if len(missing) > 6
-                                          else "")
-        parts.append(f"{len(missing)} locked packages not installed: {shown}")
-    return "lock", False, (". ".join(parts) + ". `make setup` installs the tested versions "
-                           "(remove .venv first to start clean)")
+    absent = (f"; {len(missing)} locked packages are not installed (extras this install "
+              "leaves out; make test installs them all)" if missing else "")
+    if not differ:
+        return "lock", True, (f"all {len(locked) - len(missing)} installed packages of "
+                              f"{path.name} are at the tested versions{absent}")
+    return "lock", False, (f"{len(differ)} differ from {path.name}: {'; '.join(differ)}{absent}. "
+                           "To install the tested versions remove .venv and run make lab "
+                           "(or make setup)")
 
 
 def _python() -> Item:
@@ -186,14 +252,38 @@ def _kit() -> Item:
     return "kit", True, f"blockmem_lite {__version__}: tiny dense model forward OK on {device}"
 
 
-def _figure_widget() -> Item:
+def _lab_extension_dirs() -> list[Path]:
+    """Where JupyterLab looks for prebuilt extensions (jupyter_core's data path)."""
     try:
-        go = importlib.import_module("plotly.graph_objects")
-        go.FigureWidget()
-    except Exception as err:  # plotly >= 6 raises without anywidget
-        return "FigureWidget", False, (f"cannot build one: {type(err).__name__}: {err}; live "
-                                       "dashboards fall back to text")
-    return "FigureWidget", True, "plotly FigureWidget builds: live dashboards use widgets"
+        from jupyter_core.paths import jupyter_path
+    except ImportError:  # no jupyterlab here: its own line fails
+        return [Path(sys.prefix, "share", "jupyter", "labextensions")]
+    return [Path(folder) for folder in jupyter_path("labextensions")]
+
+
+def _figure_widget() -> Item:
+    """Whether plotly's FigureWidget can draw in JupyterLab: the packages it needs and their
+    JupyterLab extensions are installed (read from disk, nothing imported or built)."""
+    fallback = "live dashboards fall back to text"
+    plotly = installed("plotly")
+    if plotly is None:
+        return "FigureWidget", False, f"plotly is not installed; {fallback}"
+    modern = int(plotly.split(".")[0]) >= 6
+    packages = ("ipywidgets", "anywidget") if modern else ("ipywidgets",)
+    service = hosted_notebook()
+    extensions = () if service else (LAB_EXTENSIONS["ipywidgets"],
+                                     LAB_EXTENSIONS["anywidget" if modern else "plotly"])
+    folders = _lab_extension_dirs() if extensions else []
+    missing = [name for name in packages if installed(name) is None]
+    missing += [f"the JupyterLab extension {extension}" for extension in extensions
+                if not any((folder / extension).is_dir() for folder in folders)]
+    if missing:
+        return "FigureWidget", False, (f"plotly {plotly} needs {', '.join(missing)} "
+                                       f"({NOTEBOOKS_HINT}); {fallback}")
+    parts = [f"plotly {plotly}", *packages]
+    front_end = f"{service}'s widget front-end" if service else "their JupyterLab extensions"
+    return "FigureWidget", True, (f"{', '.join(parts[:-1])} and {parts[-1]} with {front_end}: "
+                                  "live dashboards use widgets")
 
 
 def _setting(name: str, mode: str, when_on: str, when_off: str) -> Item:
@@ -205,20 +295,25 @@ def _setting(name: str, mode: str, when_on: str, when_off: str) -> Item:
 
 
 def run_envcheck(lock: Path | None = None) -> list[Item]:
-    """Every item as (name, ok, detail), in the order printed; ``lock``: the lock file
-    to compare with (default: the checkout's requirements.lock)."""
+    """Every item as (name, ok, detail), in the order printed; ``ok`` is None for an optional
+    extra that is not installed. ``lock``: the lock file to compare with (default: the
+    checkout's requirements.lock)."""
     checks: list[Callable[[], Item]] = [
         _python,
         _torch,
         lambda: _package("numpy", "pip install numpy"),
         _kit,
-        lambda: _package("plotly", "figures and dashboards: pip install -e '.[notebooks]'"),
-        lambda: _package("ipywidgets", "sliders and live widgets: pip install -e '.[notebooks]'"),
-        lambda: _package("anywidget", "plotly >= 6 widgets: pip install -e '.[notebooks]'"),
-        lambda: _package("jupyterlab", "make lab: pip install -e '.[notebooks]'"),
-        lambda: _package("datasets", "WikiText corpora: pip install -e '.[notebooks]'"),
-        lambda: _package("psutil", "CPU memory readings fall back to /proc"),
-        lambda: _package("nbval", "make test runs the notebooks: pip install -e '.[test]'"),
+        lambda: _notebook_package("plotly", "figures and dashboards"),
+        lambda: _notebook_package("ipywidgets", "sliders and live widgets"),
+        lambda: _notebook_package("anywidget", "plotly >= 6 widgets"),
+        _jupyterlab,
+        lambda: _notebook_package("ipykernel", "runs the notebooks"),
+        lambda: _optional_package("datasets", "only the WikiText corpora need it: "
+                                              "pip install 'blockmem_lite[data]'"),
+        lambda: _optional_package("transformers", "only the ARMT Hugging Face adapter needs it: "
+                                                  "pip install 'blockmem_lite[hf]'"),
+        _test_tools,
+        lambda: _optional_package("psutil", "CPU memory readings fall back to /proc"),
         _figure_widget,
         lambda: _lock(lock),
         lambda: _setting("BLOCKMEM_FAST", "fast mode", "so notebooks use tiny configs, as CI does",
@@ -232,22 +327,31 @@ def run_envcheck(lock: Path | None = None) -> list[Item]:
 
 
 def required_items(core_only: bool = False) -> tuple[str, ...]:
-    return CORE if core_only else CORE + NOTEBOOK_EXTRAS
+    """The items that must say OK: the core, plus the ``notebooks`` extra (less JupyterLab
+    in a hosted notebook) unless ``core_only``."""
+    if core_only:
+        return CORE
+    return tuple(name for name in CORE + NOTEBOOK_EXTRAS
+                 if not (name == "jupyterlab" and hosted_notebook()))
 
 
 def format_items(items: list[Item], required: tuple[str, ...]) -> str:
-    """Aligned ``OK   name  detail`` / ``FAIL name  detail`` lines (optional items marked)."""
+    """Aligned ``OK   name  detail`` lines: ``FAIL`` when missing or broken (``[optional]``
+    when not required), ``--`` for an optional extra that is not installed."""
     width = max(len(name) for name, _, _ in items)
     lines = []
     for name, ok, detail in items:
-        note = "" if ok or name in required else " [optional]"
-        lines.append(f"{'OK' if ok else 'FAIL':<4} {name:<{width}}  {detail}{note}")
+        status = "OK" if ok else "--" if ok is None else "FAIL"
+        note = " [optional]" if ok is False and name not in required else ""
+        lines.append(f"{status:<4} {name:<{width}}  {detail}{note}")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m blockmem_lite envcheck",
-                                     description="Check dependencies and widgets (OK/FAIL).")
+    parser = argparse.ArgumentParser(
+        prog=f"{program()} envcheck",
+        description="Check dependencies and widgets: OK, FAIL, or -- for an optional extra "
+                    "that is not installed.")
     parser.add_argument("--core", action="store_true",
                         help="require only python, torch, numpy and the kit (no notebook extras)")
     parser.add_argument("--lock", type=Path, default=None,
@@ -262,8 +366,8 @@ def main(argv: list[str] | None = None) -> int:
     print(format_items(items, required))
     failed = [name for name, ok, _ in items if not ok and name in required]
     if failed:
-        print(f"\n{len(failed)} required item(s) failed: {', '.join(failed)}. Install with "
-              "`make setup` (or pip install -e '.[notebooks,test]').")
+        print(f"\n{len(failed)} required item(s) failed: {', '.join(failed)}. Each FAIL line "
+              "says what to install; make lab installs all a student needs.")
         return 1
     print("\nall required items OK" + (" (core only)" if args.core else ""))
     return 0

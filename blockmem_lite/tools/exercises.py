@@ -52,6 +52,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from blockmem_lite.__main__ import program
+
 BEGIN = "### BEGIN SOLUTION"
 END = "### END SOLUTION"
 MD_BEGIN = "<!-- BEGIN SOLUTION -->"
@@ -525,7 +527,7 @@ def drift(solutions: Path | None = None, out: Path | None = None) -> list[str]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m blockmem_lite exercises",
+    parser = argparse.ArgumentParser(prog=f"{program()} exercises",
                                      description="Build student notebooks from solution notebooks.",
                                      epilog="`exercises grade SUBMISSIONS_DIR` grades a class "
                                      "(grading.py; `exercises grade --help`); `exercises "

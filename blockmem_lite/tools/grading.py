@@ -37,6 +37,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from blockmem_lite.__main__ import program
 from blockmem_lite.tools.exercises import (
     MD_ANSWER,
     ExerciseError,
@@ -508,7 +509,7 @@ def _grade_one(student: str, path: Path | None, folder: Path, solution: Solution
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m blockmem_lite exercises grade",
+    parser = argparse.ArgumentParser(prog=f"{program()} exercises grade",
                                      description="Run every student's notebooks headless and "
                                      "write grades.csv and grades.md.")
     parser.add_argument("submissions", type=Path, help="folder with one folder per student")

@@ -18,6 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from blockmem_lite.__main__ import program
 from blockmem_lite.tools.exercises import (
     BEGIN,
     END,
@@ -146,7 +147,7 @@ def release(out: Path, root: Path | None = None) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m blockmem_lite exercises release",
+    parser = argparse.ArgumentParser(prog=f"{program()} exercises release",
                                      description="Write the student edition: the kit, the "
                                      "notebooks and the exercises, without solutions, mutants "
                                      "or tests.")

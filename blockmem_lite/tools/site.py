@@ -38,6 +38,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from blockmem_lite.__main__ import program
 from blockmem_lite.checkpoints import atomic_write_bytes, prepare_folder
 from blockmem_lite.tools.exercises import ExerciseError, notebooks_dir, read_notebook
 
@@ -385,7 +386,7 @@ def _copy_assets(root: Path, out: Path, log) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m blockmem_lite site",
+    p = argparse.ArgumentParser(prog=f"{program()} site",
                                 description="Build static HTML pages of the notebooks, with "
                                             "their outputs and interactive figures.")
     p.add_argument("--preset", default="fast", choices=PRESETS,
