@@ -1,23 +1,34 @@
 # blockmem_lite — the two commands a newcomer needs:
-#   make lab    set up .venv if needed, check the environment, open JupyterLab on notebooks/
-#   make test   set up .venv if needed, lint, check exercises, run pytest + every notebook (fast mode)
+#   make lab    set up .venv if needed (the student install), check it, open JupyterLab on notebooks/
+#   make test   set up .venv if needed (the maintainer install), lint, check exercises, run pytest +
+#               every notebook (fast mode)
 #
 # Options for JupyterLab go through LAB_ARGS, e.g.  make lab LAB_ARGS="--no-browser --ip=0.0.0.0"
 #
-# Versions: `make setup` installs the exact versions `make test` passed with, from
-# requirements.lock (made by uv, `make lock`). TORCH_VERSION is the PyTorch the kit is
-# tested with: it is installed first, from TORCH_SPEC, so that pip takes your platform's
-# wheel (on this project's CI machine a CPU wheel on local disk); the lock then pins the
-# rest. For a CPU-only build on Linux pass PyTorch's CPU wheel index, e.g.
-#   make lab TORCH_PIP_ARGS="--index-url <PyTorch CPU index URL>"
+# Two installs, both from requirements.lock (made by uv, `make lock`): `make lab` installs the
+# kit with its `notebooks` extra, what the notebooks import and nothing more; `make setup` (and
+# every maintainer target) installs `dev`: that plus `datasets` (WikiText), transformers (the
+# Hugging Face adapter) and the test toolchain (pytest, nbval, ruff, playwright, kaleido). A
+# .venv that already holds the maintainer install is used as it is by `make lab`.
+#
+# PyTorch comes first: TORCH_SPEC (TORCH_VERSION, the tested one), from the source TORCH_BUILD
+# names, which blockmem_lite/tools/platforms.py chooses: `cpu` on Linux without an NVIDIA GPU
+# (PyTorch's own CPU wheel index: PyPI's Linux torch is the CUDA build, several GB), `cuda` on
+# Linux with one (PyPI), `default` on macOS and Windows (PyPI). Override either:
+#   make lab TORCH_BUILD=cuda        or        make lab TORCH_PIP_ARGS="--index-url URL"
 PYTHON ?= python3
 VENV ?= .venv
+PLATFORMS := blockmem_lite/tools/platforms.py
 TORCH_VERSION := 2.13.0
 TORCH_SPEC ?= torch==$(TORCH_VERSION)
-TORCH_PIP_ARGS ?=
+TORCH_BUILD ?= $(shell $(PYTHON) $(PLATFORMS) torch-build 2>/dev/null)
+TORCH_PIP_ARGS ?= $(shell $(PYTHON) $(PLATFORMS) torch-pip-args $(TORCH_BUILD))
 LOCK := requirements.lock
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.blockmem_installed
+STUDENT_STAMP := $(VENV)/.blockmem_student
+# `make lab` installs the student set, or keeps the maintainer set where .venv has it
+LAB_STAMP := $(if $(wildcard $(STAMP)),$(STAMP),$(STUDENT_STAMP))
 # The lock as pip constraints, less PyTorch's own build (torch, triton, the CUDA
 # libraries): TORCH_SPEC chooses those, and another build's CUDA pins would clash.
 CONSTRAINTS := $(VENV)/constraints.txt
@@ -36,6 +47,9 @@ PORT ?= 8888
 LAB_ARGS ?=
 # Jupyter refuses to run as root unless told; containers often run as root.
 LAB_ROOT_FLAG := $(if $(filter 0,$(shell id -u 2>/dev/null)),--allow-root,)
+# The kit uses no language server: without the search, JupyterLab does not print the 19 it
+# did not find right under its URL.
+LAB_QUIET := --LanguageServerManager.autodetect=False
 
 # OpenMP threads that wait passively: with several torch processes on few cores
 # (two kernels, or a kernel and a benchmark) spinning threads slow every process
@@ -50,7 +64,7 @@ TEST_ENV := BLOCKMEM_FAST=1 BLOCKMEM_HEADLESS=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFF
 PRESET ?= fast
 SITE ?= site
 
-.PHONY: setup hygiene lab test test-browser test-latest test-oldest lock lint exercises bench \
+.PHONY: setup setup-lab lab dist test test-browser test-latest test-oldest lock lint exercises bench \
 	site clean-notebooks help
 
 help:
@@ -65,27 +79,36 @@ help:
 	@echo "              transformers $(MIN_TRANSFORMERS), the declared minimums"
 	@echo "make lock   - remake requirements.lock with uv (the newest versions allowed)"
 	@echo "make bench  - run the dense benchmark and print the table"
+	@echo "make dist   - the wheel and sdist in dist/ (the wheel carries the notebooks)"
 	@echo "make site   - static HTML pages of every notebook with outputs into site/ (fast mode);"
 	@echo "              make site PRESET=class for the class-mode site a teacher publishes"
 	@echo "make exercises - regenerate notebooks/exercises/ from notebooks/solutions/"
 	@echo "make clean-notebooks - clear outputs of every notebook before committing"
 
-$(STAMP): pyproject.toml $(LOCK)
+# The kit with the extras $(1), into $(VENV): the Python checked first (the kit's own message
+# for one too old or an Intel Mac), PyTorch alone from its source, then the rest through the lock.
+# -qq on the last step: setuptools' ten-line notice on every editable install is not for a
+# student; pip's errors still show.
+define install_kit
+	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "blockmem_lite needs Python 3.10 or newer, \
+		and there is no '$(PYTHON)' here: install one and name it, e.g. make lab PYTHON=python3.12"; \
+		exit 1; }
+	@$(PYTHON) $(PLATFORMS) check
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"
+	@echo "PyTorch: the $(TORCH_BUILD) build (TORCH_BUILD=cpu|cuda|default chooses another)"
+	$(BIN)/python -m pip install --quiet --no-deps $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"
 	@grep -vE '$(TORCH_BUILD_PACKAGES)' $(LOCK) > $(CONSTRAINTS)
-	$(BIN)/python -m pip install --quiet -c $(CONSTRAINTS) -e ".[notebooks,test]"
-	@touch $(STAMP)
-
-setup: $(STAMP) hygiene
+	@echo "The kit with [$(1)] and the versions of $(LOCK) (a minute or two the first time)"
+	$(BIN)/python -m pip install -qq -c $(CONSTRAINTS) -e ".[$(1)]"
+endef
 
 # Notebook hygiene, re-applied on every setup (cheap, idempotent):
 # - git stores notebooks through nbstripout (outputs, counts and widget state stripped;
 #   cell ids kept, they are the exercises' grade ids); the working copy keeps its outputs;
 # - JupyterLab saves widget state into the notebook (jupyter/overrides.json), so a
 #   reopened notebook shows its last figures instead of "model not found".
-hygiene: $(STAMP)
+define hygiene
 	@if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then \
 		git config filter.nbstripout.clean '"$(abspath $(BIN))/python" -m nbstripout --keep-id'; \
 		git config filter.nbstripout.smudge cat; \
@@ -93,10 +116,25 @@ hygiene: $(STAMP)
 	fi
 	@mkdir -p $(VENV)/share/jupyter/lab/settings
 	@cp jupyter/overrides.json $(VENV)/share/jupyter/lab/settings/overrides.json
+endef
 
-lab: setup
+$(STAMP): pyproject.toml $(LOCK)
+	$(call install_kit,dev)
+	@touch $(STAMP)
+
+$(STUDENT_STAMP): pyproject.toml $(LOCK)
+	$(call install_kit,notebooks)
+	@touch $(STUDENT_STAMP)
+
+setup: $(STAMP)
+	$(hygiene)
+
+setup-lab: $(LAB_STAMP)
+	$(hygiene)
+
+lab: setup-lab
 	$(BIN)/python -m blockmem_lite envcheck
-	$(BIN)/jupyter lab --notebook-dir=notebooks --port=$(PORT) $(LAB_ROOT_FLAG) $(LAB_ARGS)
+	$(BIN)/jupyter lab --notebook-dir=notebooks --port=$(PORT) $(LAB_ROOT_FLAG) $(LAB_QUIET) $(LAB_ARGS)
 
 # The suite, with the python of $(1): lint, exercises, pytest + every notebook.
 # The solution notebooks are not run a second time by nbval (NOTEBOOKS.md lists them there):
@@ -128,7 +166,7 @@ test-latest:
 	$(LATEST_VENV)/bin/python -m pip install --quiet --upgrade pip
 	$(LATEST_VENV)/bin/python -m pip install --quiet $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"
 	$(LATEST_VENV)/bin/python -m pip install --quiet --upgrade --upgrade-strategy eager \
-		-e ".[notebooks,test]"
+		-e ".[dev]"
 	-$(LATEST_VENV)/bin/python -m blockmem_lite envcheck
 	$(call run_suite,$(LATEST_VENV)/bin)
 
@@ -138,7 +176,7 @@ test-oldest:
 	$(PYTHON) -m venv --clear $(OLDEST_VENV)
 	$(OLDEST_VENV)/bin/python -m pip install --quiet --upgrade pip
 	$(OLDEST_VENV)/bin/python -m pip install --quiet "torch==$(MIN_TORCH)"
-	$(OLDEST_VENV)/bin/python -m pip install --quiet -e ".[notebooks,test]" \
+	$(OLDEST_VENV)/bin/python -m pip install --quiet -e ".[dev]" \
 		"torch==$(MIN_TORCH)" "transformers==$(MIN_TRANSFORMERS)"
 	-$(OLDEST_VENV)/bin/python -m blockmem_lite envcheck
 	$(TEST_ENV) $(OLDEST_VENV)/bin/python -m pytest tests --ignore=tests/test_browser.py
@@ -147,9 +185,15 @@ lock: $(STAMP)
 	$(BIN)/python -m pip install --quiet "$(UV_SPEC)"
 	@echo "torch==$(TORCH_VERSION)" > $(VENV)/torch-pin.txt
 	$(BIN)/uv pip compile pyproject.toml --universal --fork-strategy fewest \
-		--extra notebooks --extra test -c $(VENV)/torch-pin.txt $(LOCK_ARGS) \
+		--extra notebooks --extra data --extra hf --extra test -c $(VENV)/torch-pin.txt $(LOCK_ARGS) \
 		--custom-compile-command "make lock" --quiet -o $(LOCK)
 	@echo "$(LOCK) remade; run make test (and commit the lock with what changed it)"
+
+# The wheel and sdist, into dist/. The wheel carries the course (notebooks, exercises, figures,
+# the shipped class run; setup.py): `blockmem-lite notebooks DIR` copies them out of an install.
+# Built from the working tree as it is, outputs included: `make clean-notebooks` first.
+dist: setup
+	$(BIN)/python -m build --no-isolation --sdist --wheel --outdir dist .
 
 test-browser: setup
 	$(BIN)/python -m pytest tests/test_browser.py -m browser -ra

@@ -12,7 +12,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "blockmem_lite"
 # Bottom to top. A module may import modules of its own layer or lower ones, never higher.
 # A module takes the lowest layer one of its patterns matches.
 LAYERS = (
-    ("leaves", ("units", "validation", "labdata")),
+    ("leaves", ("units", "validation", "labdata", "course")),
     ("registry", ("registry",)),
     ("settings", ("config", "runtime", "distributed", "tokenizer", "measure", "measure.flops",
                   "compiling")),

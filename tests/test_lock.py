@@ -64,7 +64,7 @@ def test_make_test_oldest_runs_the_declared_minimums(package, variable):
 def test_environment_yml_installs_the_locked_versions():
     text = (ROOT / "environment.yml").read_text()
     assert f"- torch=={LOCKED['torch']}" in text
-    assert "- -c requirements.lock" in text and "- -e .[notebooks,test]" in text
+    assert "- -c requirements.lock" in text and "- -e .[notebooks]" in text
 
 
 def test_the_readme_names_the_tested_versions():

@@ -21,10 +21,9 @@ from pathlib import Path
 
 import torch
 
-from blockmem_lite import recall, registry
+from blockmem_lite import course, recall, registry
 from blockmem_lite.checkpoints import atomic_write_bytes, prepare_folder
 from blockmem_lite.config import ModelConfig, preset
-from blockmem_lite.corpora import data_dir
 from blockmem_lite.measure import bench
 from blockmem_lite.models.base import build_model
 from blockmem_lite.runtime import pick_device, seed_everything
@@ -124,16 +123,19 @@ def run_sweep(arch: str, knob: str, values=None, preset_name: str = "class", see
     return record
 
 
-def shipped_folder() -> Path:
-    """Where the kit keeps the sweeps it measured on a 2-core CPU (beside its class run)."""
-    return data_dir() / "reproduce" / "class_cpu" / "sweeps"
+def shipped_folder() -> Path | None:
+    """Where the kit keeps the sweeps it measured on a 2-core CPU (beside its class run, in a
+    checkout or an installed wheel); None in an install that carries none."""
+    runs = course.shipped_runs()
+    return runs / "class_cpu" / "sweeps" if runs else None
 
 
 def shipped(arch: str, knob: str) -> dict | None:
     """The sweep of ``knob`` the kit ships for ``arch`` (None where this install has none,
-    e.g. a pip install without the repository's data/)."""
-    path = shipped_folder() / f"{arch}-{knob}.json"
-    return json.loads(path.read_text()) if path.is_file() else None
+    e.g. an install without the course)."""
+    folder = shipped_folder()
+    path = folder / f"{arch}-{knob}.json" if folder else None
+    return json.loads(path.read_text(encoding="utf-8")) if path and path.is_file() else None
 
 
 def _load(path: Path, meta: dict) -> dict:

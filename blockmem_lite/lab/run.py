@@ -51,10 +51,10 @@ from pathlib import Path
 
 import torch
 
-from blockmem_lite import distributed, knowledge, recall, registry
+from blockmem_lite import course, distributed, knowledge, recall, registry
 from blockmem_lite.checkpoints import atomic_write, atomic_write_bytes, prepare_folder
 from blockmem_lite.config import PRESET_NAMES, ModelConfig, RunConfig, preset
-from blockmem_lite.corpora import data_dir, load_corpus, make_loaders
+from blockmem_lite.corpora import load_corpus, make_loaders
 from blockmem_lite.lab import parts
 from blockmem_lite.lab.parts import FactsJob, RecallJob, facts_part, finished, recall_part
 from blockmem_lite.lab.progress import PlanProgress
@@ -86,9 +86,11 @@ LAB_SIZES = {
 
 def shipped_run(preset_name: str) -> Path | None:
     """The ``results.json`` of the kit's own run of ``preset_name`` on a 2-core CPU
-    (``data/reproduce/<preset>_cpu``); None where this install has none."""
-    path = data_dir() / "reproduce" / f"{preset_name}_cpu" / RESULTS_NAME
-    return path if path.is_file() else None
+    (``data/reproduce/<preset>_cpu`` of a checkout, or the same inside an installed wheel);
+    None where this install has none."""
+    runs = course.shipped_runs()
+    path = runs / f"{preset_name}_cpu" / RESULTS_NAME if runs else None
+    return path if path and path.is_file() else None
 
 
 # --- the plan ----------------------------------------------------------------------------------
