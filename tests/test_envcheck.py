@@ -356,3 +356,14 @@ def test_the_torch_hint_names_the_locked_version(tmp_path):
     lock.write_text("numpy==2.3.0\ntorch==9.8.7+cpu\n    # via blockmem-lite\n")
     assert "install torch==9.8.7 first" in envcheck.torch_install_hint(lock)
     assert "install torch first" in envcheck.torch_install_hint(tmp_path / "absent.lock")
+
+
+def test_a_vendored_copy_later_on_sys_path_is_not_the_installed_version(tmp_path, monkeypatch):
+    """setuptools puts its _vendor folder (older packaging, platformdirs) at the end of sys.path
+    when imported; the version that counts is the first, the one an import loads."""
+    vendored = tmp_path / "_vendor" / "packaging-1.0.dist-info"
+    vendored.mkdir(parents=True)
+    (vendored / "METADATA").write_text("Metadata-Version: 2.1\nName: packaging\nVersion: 1.0\n")
+    monkeypatch.setattr(sys, "path", [*sys.path, str(tmp_path / "_vendor")])
+    from importlib import metadata
+    assert envcheck.installed_versions()["packaging"] == metadata.version("packaging") != "1.0"

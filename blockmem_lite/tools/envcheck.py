@@ -163,9 +163,14 @@ def read_lock(path: Path) -> dict[str, str]:
 
 
 def installed_versions() -> dict[str, str]:
-    """{normalized name: version} of every distribution this interpreter sees."""
-    return {normalize(d.metadata["Name"]): d.version for d in metadata.distributions()
-            if d.metadata["Name"]}
+    """{normalized name: version} of every distribution this interpreter sees: the first on
+    sys.path, the one an import loads. (Once setuptools is imported, its own vendored copies
+    of packaging and platformdirs join the end of sys.path; they are not what the kit uses.)"""
+    versions: dict[str, str] = {}
+    for dist in metadata.distributions():
+        if dist.metadata["Name"]:
+            versions.setdefault(normalize(dist.metadata["Name"]), dist.version)
+    return versions
 
 
 def lock_differences(locked: dict[str, str], installed: dict[str, str]) -> tuple[list, list]:
