@@ -9,13 +9,23 @@
 
 Each file is replaced whole (written beside it, then renamed), so an interrupted or failed
 run never leaves a half-written table over the last good one; any file name is written.
+
+Every cell is text a student may have chosen (a folder name, a file name, what their code
+raised), so each is written safely (``cell_text``): on one line, at most ``CELL_CHARS``
+characters, never read by a spreadsheet as a formula, and in grades.md never able to break
+its row or hide the rows after it (``|``, ``\\``, ``<`` and ``[`` escaped). Names that look
+alike but differ (José typed composed and decomposed) are told apart (``told_apart``).
 """
 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import os
+import re
+import unicodedata
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +35,12 @@ from blockmem_lite.tools.sandbox import describe
 COLUMNS = ("student", "notebook", "file", "exercise", "title", "points", "score", "result",
            "message")
 BY_HAND = "by hand"
+CELL_CHARS = 500        # the most characters of a table cell; "…" marks a cut
+ANSWER_CHARS = 5000     # the most characters of a written answer in written_answers.md
+FORMULA_START = ("=", "+", "-", "@")     # what a spreadsheet reads as a formula (OWASP)
+# control characters, line and paragraph separators, and bidirectional overrides
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+_MARKDOWN = str.maketrans({"\\": "\\\\", "|": "\\|", "<": "\\<", "[": "\\["})
 
 
 @dataclass(frozen=True)
@@ -66,16 +82,40 @@ def _number(value: float) -> str:
     return f"{value:g}"
 
 
+def shorten(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters, the last of them "…" where it was cut."""
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+def visible(text: str) -> str:
+    """``text`` on one line as it prints: control characters, line separators and
+    bidirectional overrides written as escapes (``\\n``, ``\\x1b``, ``\\u202e``)."""
+    return _UNPRINTABLE.sub(lambda m: m[0].encode("unicode_escape").decode("ascii"), text)
+
+
+def cell_text(value: str) -> str:
+    """A cell of either table: one line, at most ``CELL_CHARS`` characters, and a text that
+    starts with = + - @ (blanks before them allowed), a tab or a CR behind a single quote,
+    so a spreadsheet shows it as text and never runs it as a formula."""
+    text = shorten(visible(shorten(value, CELL_CHARS)), CELL_CHARS)
+    formula = value.startswith(("\t", "\r")) or value.lstrip().startswith(FORMULA_START)
+    return "'" + text if formula else text
+
+
+def _md_cell(value) -> str:
+    return cell_text(str(value)).translate(_MARKDOWN)
+
+
 def to_csv(rows: list[Row]) -> str:
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(COLUMNS)
-    writer.writerows(r.values() for r in rows)
+    writer.writerows([cell_text(v) for v in r.values()] for r in rows)
     return buffer.getvalue()
 
 
 def _md_line(values) -> str:
-    return "| " + " | ".join(str(v).replace("|", "\\|") for v in values) + " |"
+    return "| " + " | ".join(_md_cell(v) for v in values) + " |"
 
 
 def totals_table(rows: list[Row], seconds: dict[str, float]) -> str:
@@ -108,13 +148,36 @@ def written_answers(rows: list[Row]) -> str:
     questions = dict.fromkeys((r.notebook, r.exercise, r.title, r.points)
                               for r in rows if r.kind == BY_HAND)
     for notebook, exercise, title, points in questions:
-        out += [f"## {notebook} · {title or exercise} ({_number(points)} point(s), {exercise})",
-                ""]
+        out += [f"## {_md_cell(notebook)} · {_md_cell(title or exercise)} "
+                f"({_number(points)} point(s), {_md_cell(exercise)})", ""]
         for r in rows:
             if r.kind == BY_HAND and (r.notebook, r.exercise) == (notebook, exercise):
-                text = r.answer.strip() or "(no answer written)"
-                out += [f"### {r.student}", "", *(f"> {line}" for line in text.splitlines()), ""]
+                text = shorten(r.answer.strip(), ANSWER_CHARS) or "(no answer written)"
+                out += [f"### {_md_cell(r.student)}", "", *map(_quoted, text.splitlines()), ""]
     return "\n".join(out) + "\n"
+
+
+def _quoted(line: str) -> str:
+    """A line of a written answer as a quote: its Markdown kept, but no HTML (a ``<!--``
+    would hide the answers after it) and no control characters."""
+    return "> " + visible(line).replace("<", "\\<")
+
+
+def told_apart(rows: list[Row], seconds: dict[str, float]) -> tuple[list[Row], dict]:
+    """Rows and seconds with each student name that looks like another but differs from it
+    (equal after Unicode NFKC, zero-width characters dropped: "José" composed and
+    decomposed) followed by its code points in parentheses: both show, told apart."""
+    names = dict.fromkeys(r.student for r in rows)
+    looks = Counter(_looks(name) for name in names)
+    label = {name: f"{name} ({name.encode('ascii', 'backslashreplace').decode('ascii')})"
+             if looks[_looks(name)] > 1 else name for name in names}
+    return ([dataclasses.replace(r, student=label[r.student]) for r in rows],
+            {label.get(name, name): s for name, s in seconds.items()})
+
+
+def _looks(name: str) -> str:
+    return "".join(c for c in unicodedata.normalize("NFKC", name)
+                   if unicodedata.category(c) != "Cf")
 
 
 def check_out(out: Path) -> None:
@@ -129,6 +192,7 @@ def write_tables(rows: list[Row], out: Path, level: str,
     out = Path(out)
     check_out(out)
     out.mkdir(parents=True, exist_ok=True)
+    rows, seconds = told_apart(rows, seconds or {})
     texts = {"grades.csv": to_csv(rows), "grades.md": to_markdown(rows, level, seconds),
              "written_answers.md": written_answers(rows)}
     for name, text in texts.items():

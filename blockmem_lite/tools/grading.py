@@ -6,6 +6,9 @@ Options: ``--notebook NN``, ``--out DIR`` (default ``./grades``), ``--cell-timeo
 
 ``SUBMISSIONS_DIR`` holds one folder per student, named after the student, with that
 student's notebooks anywhere below it (nbgrader's ``submitted/<student>/`` works as is).
+Before anything is read, a student folder or notebook that is a symlink or lies behind one,
+or a notebook that is not a regular file (a FIFO, a device), is refused unread: 0 points,
+its row naming it (``refusal``), so no link leads the grader to files outside the folder.
 A notebook is matched to ``notebooks/solutions/NN_topic.ipynb`` by its ``NN_`` prefix or,
 when renamed, by the mark ``metadata["blockmem_lite"]["generated_from"]``.
 
@@ -32,6 +35,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
+import stat
 import sys
 import time
 from dataclasses import dataclass, field
@@ -44,14 +49,20 @@ from blockmem_lite.tools.exercises import (
     add_nbgrader_metadata,
     clear_outputs,
     notebook_number,
-    notebooks_under,
     read_notebook,
     solution_notebooks,
     solutions_dir,
     stub_markdown,
     write_notebook,
 )
-from blockmem_lite.tools.grade_report import BY_HAND, Row, check_out, write_tables
+from blockmem_lite.tools.grade_report import (
+    BY_HAND,
+    Row,
+    check_out,
+    shorten,
+    visible,
+    write_tables,
+)
 from blockmem_lite.tools.sandbox import (
     LEVELS,
     Limits,
@@ -64,6 +75,8 @@ from blockmem_lite.tools.sandbox import (
 
 UNKNOWN = ("cannot tell which exercise this is: keep the NN_ prefix of the notebook "
            "handed out (renamed copies of it are recognised by its metadata)")
+ALLOWED = "only folders and regular files inside the submissions folder are graded"
+ERROR_CHARS = 300      # the most characters of what a student's code raised, in a message
 
 
 @dataclass(frozen=True)
@@ -94,6 +107,28 @@ class Solution:
     checks: tuple[Check, ...]
     written: tuple[Written, ...] = ()
     setup_ids: tuple[str, ...] = ()   # the code cells before the first exercise
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A student's folder or notebook graded 0 and never read: its file, and why."""
+
+    file: str             # as the tables show it ("" for the student's whole folder)
+    why: str
+
+
+@dataclass(frozen=True)
+class Student:
+    """A student's folder as scanned before anything runs: NN -> their notebook, or why it
+    is refused; rows for notebooks that match no exercise; why the whole folder is refused."""
+
+    folder: Path
+    notebooks: dict[str, Path | Refused]
+    unknown: list[Row]
+    refused: Refused | None = None
+
+    def notebook(self, nn: str) -> Path | Refused | None:
+        return self.notebooks.get(nn, self.refused)
 
 
 @dataclass(frozen=True)
@@ -155,7 +190,8 @@ def _solution_of(name: str, nb) -> Solution:
 
 
 def student_folders(submissions: Path) -> list[Path]:
-    """The student folders in ``submissions`` (sorted, hidden ones skipped)."""
+    """The student folders in ``submissions``, symlinks to folders too (sorted, hidden ones
+    skipped)."""
     submissions = Path(submissions)
     if not submissions.is_dir():
         raise ExerciseError(f"submissions={str(submissions)!r} is not allowed: expected a folder "
@@ -179,30 +215,85 @@ def identify(path: Path, solutions: dict[str, Solution]) -> str | None:
     return nn if nn in solutions else None
 
 
-def match_student(folder: Path,
-                  solutions: dict[str, Solution]) -> tuple[dict[str, Path], list[Row]]:
-    """NN -> the student's notebook for it, and rows for notebooks that match no exercise."""
-    matched, unknown = {}, []
-    for path in notebooks_under([folder]):
-        nn = identify(path, solutions)
+def scan(submissions: Path, solutions: dict[str, Solution]) -> list[Student]:
+    """Every student folder of ``submissions`` with its notebooks matched to ``solutions``;
+    what ``refusal`` refuses is named, never followed nor read."""
+    students = []
+    for folder in student_folders(submissions):
+        if why := refusal(folder, Path(submissions)):
+            print(f"note: {why}")
+            students.append(Student(folder, {}, [], Refused("", why)))
+        else:
+            students.append(Student(folder, *match_student(folder, solutions)))
+    return students
+
+
+def refusal(path: Path, root: Path) -> str | None:
+    """Why ``path``, a student's folder or notebook below the submissions folder ``root``, is
+    refused unread: a symlink on the way to it (so no path leads outside ``root``), or not a
+    folder nor a regular file (a FIFO, a device, a socket). None when it may be read."""
+    here, mode = Path(root), None
+    for part in path.relative_to(root).parts:
+        here = here / part
+        try:
+            mode = os.lstat(here).st_mode
+        except OSError as err:
+            return f"refused: {_below(here, root)} cannot be examined ({err.strerror})"
+        if stat.S_ISLNK(mode):
+            return f"refused: {_below(here, root)} is a symlink (not followed): {ALLOWED}"
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        kind = {"p": "a FIFO", "c": "a device", "b": "a device", "s": "a socket"}
+        return (f"refused: {_below(path, root)} is not a regular file "
+                f"({kind.get(stat.filemode(mode)[0], 'a special file')}): {ALLOWED}")
+    return None
+
+
+def _below(path: Path, root: Path) -> str:
+    return shown(path.relative_to(root).as_posix())
+
+
+def _entries(folder: Path) -> list[Path]:
+    """The ``.ipynb`` entries below a student's folder and the symlinks to folders there,
+    sorted (``.ipynb_checkpoints`` skipped); no link is followed, no file opened."""
+    found = []
+    for here, folders, files in os.walk(folder):     # a linked folder is listed, not entered
+        folders[:] = [name for name in folders if name != ".ipynb_checkpoints"]
+        found += [Path(here, name) for name in folders if Path(here, name).is_symlink()]
+        found += [Path(here, name) for name in files if name.endswith(".ipynb")]
+    return sorted(found)
+
+
+def match_student(folder: Path, solutions: dict[str, Solution]
+                  ) -> tuple[dict[str, Path | Refused], list[Row]]:
+    """NN -> the student's notebook for it (a refused one, unread, only where no other
+    answers that NN), and rows for notebooks that match no exercise."""
+    matched, refused, unknown = {}, {}, []
+    for path in _entries(folder):
         file = path.relative_to(folder).as_posix()
-        if nn is None:
+        if why := refusal(path, folder.parent):
+            print(f"note: {why}")
+            nn = notebook_number(path.name)      # by its name alone: it is never read
+            if nn in solutions:
+                refused.setdefault(nn, Refused(file, why))
+            else:
+                unknown.append(Row(folder.name, "", file, "", why))
+        elif (nn := identify(path, solutions)) is None:
             unknown.append(Row(folder.name, "", file, "", UNKNOWN))
         elif nn in matched:
             print(f"note: {shown(folder.name)}: {shown(file)} is a second notebook for {nn}; graded "
                   f"{matched[nn].relative_to(folder).as_posix()}")
         else:
             matched[nn] = path
-    return matched, unknown
+    return {**refused, **matched}, unknown
 
 
 # --- running one notebook ------------------------------------------------------------------------
 
 
 def shown(name: str) -> str:
-    """A file or folder name as text any terminal prints (bytes that are not UTF-8, kept by
-    the file system as surrogates, become U+FFFD)."""
-    return name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    """A file or folder name as one line any terminal prints: bytes that are not UTF-8 (kept
+    by the file system as surrogates) become U+FFFD, control characters escapes (``\\n``)."""
+    return visible(name.encode("utf-8", "surrogateescape").decode("utf-8", "replace"))
 
 
 def _one_line(text: str) -> str:
@@ -213,7 +304,7 @@ def _error(cell) -> str | None:
     """``Name: message`` of the error a code cell raised, None if it raised none."""
     for out in cell.get("outputs", []):
         if out.output_type == "error":
-            return _one_line(f"{out.ename}: {out.evalue}")
+            return shorten(_one_line(f"{out.ename}: {out.evalue}"), ERROR_CHARS)
     return None
 
 
@@ -330,7 +421,8 @@ def _failed_reply(content: dict | None) -> str | None:
     if not content or content.get("status") == "ok":
         return None
     name, value = content.get("ename", "Error"), content.get("evalue", "")
-    return _one_line(f"{name}: {value} (the kernel reported an error that showed no output)")
+    return shorten(_one_line(f"{name}: {value}"), ERROR_CHARS) + \
+        " (the kernel reported an error that showed no output)"
 
 
 def _verdict(index: int, start: int, errors: dict[int, str], stopped: int | None) -> str:
@@ -440,9 +532,9 @@ def _written_row(student: str, solution: Solution, file: str, nb, written: Writt
 
 
 def _wanted(notebook: str | None, solutions: dict[str, Solution],
-            matched: dict[str, dict[str, Path]]) -> list[str]:
+            students: list[Student]) -> list[str]:
     if notebook is None:
-        return sorted({nn for per_student in matched.values() for nn in per_student})
+        return sorted({nn for student in students for nn in student.notebooks})
     nn = notebook.zfill(2)
     if nn not in solutions:
         raise ExerciseError(f"--notebook={notebook} is not allowed: expected one of "
@@ -457,23 +549,22 @@ def grade(submissions: Path, solutions: Path | None = None, notebook: str | None
     budget.check()
     level = choose_level(budget.isolation)
     known = load_solutions(solutions)
-    folders = student_folders(submissions)
-    matched, unknown = {}, {}
-    for folder in folders:
-        matched[folder.name], unknown[folder.name] = match_student(folder, known)
-    wanted = _wanted(notebook, known, matched)
+    students = scan(submissions, known)
+    wanted = _wanted(notebook, known, students)
     hidden = (*budget.hidden, Path(submissions), Path(solutions) if solutions else
               solutions_dir(), *_teacher_folders())
     budget = dataclasses.replace(budget, hidden=tuple(dict.fromkeys(hidden)))
     print(f"isolation: {describe(level)}")
     rows, seconds = [], {}
-    for folder in folders:
-        student, start = folder.name, time.monotonic()
+    for one in students:
+        student, start = one.folder.name, time.monotonic()
         for nn in wanted:
             deadline = min(time.monotonic() + budget.notebook, start + budget.student)
-            rows += _grade_one(student, matched[student].get(nn), folder, known[nn], budget,
+            rows += _grade_one(student, one.notebook(nn), one.folder, known[nn], budget,
                                level, deadline)
-        rows += unknown[student] if notebook is None else []
+        rows += one.unknown if notebook is None else []
+        if one.refused and not wanted:           # no notebook to give the refusal to
+            rows.append(Row(student, "", "", "", one.refused.why))
         seconds[student] = time.monotonic() - start
     return rows, level, seconds
 
@@ -484,11 +575,12 @@ def _teacher_folders() -> list[Path]:
     return [p for p in (root / "notebooks" / "solutions", root / "tests" / "mutants") if p.is_dir()]
 
 
-def _grade_one(student: str, path: Path | None, folder: Path, solution: Solution,
+def _grade_one(student: str, path: Path | Refused | None, folder: Path, solution: Solution,
                budget: Budget, level: str, deadline: float) -> list[Row]:
     """Rows for one student and notebook; a problem grading it never stops the others."""
-    if path is None:
-        return [Row(student, solution.name, "", c.grade_id, "not submitted", c.title, c.points)
+    if not isinstance(path, Path):
+        file, why = (path.file, path.why) if path else ("", "not submitted")
+        return [Row(student, solution.name, file, c.grade_id, why, c.title, c.points)
                 for c in solution.checks]
     file = path.relative_to(folder).as_posix()
     start = time.monotonic()
