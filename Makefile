@@ -68,9 +68,9 @@ SITE ?= site
 	site clean-notebooks help
 
 help:
-	@echo "make lab    - set up (if needed) and open JupyterLab on notebooks/ (stop: Ctrl-C twice);"
+	@echo "make lab    - the student install (if needed), then JupyterLab on notebooks/ (stop: Ctrl-C twice);"
 	@echo "              options for Jupyter: make lab LAB_ARGS=\"--no-browser --ip=0.0.0.0\""
-	@echo "make test   - set up (if needed) and run every test (library + notebooks, fast mode)"
+	@echo "make test   - the maintainer install (if needed), then every test (library + notebooks, fast mode)"
 	@echo "make test-browser - only the notebooks in JupyterLab under headless Chromium (make test runs"
 	@echo "              it too whenever Chromium is installed)"
 	@echo "make test-latest - the same suite in $(LATEST_VENV) with the newest versions pyproject.toml"

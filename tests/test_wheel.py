@@ -149,7 +149,8 @@ def _executed(path: Path, student: dict, extra: dict) -> dict:
 def test_the_first_cell_installs_the_kit_where_it_is_missing(tmp_path, wheel):
     """A hosted notebook (Colab) without the kit: the setup cell with KIT set to the wheel
     installs it, with the `hosted` extra, and says which device the notebook got. Every
-    dependency is already there (the outer venv, through a .pth file): nothing downloads."""
+    dependency, pip included, is already there (the outer venv, through a .pth file): nothing
+    downloads."""
     env_dir = tmp_path / "hosted"
     venv.EnvBuilder(with_pip=False).create(env_dir)      # %pip runs the outer venv's pip
     python = _bin(env_dir, "python")
