@@ -202,3 +202,20 @@ def test_the_time_a_gpu_preset_would_take_is_its_flops_at_the_cpus_rate():
     seconds = flops * cfg.train.steps * cfg.train.batch_size * m.seq_len / 1e12   # at 1 TFLOP/s
     note = config.gpu_preset_on_cpu(cfg, rate=1e12)
     assert f"about {seconds / 3600:.0f} hours to {2 * seconds / 3600:.0f} hours" in note, note
+
+
+def test_the_notebooks_command_copies_even_where_lab_settings_cannot_be_written(tmp_path,
+                                                                                monkeypatch,
+                                                                                capsys):
+    from blockmem_lite.tools import notebooks
+
+    def read_only(prefix=None):
+        raise PermissionError(13, "Permission denied")
+    monkeypatch.setattr(course, "install_lab_settings", read_only)
+    assert notebooks.main([str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    assert "JupyterLab settings not written (Permission denied" in printed
+    assert (tmp_path / "notebooks" / "00_welcome_and_setup.ipynb").is_file()
+    (tmp_path / "file").write_text("x")
+    assert notebooks.main([str(tmp_path / "file")]) == 2
+    assert "is a file" in capsys.readouterr().err

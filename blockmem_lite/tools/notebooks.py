@@ -29,10 +29,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         copied, kept = course.copy_notebooks(args.dir, overwrite=args.overwrite)
-        settings = None if args.no_lab_settings else course.install_lab_settings()
-    except (FileNotFoundError, NotADirectoryError, PermissionError) as error:
+    except OSError as error:
         print(f"blockmem-lite notebooks: {error}", file=sys.stderr)
         return 2
+    settings = None if args.no_lab_settings else _lab_settings()
     folder = args.dir / "notebooks"
     print(f"{len(copied)} file(s) copied to {folder}" + (" (all up to date)" if not copied else ""))
     if kept:
@@ -42,3 +42,13 @@ def main(argv: list[str] | None = None) -> int:
         print(settings)
     print(f"open them with:  jupyter lab --notebook-dir={folder}")
     return 0
+
+
+def _lab_settings() -> str:
+    """The kit's JupyterLab settings put into this environment, or why they could not be
+    (a system Python a user may not write to): the notebooks work without them."""
+    try:
+        return course.install_lab_settings()
+    except OSError as error:
+        return (f"JupyterLab settings not written ({error.strerror}: {course.lab_settings_target()})"
+                ": notebooks run, but a reopened one shows no figures until it runs again")
