@@ -12,7 +12,7 @@ import pytest
 from nbformat.v4 import new_output
 from test_grading import NAME, _answer, _solution, _write
 
-from blockmem_lite.tools import grade_report, grading
+from blockmem_lite.tools import grade_report, grading, review_sheet
 from blockmem_lite.tools.exercises import make_exercise
 from blockmem_lite.tools.grade_report import COLUMNS, Row
 
@@ -212,6 +212,7 @@ def test_a_class_with_hostile_names_output_links_and_fifos_is_graded_safely(
         return real_read(path)
 
     monkeypatch.setattr(grading, "read_notebook", read_notebook)
+    monkeypatch.setattr(review_sheet, "read_notebook", read_notebook)
     assert grading.main([str(subs), "--solutions", str(solutions), "--out",
                          str(tmp_path / "grades"), "--cell-timeout", "60"]) == 0
     assert not [p for p in reads if p.is_relative_to(key) or not p.is_file()]
@@ -231,6 +232,8 @@ def test_a_class_with_hostile_names_output_links_and_fifos_is_graded_safely(
     md = (tmp_path / "grades" / "grades.md").read_text(encoding="utf-8")
     assert len(_section(md, "Every exercise")) == len(table) + 2
     assert len(_section(md, "Totals (automatically graded points)")) == 4 + 2
+    review = (tmp_path / "grades" / "review.md").read_text(encoding="utf-8")
+    assert "'x' * 50_000" in review and review.count("Not read: refused") == 2   # eve, zed
     assert "1/8 checks passed for 4 student(s)" in capsys.readouterr().out
 
 

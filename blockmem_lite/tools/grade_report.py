@@ -196,7 +196,12 @@ def write_tables(rows: list[Row], out: Path, level: str,
     texts = {"grades.csv": to_csv(rows), "grades.md": to_markdown(rows, level, seconds),
              "written_answers.md": written_answers(rows)}
     for name, text in texts.items():
-        partial = out / f".{name}.partial"
-        partial.write_text(text, encoding="utf-8", errors="surrogateescape")
-        os.replace(partial, out / name)
+        replace_whole(out / name, text)
     return tuple(out / name for name in texts)
+
+
+def replace_whole(path: Path, text: str) -> None:
+    """Write ``text`` beside ``path``, then rename it over ``path``: never half written."""
+    partial = path.with_name(f".{path.name}.partial")
+    partial.write_text(text, encoding="utf-8", errors="surrogateescape")
+    os.replace(partial, path)

@@ -26,9 +26,9 @@ valid JSON fails every check of its exercise. Every NN that some student submitt
 ``--notebook NN``) is graded for every student; a missing one fails as not submitted.
 
 Writes ``grades.csv``, ``grades.md`` (totals per student and notebook, with the points of
-the nbgrader metadata, the exercise titles and the time per student) and
-``written_answers.md`` (tools/grade_report.py). A setup cell that fails is named once, on
-the first exercise it breaks.
+the nbgrader metadata, the exercise titles and the time per student), ``written_answers.md``
+(tools/grade_report.py) and ``review.md``, the answers to read, flagged where worth a look
+(tools/review_sheet.py). A setup cell that fails is named once, on the first exercise it breaks.
 """
 
 from __future__ import annotations
@@ -63,6 +63,7 @@ from blockmem_lite.tools.grade_report import (
     visible,
     write_tables,
 )
+from blockmem_lite.tools.review_sheet import write_review
 from blockmem_lite.tools.sandbox import (
     LEVELS,
     Limits,
@@ -634,6 +635,7 @@ def main(argv: list[str] | None = None) -> int:
                         hidden=(args.out.resolve(),))
         rows, level, seconds = grade(args.submissions, args.solutions, args.notebook, budget)
         csv_path, md_path, answers_path = write_tables(rows, args.out, level, seconds)
+        review = write_review(rows, args.submissions, args.out, args.solutions)
     except (ExerciseError, SandboxError) as err:
         print(f"error: {shown(str(err))}", file=sys.stderr)
         return 2
@@ -641,5 +643,5 @@ def main(argv: list[str] | None = None) -> int:
     auto = [r for r in rows if r.kind != BY_HAND]
     passed = sum(not r.message for r in auto)
     print(shown(f"{passed}/{len(auto)} checks passed for {students} student(s); wrote "
-                f"{csv_path}, {md_path} and {answers_path}"))
+                f"{csv_path}, {md_path}, {answers_path} and {review}"))
     return 0
