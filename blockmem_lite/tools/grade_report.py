@@ -24,6 +24,7 @@ import dataclasses
 import io
 import os
 import re
+import stat
 import unicodedata
 from collections import Counter
 from dataclasses import dataclass
@@ -205,3 +206,37 @@ def replace_whole(path: Path, text: str) -> None:
     partial = path.with_name(f".{path.name}.partial")
     partial.write_text(text, encoding="utf-8", errors="surrogateescape")
     os.replace(partial, path)
+
+
+# --- what may be read -----------------------------------------------------------------------
+ALLOWED = "only folders and regular files inside the submissions folder are graded"
+
+
+def shown(name: str) -> str:
+    """A file or folder name as one line any terminal prints: bytes that are not UTF-8 (kept
+    by the file system as surrogates) become U+FFFD, control characters escapes (``\\n``)."""
+    return visible(name.encode("utf-8", "surrogateescape").decode("utf-8", "replace"))
+
+
+def refusal(path: Path, root: Path) -> str | None:
+    """Why ``path``, a student's folder or notebook below the submissions folder ``root``, is
+    refused unread: a symlink on the way to it (so no path leads outside ``root``), or not a
+    folder nor a regular file (a FIFO, a device, a socket). None when it may be read."""
+    here, mode = Path(root), None
+    for part in path.relative_to(root).parts:
+        here = here / part
+        try:
+            mode = os.lstat(here).st_mode
+        except OSError as err:
+            return f"refused: {_below(here, root)} cannot be examined ({err.strerror})"
+        if stat.S_ISLNK(mode):
+            return f"refused: {_below(here, root)} is a symlink (not followed): {ALLOWED}"
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        kind = {"p": "a FIFO", "c": "a device", "b": "a device", "s": "a socket"}
+        return (f"refused: {_below(path, root)} is not a regular file "
+                f"({kind.get(stat.filemode(mode)[0], 'a special file')}): {ALLOWED}")
+    return None
+
+
+def _below(path: Path, root: Path) -> str:
+    return shown(path.relative_to(root).as_posix())

@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import stat
 import sys
 import time
 from dataclasses import dataclass, field
@@ -59,8 +58,9 @@ from blockmem_lite.tools.grade_report import (
     BY_HAND,
     Row,
     check_out,
+    refusal,
     shorten,
-    visible,
+    shown,
     write_tables,
 )
 from blockmem_lite.tools.review_sheet import write_review
@@ -76,7 +76,6 @@ from blockmem_lite.tools.sandbox import (
 
 UNKNOWN = ("cannot tell which exercise this is: keep the NN_ prefix of the notebook "
            "handed out (renamed copies of it are recognised by its metadata)")
-ALLOWED = "only folders and regular files inside the submissions folder are graded"
 ERROR_CHARS = 300      # the most characters of what a student's code raised, in a message
 
 
@@ -229,30 +228,6 @@ def scan(submissions: Path, solutions: dict[str, Solution]) -> list[Student]:
     return students
 
 
-def refusal(path: Path, root: Path) -> str | None:
-    """Why ``path``, a student's folder or notebook below the submissions folder ``root``, is
-    refused unread: a symlink on the way to it (so no path leads outside ``root``), or not a
-    folder nor a regular file (a FIFO, a device, a socket). None when it may be read."""
-    here, mode = Path(root), None
-    for part in path.relative_to(root).parts:
-        here = here / part
-        try:
-            mode = os.lstat(here).st_mode
-        except OSError as err:
-            return f"refused: {_below(here, root)} cannot be examined ({err.strerror})"
-        if stat.S_ISLNK(mode):
-            return f"refused: {_below(here, root)} is a symlink (not followed): {ALLOWED}"
-    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
-        kind = {"p": "a FIFO", "c": "a device", "b": "a device", "s": "a socket"}
-        return (f"refused: {_below(path, root)} is not a regular file "
-                f"({kind.get(stat.filemode(mode)[0], 'a special file')}): {ALLOWED}")
-    return None
-
-
-def _below(path: Path, root: Path) -> str:
-    return shown(path.relative_to(root).as_posix())
-
-
 def _entries(folder: Path) -> list[Path]:
     """The ``.ipynb`` entries below a student's folder and the symlinks to folders there,
     sorted (``.ipynb_checkpoints`` skipped); no link is followed, no file opened."""
@@ -289,12 +264,6 @@ def match_student(folder: Path, solutions: dict[str, Solution]
 
 
 # --- running one notebook ------------------------------------------------------------------------
-
-
-def shown(name: str) -> str:
-    """A file or folder name as one line any terminal prints: bytes that are not UTF-8 (kept
-    by the file system as surrogates) become U+FFFD, control characters escapes (``\\n``)."""
-    return visible(name.encode("utf-8", "surrogateescape").decode("utf-8", "replace"))
 
 
 def _one_line(text: str) -> str:

@@ -10,12 +10,18 @@ from __future__ import annotations
 
 import ast
 import re
-import stat
 import sys
 from pathlib import Path
 
 from blockmem_lite.tools.exercises import BEGIN, read_notebook, solutions_dir, stub_code
-from blockmem_lite.tools.grade_report import Row, _md_cell, replace_whole, shorten, visible
+from blockmem_lite.tools.grade_report import (
+    Row,
+    _md_cell,
+    refusal,
+    replace_whole,
+    shorten,
+    visible,
+)
 
 KIT = "blockmem_lite"
 RISKY = ("importlib", "marshal", "gc", "inspect", "ctypes", "threading", "concurrent.futures",
@@ -196,22 +202,9 @@ def fenced(source: str) -> list[str]:
             fence]
 
 
-def _plain(root: Path, path: Path) -> bool:
-    """True when ``path`` below ``root`` is a regular file reached through no symlink."""
-    here = Path(root)
-    try:
-        for part in path.relative_to(root).parts:
-            here = here / part
-            if stat.S_ISLNK(here.lstat().st_mode):
-                return False
-        return stat.S_ISREG(here.lstat().st_mode)
-    except (OSError, ValueError):
-        return False
-
-
 def notebook_review(path: Path, key, root: Path) -> list[str]:
     """The review of one student's notebook ``path`` against the solution notebook ``key``."""
-    if not _plain(root, path):
+    if refusal(path, root):
         return ["Not read: refused (see grades.md).", ""]
     try:
         nb = read_notebook(path)
