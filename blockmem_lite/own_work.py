@@ -76,7 +76,7 @@ def _names_used(code) -> set[str]:
 STUB_PREFIX = "Exercise: "     # the message of the raise that ``exercises build`` writes
 
 
-def _still_a_stub(piece) -> bool:
+def still_a_stub(piece) -> bool:
     """True while ``piece`` (or a method of it) still raises the exercise's NotImplementedError."""
     def stub(code) -> bool:
         raises = "NotImplementedError" in code.co_names and any(
@@ -257,7 +257,7 @@ def check_own_work(piece, *library, name: str | None = None) -> _guard.Guard:
     # too common to refuse by name, so methods are caught by identity only
     by_name = {p.__name__: named[id(p)] for p in library
                if hasattr(p, "__name__") and "." not in getattr(p, "__qualname__", "")}
-    if _still_a_stub(piece):          # no "OK ... your own code" for an answer not written
+    if still_a_stub(piece):          # no "OK ... your own code" for an answer not written
         raise _failure(label, "not written yet",
                        "it still raises the exercise's NotImplementedError: write your answer "
                        "in its place, run that cell, then this check")

@@ -1,11 +1,13 @@
 """A learner's layer plugged into one of the kit's models: ``swap_modules`` puts it in place of
 the kit's layer with the same weights, and ``check_plugged_in`` trains both models side by side
 and compares the logits and the loss curves (one ``OK ...`` line, or a ``CheckFailed``, as in
-``checks.py``)."""
+``checks.py``). ``plug`` builds what the learner's piece gives and ``judge_plugged_in`` decides,
+so a grader can obtain the first from a student's kernel and decide in its own process."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -60,7 +62,7 @@ def _load_same_weights(new: torch.nn.Module, old: torch.nn.Module, where: str) -
     new.load_state_dict(theirs)
 
 
-def _loss_curve(model: torch.nn.Module, batches, lr: float, seed: int) -> list[float]:
+def loss_curve(model: torch.nn.Module, batches, lr: float, seed: int) -> list[float]:
     """Train ``model`` on ``batches`` [(tokens, targets)] with AdamW; the loss before each step."""
     torch.manual_seed(seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
@@ -74,6 +76,44 @@ def _loss_curve(model: torch.nn.Module, batches, lr: float, seed: int) -> list[f
         curve.append(float(loss.detach()))
     model.eval()
     return curve
+
+
+def first_weight_apart(model: torch.nn.Module, kit: torch.nn.Module) -> str | None:
+    """The first weight in which ``model`` and ``kit`` differ ("a / b"), None if none."""
+    for (key, theirs), (key2, mine) in zip(kit.state_dict().items(), model.state_dict().items(),
+                                           strict=False):
+        if key != key2 or theirs.shape != mine.shape or not torch.equal(theirs, mine):
+            return f"{key!r} / {key2!r}"
+    return None
+
+
+@dataclass(frozen=True)
+class Plugged:
+    """The learner's piece inside a kit model, as a check sees it: how many places it
+    replaced, the first weight not shared with the kit's model (None: all shared), the
+    logits for some tokens (eval mode, no gradients), the loss curve of training on batches."""
+
+    replaced: object
+    apart: str | None
+    logits: Callable[[torch.Tensor], torch.Tensor]
+    curve: Callable[[list], list[float]]
+
+
+def plug(make_model: Callable, plug_in: Callable, lr: float = 3e-3, seed: int = 0) -> Plugged:
+    """``plug_in(make_model())`` as a ``Plugged``: each use builds and plugs a fresh model."""
+    def fresh() -> torch.nn.Module:
+        model = make_model()
+        plug_in(model)
+        return model.eval()
+
+    def logits(tokens: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            return fresh()(tokens).logits
+
+    model = make_model()
+    replaced = plug_in(model)
+    return Plugged(replaced, first_weight_apart(model, make_model()), logits,
+                   lambda batches: loss_curve(fresh(), batches, lr, seed))
 
 
 def check_plugged_in(make_model: Callable, plug_in: Callable, batches, name: str = "your layer",
@@ -94,37 +134,40 @@ def check_plugged_in(make_model: Callable, plug_in: Callable, batches, name: str
 
     Returns ``(kit_curve, your_curve)`` for a plot.
     """
+    lr = _tolerance("lr", lr, positive=True)
+    return judge_plugged_in(plug(make_model, plug_in, lr, seed), make_model, batches, name, lr,
+                            seed, atol, curve_rtol)
+
+
+def judge_plugged_in(yours: Plugged, make_model: Callable, batches, name: str = "your layer",
+                     lr: float = 3e-3, seed: int = 0, atol: float | None = None,
+                     curve_rtol: float = 2e-3) -> tuple[list[float], list[float]]:
+    """``check_plugged_in``'s verdict on ``yours``, however it was obtained (in the notebook,
+    or from a graded kernel): the kit's side is computed here."""
     _require_text("name", name)
     lr = _tolerance("lr", lr, positive=True)
     curve_rtol = _tolerance("curve_rtol", curve_rtol)
     batches = list(batches)
     if len(batches) < 2:
         raise _not_allowed("batches", batches, "two or more (tokens, targets) pairs")
-    kit, yours = make_model(), make_model()
-    replaced = plug_in(yours)
-    if not _is_int(replaced) or replaced < 1:
-        raise _failure(name, f"plug_in replaced {replaced!r} pieces of the model",
+    if not _is_int(yours.replaced) or yours.replaced < 1:
+        raise _failure(name, f"plug_in replaced {yours.replaced!r} pieces of the model",
                        "expected it to put your piece in at least one place (it returns how "
                        "many it replaced)")
-    for (key, theirs), (key2, mine) in zip(kit.state_dict().items(), yours.state_dict().items(),
-                                           strict=False):
-        if key != key2 or theirs.shape != mine.shape or not torch.equal(theirs, mine):
-            raise _failure(name, "the weights are not shared with the kit's model",
-                           f"first difference at {key!r} / {key2!r}; plug_in must copy the "
-                           "kit's weights into your piece (swap_modules does)")
+    if yours.apart is not None:
+        raise _failure(name, "the weights are not shared with the kit's model",
+                       f"first difference at {yours.apart}; plug_in must copy the kit's weights "
+                       "into your piece (swap_modules does)")
     tokens = batches[0][0]
-    kit.eval()
-    yours.eval()
+    kit = make_model().eval()
     with torch.no_grad():
-        check_close(yours(tokens).logits, kit(tokens).logits,
+        check_close(yours.logits(tokens), kit(tokens).logits,
                     f"{name}: logits on shared weights vs the kit's", atol=atol)
-    check_causal(yours, tokens)
-    kit_curve = _loss_curve(kit, batches, lr, seed)
-    your_curve = _loss_curve(yours, batches, lr, seed)
+    check_causal(yours.logits, tokens)
+    kit_curve = loss_curve(kit, batches, lr, seed)
+    your_curve = [float(x) for x in yours.curve(batches)]
     check_close(your_curve, kit_curve, f"{name}: loss over {len(batches)} training steps vs "
                 "the kit's", atol=1e-4, rtol=curve_rtol)
     check_true(your_curve[-1] < your_curve[0],
                f"{name}: the loss falls in training ({your_curve[0]:.3f} -> {your_curve[-1]:.3f})")
     return kit_curve, your_curve
-
-

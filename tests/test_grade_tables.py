@@ -12,7 +12,7 @@ import pytest
 from nbformat.v4 import new_output
 from test_grading import NAME, _answer, _solution, _write
 
-from blockmem_lite.tools import grade_report, grading, review_sheet
+from blockmem_lite.tools import grade_kernel, grade_report, grading, review_sheet
 from blockmem_lite.tools.exercises import make_exercise
 from blockmem_lite.tools.grade_report import COLUMNS, Row
 
@@ -106,11 +106,11 @@ def test_names_alike_in_nfc_and_nfd_are_told_apart(tmp_path):
 def test_long_hostile_output_is_shortened_and_escaped(tmp_path):
     raised = "=cmd|" + "x" * 100_000 + "\n<!--|" + "y" * 100_000
     cell = {"outputs": [new_output("error", ename="ValueError", evalue=raised, traceback=[])]}
-    message = grading._error(cell)
-    assert len(message) == grading.ERROR_CHARS and message.endswith("…")
+    message = grade_kernel.cell_error(cell)
+    assert len(message) == grade_kernel.ERROR_CHARS and message.endswith("…")
     assert message.startswith("ValueError: =cmd|xxx")
-    assert len(grading._failed_reply({"status": "error", "ename": "E", "evalue": raised})) \
-        < grading.ERROR_CHARS + 60
+    assert len(grade_kernel.failed_reply({"status": "error", "ename": "E", "evalue": raised})) \
+        < grade_kernel.ERROR_CHARS + 60
     answer = "<!-- hides every answer after it\n" + "z" * 100_000
     table, md, answers = _tables(tmp_path, _rows(["ann"], message=raised, answer=answer))
     assert len(table[1][8]) == grade_report.CELL_CHARS + 1 and table[1][8].startswith("'=cmd")
@@ -225,7 +225,7 @@ def test_a_class_with_hostile_names_output_links_and_fifos_is_graded_safely(
     loud_rows = by_student["'=1+1|x\\ny"]
     assert loud_rows[1] == ("1", "")
     assert loud_rows[0][0] == "0" and loud_rows[0][1].startswith("cell 2: ValueError: =cmd|xxx")
-    assert loud_rows[0][1].endswith("…") and len(loud_rows[0][1]) < grading.ERROR_CHARS + 10
+    assert loud_rows[0][1].endswith("…") and len(loud_rows[0][1]) < grade_kernel.ERROR_CHARS + 10
     for student in ("eve", "mallory", "zed"):
         assert by_student[student] == [("0", by_student[student][0][1])] * 2
         assert by_student[student][0][1].startswith(f"refused: {student}")

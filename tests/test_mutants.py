@@ -36,8 +36,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import nbformat
 import pytest
 
+from blockmem_lite import exercise_checks
 from blockmem_lite.tools.exercises import (
     BEGIN,
     END,
@@ -46,6 +48,7 @@ from blockmem_lite.tools.exercises import (
     solutions_dir,
     stub_code,
 )
+from blockmem_lite.tools.grade_kernel import KernelLink, check_seed, run_graded_check
 from blockmem_lite.tools.grading import RESET_TIMEOUT_S, _reset_kernel
 
 MUTANTS_DIR = Path(__file__).parent / "mutants"
@@ -56,7 +59,7 @@ MUTANT_FAULTS = {"SyntaxError", "IndentationError", "TabError", "NameError", "Un
                  "NotImplementedError", "ImportError", "ModuleNotFoundError", "AttributeError",
                  "KeyboardInterrupt"}
 # A cheat passes unless a check catches it: any other error means the cheat itself is broken.
-CHECK_KINDS = {"CheckFailed", "AssertionError"}
+CHECK_KINDS = {"CheckFailed", "AssertionError", "AnswerFailed"}
 FAST_ENV = {"BLOCKMEM_FAST": "1", "BLOCKMEM_HEADLESS": "1", "PLOTLY_RENDERER": "json",
             "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_WAIT_POLICY": "PASSIVE"}
 
@@ -197,17 +200,31 @@ def _error(cell) -> tuple[str, str] | None:
 
 
 class _Kernel:
-    """One kernel for one notebook; runs cells (copies, with an optional new source), each
-    check cell after the grader's reset."""
+    """One kernel for one notebook; runs cells (copies, with an optional new source). A check
+    cell whose grade_id has a registered check is judged as ``exercises grade`` judges it: the
+    check runs in this process against the kernel's answers (``grade_kernel.run_graded_check``,
+    seeded as for a student); any other check cell runs in the kernel after the grader's reset."""
 
-    def __init__(self, client, check_cells: set[int]):
+    def __init__(self, client, check_cells: dict[int, str], work: Path):
         self.client = client
         self.check_cells = check_cells
+        self.work = work
+        self.graded = 0
 
     def run(self, nb, index: int, source: str | None = None):
-        if index in self.check_cells:
+        check = exercise_checks.find(self.check_cells.get(index, ""))
+        if index in self.check_cells:   # the grader needs no reset; the harness cleans up with it
             assert _reset_kernel(self.client, RESET_TIMEOUT_S), "the grader's reset failed"
             self.client.timeout = CELL_TIMEOUT
+        if check is not None:
+            self.graded += 1
+            link = KernelLink(self.client, self.work, CELL_TIMEOUT)
+            failed = run_graded_check(check, link, check_seed(0, f"mutant {self.graded}",
+                                                              check.grade_id))
+            cell = copy.deepcopy(nb.cells[index])
+            cell.outputs = [] if failed is None else [nbformat.v4.new_output(
+                "error", ename=failed[0], evalue=failed[1], traceback=[])]
+            return cell
         cell = copy.deepcopy(nb.cells[index])
         if source is not None:
             cell.source = source
@@ -270,8 +287,16 @@ def _first_line(text: str) -> str:
     return " / ".join(lines[:3])[:200]
 
 
-def run_mutants(path: Path, mutants: dict[str, list[Mutant]]) -> tuple[list[dict], list[str]]:
-    """Rows (one per mutant) and problems for one solution notebook."""
+def _grade_ids(nb) -> dict[int, str]:
+    """Check cell index -> its grade_id."""
+    return {i: nb.cells[i].metadata.get("nbgrader", {}).get("grade_id", nb.cells[i].get("id"))
+            for i in check_cell_indices(nb)}
+
+
+def run_mutants(path: Path, mutants: dict[str, list[Mutant]],
+                work: Path) -> tuple[list[dict], list[str]]:
+    """Rows (one per mutant) and problems for one solution notebook; ``work``: a folder for
+    the kernel's replies to the graded checks."""
     from nbclient import NotebookClient
 
     nb = read_notebook(path)
@@ -281,7 +306,7 @@ def run_mutants(path: Path, mutants: dict[str, list[Mutant]]) -> tuple[list[dict
                             resources={"metadata": {"path": str(path.parent)}})
     rows, problems, done = [], [], -1
     with client.setup_kernel():
-        kernel = _Kernel(client, set(check_cell_indices(nb)))
+        kernel = _Kernel(client, _grade_ids(nb), work)
         for ex in exercises_of(nb):
             if not ex.regions:
                 continue
@@ -338,13 +363,13 @@ def run_mutants(path: Path, mutants: dict[str, list[Mutant]]) -> tuple[list[dict
 
 
 @pytest.mark.parametrize("path", COVERED, ids=[p.stem[:2] for p in COVERED])
-def test_checks_kill_every_mutant(path, monkeypatch, mutant_summary, request):
+def test_checks_kill_every_mutant(path, monkeypatch, mutant_summary, request, tmp_path):
     if path.name.startswith("10_"):
         request.getfixturevalue("fast_reproduce")      # the lab run notebook 10 reads
     for key, value in FAST_ENV.items():
         monkeypatch.setenv(key, value)
     t0 = time.perf_counter()
-    rows, problems = run_mutants(path, load_mutants(path))
+    rows, problems = run_mutants(path, load_mutants(path), tmp_path)
     elapsed = time.perf_counter() - t0
     mutant_summary.append({"notebook": path.stem, "rows": rows, "seconds": elapsed,
                            "problems": problems})
@@ -374,7 +399,7 @@ def test_harness_reports_survivors_and_broken_mutants(tmp_path, monkeypatch):
                           Mutant("typo", "2 * x", "2 * y")]}             # NameError: invalid
     for key, value in FAST_ENV.items():
         monkeypatch.setenv(key, value)
-    rows, problems = run_mutants(path, mutants)
+    rows, problems = run_mutants(path, mutants, tmp_path)
     assert [r["verdict"] for r in rows] == ["killed", "SURVIVED", "INVALID"]
     assert rows[0]["kind"] == "CheckFailed" and "double(3)" in rows[0]["message"]
     assert any("survived: same value" in p for p in problems)
@@ -407,13 +432,13 @@ def test_harness_finds_an_exercise_that_needs_an_earlier_answer(tmp_path, monkey
     assert top_level_names(nb.cells[0].source) == {"double"}
     for key, value in FAST_ENV.items():
         monkeypatch.setenv(key, value)
-    _, problems = run_mutants(path, {})
+    _, problems = run_mutants(path, {}, tmp_path)
     needs = [p for p in problems if "depends on an answer" in p]
     assert len(needs) == 1 and needs[0].startswith("cell 2 fails before") \
         and "depends on an answer: NotImplementedError" in needs[0], problems
     nb.cells[2].source = "table = [2 * i for i in range(3)]"          # now it stands alone
     nbformat.write(nb, str(path))
-    _, problems = run_mutants(path, {})
+    _, problems = run_mutants(path, {}, tmp_path)
     assert not any("depends on an answer" in p for p in problems), problems
 
 

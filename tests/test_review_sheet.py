@@ -51,6 +51,12 @@ TRICKS = {
     "def my_dpfp(u):\n    return armt.dpfp(u)": "armt.dpfp (the piece this exercise asks for)",
     "from blockmem_lite.models.armt import dpfp as d": "armt.dpfp (the piece this exercise",
     "y = check_equal": "blockmem_lite.checks.check_equal (kit code the solution does not use)",
+    "import shutil\nshutil.copy(armt.__file__, 'mine.py')": "__file__",
+    "spec = armt.__spec__": "__spec__",
+    "f = torch.compile(armt.dpfp, backend='eager')": "armt.dpfp (the piece this exercise",
+    "from multiprocessing import Pool\nPool(2).map(f, xs)": "multiprocessing",
+    "import blockmem_lite.exercise_checks.student_side as s\ns.serve = f":
+        "changes blockmem_lite.exercise_checks.student_side.serve",
     "%time x = 1": "IPython line: %time",
     "!pip install cheat": "IPython line: !pip",
 }

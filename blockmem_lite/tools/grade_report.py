@@ -133,9 +133,13 @@ def totals_table(rows: list[Row], seconds: dict[str, float]) -> str:
     return "\n".join(lines)
 
 
-def to_markdown(rows: list[Row], level: str, seconds: dict[str, float] | None = None) -> str:
+def to_markdown(rows: list[Row], level: str, seconds: dict[str, float] | None = None,
+                seed: int | None = None) -> str:
     by_hand = sum(r.kind == BY_HAND for r in rows)
-    parts = [f"Graded in isolation level {describe(level)}.", "",
+    drawn = [] if seed is None else [
+        f"The checks' fresh inputs were drawn by the grader with seed {seed}, one stream per "
+        f"student and check: `--seed {seed}` draws the same inputs again.", ""]
+    parts = [f"Graded in isolation level {describe(level)}.", "", *drawn,
              "## Totals (automatically graded points)", "", totals_table(rows, seconds or {}),
              "", f"{by_hand} written answer(s) to grade by hand: written_answers.md." if by_hand
              else "No written answers.", "", "## Every exercise", "", _md_line(COLUMNS),
@@ -188,13 +192,14 @@ def check_out(out: Path) -> None:
 
 
 def write_tables(rows: list[Row], out: Path, level: str,
-                 seconds: dict[str, float] | None = None) -> tuple[Path, ...]:
+                 seconds: dict[str, float] | None = None, seed: int | None = None
+                 ) -> tuple[Path, ...]:
     """Write grades.csv, grades.md and written_answers.md into ``out``; return their paths."""
     out = Path(out)
     check_out(out)
     out.mkdir(parents=True, exist_ok=True)
     rows, seconds = told_apart(rows, seconds or {})
-    texts = {"grades.csv": to_csv(rows), "grades.md": to_markdown(rows, level, seconds),
+    texts = {"grades.csv": to_csv(rows), "grades.md": to_markdown(rows, level, seconds, seed),
              "written_answers.md": written_answers(rows)}
     for name, text in texts.items():
         replace_whole(out / name, text)

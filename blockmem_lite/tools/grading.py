@@ -1,7 +1,8 @@
 """Grade a folder of submissions: ``python -m blockmem_lite exercises grade SUBMISSIONS_DIR``.
 
 Options: ``--notebook NN``, ``--out DIR`` (default ``./grades``), ``--cell-timeout S``
-(default 300), ``--notebook-timeout S`` (1800), ``--student-timeout S`` (3600),
+(default: each cell's own limit, from the solution's measured time), ``--notebook-timeout S``
+(1800), ``--student-timeout S`` (3600), ``--seed N`` (default: drawn and reported),
 ``--isolation auto|bubblewrap|process`` and ``--solutions DIR``.
 
 ``SUBMISSIONS_DIR`` holds one folder per student, named after the student, with that
@@ -13,16 +14,16 @@ A notebook is matched to ``notebooks/solutions/NN_topic.ipynb`` by its ``NN_`` p
 when renamed, by the mark ``metadata["blockmem_lite"]["generated_from"]``.
 
 Each notebook runs headless in a fresh kernel inside a sandbox of its own
-(``tools/sandbox.py``: bubblewrap where the machine has it, the kit read-only, the other
-submissions and the grades hidden, a minimal environment, resource limits, every process
-of the run ended before a grade is written), cell by cell with errors allowed, within its
-cell, notebook and student time limits. Check cells are found by their nbgrader ``grade_id``, else by cell id, and run the
-solution's source, so an edited check cannot pass. An exercise is passed when its check cell
-and the cells since the previous check cell ran without error; otherwise it fails with the
-first error as ``cell N: Name: message`` (cells counted from 0, the message on one line).
-A cell running past the timeout, or a dying kernel, stops that notebook: its kernel is
-killed and later checks fail as not run. A deleted check cell fails; a notebook that is not
-valid JSON fails every check of its exercise. Every NN that some student submitted (or
+(``tools/sandbox.py``), cell by cell with errors allowed (``tools/grade_kernel.py``). Check
+cells are found by their nbgrader ``grade_id``, else by cell id; none of them runs in the
+kernel: the check registered for that id (``blockmem_lite.exercise_checks``) runs in this
+process against the kernel's answers, so every verdict is the grader's. An exercise is passed
+when its check passed and the cells since the previous check cell ran without error;
+otherwise it fails with the first error as ``cell N: Name: message`` (cells counted from 0,
+on one line). A cell or check running past its limit fails with the solution's time beside
+the limit; its exercise is lost, the rest of the notebook goes on in a fresh sandbox. A
+dying kernel stops that notebook. A deleted check cell fails; a notebook that is not valid
+JSON fails every check of its exercise. Every NN that some student submitted (or
 ``--notebook NN``) is graded for every student; a missing one fails as not submitted.
 
 Writes ``grades.csv``, ``grades.md`` (totals per student and notebook, with the points of
@@ -41,6 +42,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import nbformat
+
+from blockmem_lite import exercise_checks
 from blockmem_lite.__main__ import program
 from blockmem_lite.tools.exercises import (
     MD_ANSWER,
@@ -52,14 +56,21 @@ from blockmem_lite.tools.exercises import (
     solution_notebooks,
     solutions_dir,
     stub_markdown,
-    write_notebook,
+)
+from blockmem_lite.tools.grade_kernel import (
+    Hung,
+    KernelDied,
+    NotebookJob,
+    Timing,
+    cell_error,
+    one_line,
+    run_notebook,
 )
 from blockmem_lite.tools.grade_report import (
     BY_HAND,
     Row,
     check_out,
     refusal,
-    shorten,
     shown,
     write_tables,
 )
@@ -67,7 +78,6 @@ from blockmem_lite.tools.review_sheet import write_review
 from blockmem_lite.tools.sandbox import (
     LEVELS,
     Limits,
-    Sandbox,
     SandboxError,
     choose_level,
     describe,
@@ -76,7 +86,6 @@ from blockmem_lite.tools.sandbox import (
 
 UNKNOWN = ("cannot tell which exercise this is: keep the NN_ prefix of the notebook "
            "handed out (renamed copies of it are recognised by its metadata)")
-ERROR_CHARS = 300      # the most characters of what a student's code raised, in a message
 
 
 @dataclass(frozen=True)
@@ -133,25 +142,36 @@ class Student:
 
 @dataclass(frozen=True)
 class Budget:
-    """How a class is graded: time limits in seconds, the sandbox level and its limits, and
-    the folders a graded kernel must not see."""
+    """How a class is graded: time limits in seconds (``cell`` None: each cell's limit comes
+    from the solution's measured time, ``measured``), the class seed of the grader's RNG, the
+    sandbox level and its limits, and the folders a graded kernel must not see."""
 
-    cell: int = 300
+    cell: int | None = None
     notebook: int = 1800
     student: int = 3600
     isolation: str = "auto"
+    seed: int = 0
     limits: Limits = field(default_factory=Limits)
     hidden: tuple[Path, ...] = ()
+    measured: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def check(self) -> None:
         for name, value in (("cell", self.cell), ("notebook", self.notebook),
                             ("student", self.student)):
-            if not isinstance(value, int) or value < 1:
+            if value is None and name == "cell":
+                continue
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ExerciseError(f"--{name}-timeout={value} is not allowed: expected whole "
                                     "seconds >= 1")
+        if not isinstance(self.seed, int) or not 0 <= self.seed < 1 << 63:
+            raise ExerciseError(f"--seed={self.seed} is not allowed: expected an integer in "
+                                "0 .. 2**63 - 1")
         if self.isolation not in LEVELS:
             raise ExerciseError(f"--isolation={self.isolation} is not allowed: expected one of "
                                 f"{', '.join(LEVELS)}")
+
+    def timing(self, notebook: str) -> Timing:
+        return Timing(self.cell, self.measured.get(notebook, {}))
 
 
 # --- solutions and submissions -------------------------------------------------------------------
@@ -266,18 +286,6 @@ def match_student(folder: Path, solutions: dict[str, Solution]
 # --- running one notebook ------------------------------------------------------------------------
 
 
-def _one_line(text: str) -> str:
-    return "; ".join(" ".join(line.split()) for line in text.splitlines() if line.strip())
-
-
-def _error(cell) -> str | None:
-    """``Name: message`` of the error a code cell raised, None if it raised none."""
-    for out in cell.get("outputs", []):
-        if out.output_type == "error":
-            return shorten(_one_line(f"{out.ename}: {out.evalue}"), ERROR_CHARS)
-    return None
-
-
 # Run silently before every check cell: what a student's cell may have changed in the
 # kernel goes back to the kit's. IPython's hooks (a custom exception handler hides an
 # error's output; input and AST transformers rewrite the check's source; pre-run callbacks
@@ -313,56 +321,6 @@ _blockmem_grader_reset()
 RESET_TIMEOUT_S = 120
 
 
-def execute(nb, sandbox: Sandbox, cell_timeout: int, deadline: float,
-            checks: frozenset[int] = frozenset()) -> tuple[dict[int, str], int | None]:
-    """Run ``nb`` cell by cell in a fresh kernel inside ``sandbox`` until ``deadline``
-    (``time.monotonic``): (errors by cell index, index it stopped at). Before each cell of
-    ``checks`` the kernel is reset (``RESET_BEFORE_A_CHECK``); a cell fails when its reply
-    says so, whatever its outputs show."""
-    from nbclient import NotebookClient
-    from nbclient.exceptions import CellTimeoutError, DeadKernelError
-
-    replies = {}
-
-    def record(cell, cell_index, execute_reply):
-        replies[cell_index] = execute_reply.get("content", {})
-
-    client = NotebookClient(nb, km=sandbox.kernel_manager(), timeout=cell_timeout,
-                            allow_errors=True, on_cell_executed=record,
-                            shutdown_kernel="immediate",   # kills a kernel stuck in a loop
-                            resources={"metadata": {"path": str(sandbox.work)}})
-    errors = {}
-    log = sandbox.log.open("wb")                # the kernel's own console, not the grader's
-    with log, client.setup_kernel(env=sandbox.env, stdout=log, stderr=log):
-        for i, cell in enumerate(nb.cells):
-            if cell.cell_type != "code":
-                continue
-            left = deadline - time.monotonic()
-            if left < 1:
-                errors[i] = "not run: the time allowed for this notebook (or student) ran out"
-                return errors, i
-            client.timeout = min(cell_timeout, int(left))
-            try:
-                if i in checks and not _reset_kernel(client, min(max(cell_timeout,
-                                                                      RESET_TIMEOUT_S), left)):
-                    errors[i] = ("the kernel could not be reset before this check (were "
-                                 "IPython or the kit's imports tampered with?)")
-                    continue
-                client.timeout = min(cell_timeout, max(1, int(deadline - time.monotonic())))
-                client.execute_cell(cell, i)
-            except CellTimeoutError:
-                errors[i] = (f"timed out after {client.timeout} s; the kernel was killed"
-                             + ("" if client.timeout == cell_timeout else
-                                " (the time left for this notebook or student)"))
-                return errors, i
-            except DeadKernelError:
-                errors[i] = "the kernel died (a crash, os._exit or out of memory?)"
-                return errors, i
-            if (error := _error(cell) or _failed_reply(replies.get(i))) is not None:
-                errors[i] = error
-    return errors, None
-
-
 # The reset is not run as a cell (a student's input or AST transformer would rewrite it, a
 # name in the notebook could shadow ``exec``): it is a user expression of an empty request,
 # which IPython evaluates as it is, and it reaches ``exec`` through the builtins of a kit-free
@@ -379,20 +337,28 @@ def _reset_kernel(client, timeout: float) -> bool:
     client.timeout = int(timeout)
     msg_id = client.kc.execute("", silent=True, store_history=False,
                                user_expressions={"reset": RESET_EXPRESSION})
-    reply = client.wait_for_reply(msg_id)
+    reply = client.wait_for_reply(msg_id, nbformat.v4.new_code_cell("(the reset)"))
     content = reply["content"] if reply else {}
     return content.get("status") == "ok" and \
         content.get("user_expressions", {}).get("reset", {}).get("status") == "ok"
 
 
-def _failed_reply(content: dict | None) -> str | None:
-    """``Name: message`` when the kernel replied that the cell failed (an error whose
-    output a handler hid, say); None when it replied ok."""
-    if not content or content.get("status") == "ok":
-        return None
-    name, value = content.get("ename", "Error"), content.get("evalue", "")
-    return shorten(_one_line(f"{name}: {value}"), ERROR_CHARS) + \
-        " (the kernel reported an error that showed no output)"
+def _legacy_check(client, index: int, cell) -> str | None:
+    """A check cell with no registered check runs in the kernel, after the reset."""
+    from nbclient.exceptions import CellTimeoutError, DeadKernelError
+
+    limit = client.timeout
+    try:
+        if not _reset_kernel(client, max(limit, RESET_TIMEOUT_S)):
+            return ("the kernel could not be reset before this check (were IPython or the "
+                    "kit's imports tampered with?)")
+        client.timeout = limit
+        client.execute_cell(cell, index)
+    except CellTimeoutError:
+        raise Hung(limit) from None
+    except DeadKernelError:
+        raise KernelDied() from None
+    return cell_error(cell)
 
 
 def _verdict(index: int, start: int, errors: dict[int, str], stopped: int | None) -> str:
@@ -436,15 +402,16 @@ def grade_notebook(student: str, path: Path, solution: Solution, budget: Budget,
     found = _find_checks(nb, solution)
     answers = [_written_row(student, solution, file, nb, w) for w in solution.written]
     for check in solution.checks:
-        if check.grade_id in found:
+        if check.grade_id in found:      # what runs there: the registered check, else the solution's cell
             cell = nb.cells[found[check.grade_id]]
             cell.cell_type, cell.source = "code", check.source
             cell.setdefault("outputs", [])
             cell.setdefault("execution_count", None)
-    with Sandbox(level, budget.limits, budget.hidden) as sandbox:
-        write_notebook(nb, sandbox.work / path.name)      # the private copy it runs beside
-        errors, stopped = execute(nb, sandbox, budget.cell, deadline,
-                                  frozenset(found.values()))
+    job = NotebookJob(nb, {index: grade_id for grade_id, index in found.items()},
+                      budget.timing(solution.name), deadline, budget.seed, student, level,
+                      budget.limits, hidden=budget.hidden, name=path.name)
+    graded = run_notebook(job, _legacy_check)
+    errors, stopped = graded.errors, graded.stopped
     order = sorted(found.values())   # an exercise: the cells after the previous check cell
     starts = {index: order[k - 1] + 1 if k else 0 for k, index in enumerate(order)}
 
@@ -525,6 +492,17 @@ def grade(submissions: Path, solutions: Path | None = None, notebook: str | None
               solutions_dir(), *_teacher_folders())
     budget = dataclasses.replace(budget, hidden=tuple(dict.fromkeys(hidden)))
     print(f"isolation: {describe(level)}")
+    print(f"seed: {budget.seed} (grade again with --seed {budget.seed} to draw the same inputs)")
+    for nn in wanted:
+        if unregistered := [c.grade_id for c in known[nn].checks
+                            if exercise_checks.find(c.grade_id) is None]:
+            print(f"warning: {known[nn].name}: {', '.join(unregistered)} have no registered "
+                  "check, so they run inside the student's kernel, whose code can forge their "
+                  "verdict (register them in blockmem_lite/exercise_checks)")
+    if budget.cell is None:
+        measured = {known[nn].name: _measure_solution(known[nn], solutions, budget, level)
+                    for nn in wanted}
+        budget = dataclasses.replace(budget, measured=measured)
     rows, seconds = [], {}
     for one in students:
         student, start = one.folder.name, time.monotonic()
@@ -537,6 +515,29 @@ def grade(submissions: Path, solutions: Path | None = None, notebook: str | None
             rows.append(Row(student, "", "", "", one.refused.why))
         seconds[student] = time.monotonic() - start
     return rows, level, seconds
+
+
+def _measure_solution(solution: Solution, folder: Path | None, budget: Budget,
+                      level: str) -> dict[str, float]:
+    """Run the teacher's solution as the students' notebooks run: seconds per cell id (per
+    grade_id for a check), from which each cell's time limit follows. A check the solution
+    fails here is said at once: the grader, not the class, needs looking at."""
+    path = (Path(folder) if folder else solutions_dir()) / f"{solution.name}.ipynb"
+    nb = read_notebook(path)
+    clear_outputs(nb)
+    found = _find_checks(nb, solution)
+    job = NotebookJob(nb, {index: grade_id for grade_id, index in found.items()},
+                      Timing(fixed=budget.notebook), time.monotonic() + budget.notebook,
+                      budget.seed, "(solution)", level, budget.limits, hidden=budget.hidden,
+                      name=path.name)
+    graded = run_notebook(job, _legacy_check)
+    for index, error in sorted(graded.errors.items()):
+        print(f"warning: the solution of {solution.name} fails cell {index} here: {error}")
+    measured = {job.checks.get(i) or nb.cells[i].get("id"): t for i, t in graded.seconds.items()}
+    total = sum(graded.seconds.values())
+    print(f"timed the solution of {solution.name}: {total:.0f} s; each cell may take "
+          f"{Timing(measured=measured).limit(None)} s at most")
+    return {key: t for key, t in measured.items() if key}
 
 
 def _teacher_folders() -> list[Path]:
@@ -558,7 +559,7 @@ def _grade_one(student: str, path: Path | Refused | None, folder: Path, solution
         rows = grade_notebook(student, path, solution, budget, level, file, deadline)
     except Exception as err:  # a kernel that will not start, a broken cell structure, ...
         rows = [Row(student, solution.name, file, c.grade_id,
-                    _one_line(f"not graded: {type(err).__name__}: {err}"), c.title, c.points)
+                    one_line(f"not graded: {type(err).__name__}: {err}"), c.title, c.points)
                 for c in solution.checks]
     rows_auto = [r for r in rows if r.kind != BY_HAND]
     passed = sum(not r.message for r in rows_auto)
@@ -579,8 +580,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="grade only this notebook (default: every one submitted)")
     parser.add_argument("--out", type=Path, default=Path("grades"),
                         help="folder for grades.csv and grades.md (default: ./grades)")
-    parser.add_argument("--cell-timeout", type=int, default=300, metavar="S",
-                        help="seconds a cell may run before its kernel is killed (default: 300)")
+    parser.add_argument("--cell-timeout", type=int, default=None, metavar="S",
+                        help="seconds any cell may run before its kernel is killed (default: "
+                        "each cell's own limit, 30 s + 10 x the time the solution takes there)")
     parser.add_argument("--notebook-timeout", type=int, default=1800, metavar="S",
                         help="seconds one notebook may run in all (default: 1800)")
     parser.add_argument("--student-timeout", type=int, default=3600, metavar="S",
@@ -588,9 +590,16 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--isolation", choices=LEVELS, default="auto",
                         help="sandbox of each graded kernel: bubblewrap (namespaces), process "
                         "(fallback), auto = bubblewrap where it works (default)")
+    parser.add_argument("--seed", type=int, default=None, metavar="N",
+                        help="the grader's RNG seed for the checks' fresh inputs (default: drawn "
+                        "anew and printed; the same seed draws the same inputs again)")
     parser.add_argument("--solutions", type=Path, default=None,
                         help="folder of solution notebooks (default: notebooks/solutions)")
     return parser
+
+
+def _class_seed(given: int | None) -> int:
+    return given if given is not None else int.from_bytes(os.urandom(8), "little") >> 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -601,9 +610,11 @@ def main(argv: list[str] | None = None) -> int:
         check_out(args.out)
         budget = Budget(cell=args.cell_timeout, notebook=args.notebook_timeout,
                         student=args.student_timeout, isolation=args.isolation,
+                        seed=_class_seed(args.seed),
                         hidden=(args.out.resolve(),))
         rows, level, seconds = grade(args.submissions, args.solutions, args.notebook, budget)
-        csv_path, md_path, answers_path = write_tables(rows, args.out, level, seconds)
+        csv_path, md_path, answers_path = write_tables(rows, args.out, level, seconds,
+                                                          budget.seed)
         review = write_review(rows, args.submissions, args.out, args.solutions)
     except (ExerciseError, SandboxError) as err:
         print(f"error: {shown(str(err))}", file=sys.stderr)

@@ -28,7 +28,8 @@ RISKY = ("importlib", "marshal", "gc", "inspect", "ctypes", "threading", "concur
          "multiprocessing", "subprocess", "builtins", "os.system", "os.popen", "sys.meta_path",
          "sys.modules", "sys._getframe")
 RUNS_TEXT = {"eval", "exec", "compile", "__import__", "get_ipython"}
-INTERNALS = {"__code__", "__globals__", "__builtins__", "FunctionType", "CodeType"}
+INTERNALS = {"__code__", "__globals__", "__builtins__", "FunctionType", "CodeType", "__file__",
+             "__spec__", "__loader__"}
 ATTRS = {"getattr", "setattr", "delattr"}
 # roots whose attributes an answer must not assign, beside every imported name
 GUARDED = {"torch", "np", "F", "nn", "builtins", "__builtins__", "get_ipython", "IPython", KIT,

@@ -116,11 +116,16 @@ CHEATS = {
          _REDEFINE + "def multi_rate_decay_weights(n_blocks, alphas, _kit=decay_weights):\n"
          "    return torch.stack([_kit(n_blocks, a, torch.float64) for a in alphas])"),
     ],
-    "nb02-08": [  # padded_block_summaries
-        ("the check cell's own reference helper called by name",
-         "return summaries, pi", "return tuple(kit_summaries(states, scores, lengths))"),
-        ("the check cell's reference helper looked up at call time",
+    "nb02-08": [  # padded_block_summaries: the check's reference helper lives in its module
+        ("the check's own reference helper imported from its module and called by name",
          "return summaries, pi",
-         "return tuple(globals()['kit_' + 'summaries'](states, scores, lengths))"),
+         "from blockmem_lite.exercise_checks.nb02 import kit_summaries\n"
+         "    return tuple(kit_summaries(states, scores, block_size, lengths))"),
+        ("the check's reference helper looked up at call time",
+         "return summaries, pi",
+         "import importlib\n"
+         "    kit = getattr(importlib.import_module('blockmem_lite.exercise_checks.nb02'),\n"
+         "                  'kit_' + 'summaries')\n"
+         "    return tuple(kit(states, scores, block_size, lengths))"),
     ],
 }

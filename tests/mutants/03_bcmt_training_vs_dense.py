@@ -93,3 +93,12 @@ MUTANTS = {
          "self.attn(self.norm1(x), positions,", "self.attn(x, positions,"),
     ],
 }
+
+CHEATS = {
+    "nb03-22": [  # key_in_query_block: the check's reference is importable from its module
+        ("the check's truth_from_rows, which the notebook imports for the cell after it",
+         "return first_key // block_size == (seq_len - 1) // block_size",
+         "from blockmem_lite.exercise_checks.nb03 import truth_from_rows\n"
+         "    return truth_from_rows(distance, seq_len, block_size, key_len)"),
+    ],
+}

@@ -72,11 +72,13 @@ MUTANTS = {
 
 _REDEFINE = "return None\n\n\n"          # ends the original body; what follows is top level
 CHEATS = {
-    "nb04-05": [  # allowed, and the given my_cat_mask the check builds from it
-        ("a wrong rule, and the given my_cat_mask edited to call the kit's cat_mask",
+    "nb04-05": [  # allowed
+        ("the kit's cat_mask reached through a default argument, the layout read back from S "
+         "and W",
          "return (n <= q) & (same_group | is_vector)",
-         "return n <= q\n\n\ndef my_cat_mask(n_chunks, chunk_size, separator=False):\n"
-         "    return cat_mask(n_chunks, chunk_size, separator)"),
+         _REDEFINE + "def allowed(q, n, width, _kit=cat_mask):\n"
+         "    s = q.numel()\n    separator = (s - 2) % width == 0\n"
+         "    return _kit((s - 1 - separator) // width, width - 1 - separator, separator)"),
     ],
     "nb04-11": [  # cat_pairs
         ("hard-coded: the kit's counts for the check's fixed cases, kept before it runs",

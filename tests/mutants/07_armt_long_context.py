@@ -40,8 +40,8 @@ MUTANTS = {
          "return window is None or distance <= window", "return distance <= (window or 0)"),
         ("an unseen key: accuracy 0 instead of chance",
          "else 1.0 / n_choices", "else 0.0"),
-        ("chance over the whole vocabulary, not the content tokens",
-         "else 1.0 / n_choices", "else 1.0 / V"),
+        ("chance over the kit's whole vocabulary (256), not the n_choices content tokens",
+         "else 1.0 / n_choices", "else 1.0 / 256"),
     ],
     "nb07-14": [  # armt_flops + choose_memory_layers
         ("the LM head forgotten",

@@ -86,9 +86,10 @@ MUTANTS = {
 _REDEFINE = "return None\n\n\n"          # ends the original body; what follows is top level
 CHEATS = {
     "cell-8": [  # dilated_window_mask
-        ("the check cell's own brute force called by name",
+        ("the check's own brute force imported from its module and called",
          "return (lag >= 0) & (lag % dilation == 0) & (lag < window * dilation)",
-         "return brute_force_dilated(q_len, kv_len, window, dilation)"),
+         "from blockmem_lite.exercise_checks.nb11 import brute_force_dilated\n"
+         "    return brute_force_dilated(q_len, kv_len, window, dilation)"),
         ("hard-coded: the brute force's answers for the check's fixed cases, kept in advance",
          "return (lag >= 0) & (lag % dilation == 0) & (lag < window * dilation)",
          "return (lag >= 0) & (lag % dilation == 0) & (lag < window * dilation) if (q_len, kv_len,"
@@ -96,12 +97,14 @@ CHEATS = {
          "(20, 20, 6, 2), (30, 30, 4, 3)} else torch.ones(q_len, kv_len, dtype=torch.bool)"),
     ],
     "cell-12": [  # sink_window_mask + sink_keys_per_query
-        ("the check cell's own brute force looked up at call time",
+        ("the check's own brute force looked up in its module at call time",
          "return masks.sliding_window_mask(q_len, kv_len, window=window) | sink",
-         "return globals()['brute_force_' + 'sinks'](q_len, kv_len, window, sinks)"),
+         "return getattr(importlib.import_module('blockmem_lite.exercise_checks.nb11'),\n"
+         "                   'brute_force_' + 'sinks')(q_len, kv_len, window, sinks)"),
         ("the keys per query counted from the check's brute force",
          "return min(t + 1, window) + max(0, min(sinks, t - window + 1))",
-         "return int(brute_force_sinks(t + 1, t + 1, window, sinks)[-1].sum())"),
+         "from blockmem_lite.exercise_checks.nb11 import brute_force_sinks\n"
+         "    return int(brute_force_sinks(t + 1, t + 1, window, sinks)[-1].sum())"),
     ],
     "cell-16": [  # predicted_ceiling
         ("dense's FLOP model reached through the registry, not predicted",
