@@ -112,9 +112,13 @@ def _verdicts(rows) -> dict[str, dict[str, str]]:
 
 @pytest.fixture(scope="module")
 def graded_twice(tricked_class):
-    budget = grading.Budget(seed=1234, cell=120)
+    """The class graded, then three of its students again with the same seed."""
+    budget = grading.Budget(seed=1234, cell=60)
     first, level, _ = grading.grade(tricked_class, notebook="01", budget=budget)
-    second, _, _ = grading.grade(tricked_class, notebook="01", budget=budget)
+    again = tricked_class / "again"
+    for name in ("honest", "mistake", "trick 05"):
+        shutil.copytree(tricked_class / name, again / name)
+    second, _, _ = grading.grade(again, notebook="01", budget=budget)
     return _verdicts(first), _verdicts(second), level
 
 
@@ -129,7 +133,14 @@ def test_no_trick_inside_the_kernel_turns_a_wrong_answer_into_a_pass(graded_twic
 
 def test_a_class_graded_twice_with_one_seed_gets_the_same_verdicts(graded_twice):
     first, second, _ = graded_twice
-    assert first == second
+    assert second == {name: first[name] for name in second}
+
+
+def test_a_kernel_whose_execute_path_is_broken_is_stopped_at_once(graded_twice):
+    """It would make every check wait out its whole limit: a ping says so first."""
+    verdicts, _, _ = graded_twice
+    for i in (0, 1):                       # do_execute, run_cell
+        assert "no longer runs requests" in verdicts[f"trick {i:02d}"]["nb01-05"]
 
 
 def test_the_seed_is_per_student_and_check():

@@ -79,7 +79,7 @@ def _run(request: dict):
 
 
 HANDLERS = {"call": _call, "grad": _grad, "value": lambda r: _trial(r).value(r["name"]),
-            "run": _run}
+            "run": _run, "ping": lambda r: "pong"}
 
 
 def serve(request_text: str, reply_name: str) -> None:

@@ -37,6 +37,7 @@ from blockmem_lite.tools.sandbox import Limits, Sandbox
 ERROR_CHARS = 300      # the most characters of what a student's code raised, in a message
 MAX_REPLY_BYTES = 256 << 20
 FLOOR_S, MARGIN = 30, 10  # a limit is FLOOR_S + MARGIN x the solution's time
+PING_S = 15               # an idle kernel answers a ping at once; one that does not is broken
 
 
 class Hung(Exception):
@@ -48,7 +49,10 @@ class Hung(Exception):
 
 
 class KernelDied(Exception):
-    """The kernel died (a crash, ``os._exit``, out of memory)."""
+    """The kernel died (a crash, ``os._exit``, out of memory), or stopped answering."""
+
+    def __init__(self, message: str = "the kernel died (a crash, os._exit or out of memory?)"):
+        super().__init__(message)
 
 
 def one_line(text: str) -> str:
@@ -105,8 +109,20 @@ class KernelLink:
         self.client, self.work, self.limit, self.count = client, work, limit, 0
         self.deadline = time.monotonic() + limit       # for all the requests of one check
 
-    def send(self, request: dict):
+    def ping(self) -> None:
+        """``KernelDied`` unless the kernel still runs requests: a student's cell may have
+        broken its execute path, and then every check would wait out its whole limit."""
+        try:
+            answered = self.send({"kind": "ping"}, wait=min(PING_S, self.limit)) == "pong"
+        except (Hung, AnswerFailed):
+            answered = False
+        if not answered:
+            raise KernelDied("the kernel no longer runs requests (was its execute path "
+                             "changed?); the checks from here on are not run")
+
+    def send(self, request: dict, wait: int | None = None):
         left = math.ceil(self.deadline - time.monotonic())
+        left = left if wait is None else min(left, wait)
         if left < 1:
             raise Hung(self.limit)
         self.count += 1
@@ -115,7 +131,11 @@ class KernelLink:
                 f".serve({wire.encode(request)!r}, {str(reply)!r})")
         msg_id = self.client.kc.execute(code, silent=True, store_history=False)
         _wait(self.client, msg_id, left, self.limit)
-        value = wire.decode(_read_reply(reply))
+        try:
+            value = wire.decode(_read_reply(reply))
+        except wire.WireError as err:
+            raise AnswerFailed(shorten(f"the kernel's reply is not data: {err}", ERROR_CHARS)) \
+                from None
         if not isinstance(value, dict) or not ({"ok", "error"} & set(value)):
             raise AnswerFailed("the kernel's reply is not one a check sends")
         if "error" in value:
@@ -265,9 +285,8 @@ def _run_from(job: NotebookJob, start: int, replay: list[int], graded: Graded, h
                 hung.add(i)
                 end = job.exercise_end(i)
                 return end + 1 if end + 1 < len(job.nb.cells) else None
-            except KernelDied:
-                graded.errors[max(i, start)] = ("the kernel died (a crash, os._exit or out of "
-                                                "memory?)")
+            except KernelDied as err:
+                graded.errors[max(i, start)] = str(err)
                 graded.stopped = max(i, start)
                 return None
     return None
@@ -281,6 +300,7 @@ def _run_code_or_check(job: NotebookJob, client, i: int, limit: int, replies: di
     cell = job.nb.cells[i]
     if i in job.checks and (check := exercise_checks.find(job.checks[i])) is not None:
         link = KernelLink(client, Path(client.resources["metadata"]["path"]), limit)
+        link.ping()
         failed = run_graded_check(check, link, check_seed(job.seed, job.student, check.grade_id))
         return None if failed is None else failed[1]
     client.timeout = limit
