@@ -22,6 +22,7 @@ in the kernel, with the arguments and the result as data.
 from __future__ import annotations
 
 import random
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 
 import torch
@@ -54,26 +55,31 @@ def call_text(name: str, args: tuple, kwargs: dict) -> str:
     return f"{name}({', '.join(parts)})"
 
 
-class Trial:
+class Trial(ABC):
     """What a check body may ask for (see the module docstring)."""
 
     def __init__(self, check):
         self.check = check                  # the ExerciseCheck being run
 
+    @abstractmethod
     def answer(self, name: str) -> Callable:
-        raise NotImplementedError
+        """The student's function or class ``name``."""
 
+    @abstractmethod
     def value(self, name: str):
-        raise NotImplementedError
+        """The value of the student's variable ``name`` (data only)."""
 
+    @abstractmethod
     def remote(self, function: Callable, *args):
-        raise NotImplementedError
+        """``function(trial, *args)`` run where the answers live; its result as data."""
 
+    @abstractmethod
     def fresh_int(self, low: int, high: int) -> int:
-        raise NotImplementedError
+        """An integer in ``low .. high`` no answer can know in advance."""
 
+    @abstractmethod
     def fresh_generator(self) -> torch.Generator:
-        raise NotImplementedError
+        """A torch generator no answer can know in advance."""
 
 
 class NotebookTrial(Trial):
