@@ -29,6 +29,7 @@ LAYERS = (
     ("viz", ("viz", "viz.*")),
     ("lessons", ("lessons",)),
     ("lab figures and sweeps", ("lab.figures", "lab.recall_sweep")),
+    ("exercise checks", ("exercise_checks", "exercise_checks.*")),
     ("tools and command line", ("tools", "tools.*", "__main__", "")),
 )
 # The core asks the registry: it imports no mechanism module and compares with no name.

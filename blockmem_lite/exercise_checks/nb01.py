@@ -5,10 +5,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from blockmem_lite import ModelConfig, build_model, registry
+from blockmem_lite import registry
 from blockmem_lite.checks import CheckFailed, check_causal, check_close, check_equal, check_true
+from blockmem_lite.config import ModelConfig
 from blockmem_lite.exercise_checks import exercise_check
 from blockmem_lite.masks import causal_mask, sliding_window_mask
+from blockmem_lite.models import build_model
 from blockmem_lite.nn import KVCache, SelfAttention, attention, reference_attention
 from blockmem_lite.own_work import check_prediction
 from blockmem_lite.runtime import seed_everything

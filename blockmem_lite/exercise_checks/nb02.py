@@ -6,10 +6,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from blockmem_lite import ModelConfig, build_model
 from blockmem_lite.checks import check_causal, check_close, check_equal, check_shape, check_true
+from blockmem_lite.config import ModelConfig
 from blockmem_lite.exercise_checks import exercise_check
-from blockmem_lite.models import bcmt
+from blockmem_lite.models import bcmt, build_model
 from blockmem_lite.models.bcmt import (
     block_summaries,
     decay_weights,

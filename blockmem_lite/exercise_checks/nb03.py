@@ -5,13 +5,14 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from blockmem_lite import ModelConfig, build_model, mechanisms, tasks
+from blockmem_lite import mechanisms, tasks
 from blockmem_lite.checks import check_close, check_equal
+from blockmem_lite.config import ModelConfig
 from blockmem_lite.corpora import corpus_windows, load_corpus
 from blockmem_lite.exercise_checks import exercise_check
 from blockmem_lite.exercise_checks.plugged import capstone, check_capstone
 from blockmem_lite.measure import flops, metrics
-from blockmem_lite.models import bcmt
+from blockmem_lite.models import bcmt, build_model
 from blockmem_lite.models.bcmt import decay_weights
 from blockmem_lite.own_work import check_prediction
 from blockmem_lite.plugged_in import swap_modules

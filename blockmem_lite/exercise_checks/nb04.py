@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import torch
 
-from blockmem_lite import ModelConfig, build_model
 from blockmem_lite.checks import CheckFailed, check_causal, check_equal, check_true
+from blockmem_lite.config import ModelConfig
 from blockmem_lite.exercise_checks import exercise_check
 from blockmem_lite.masks import cat_mask
-from blockmem_lite.models import cat
+from blockmem_lite.models import build_model, cat
 from blockmem_lite.ops import cat_layout
 from blockmem_lite.own_work import check_prediction
 

@@ -8,13 +8,13 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
-from blockmem_lite import ModelConfig, build_model
 from blockmem_lite.checks import CheckFailed, check_close, check_equal
+from blockmem_lite.config import ModelConfig
 from blockmem_lite.corpora import encode, load_corpus, pack_windows
 from blockmem_lite.exercise_checks import exercise_check
 from blockmem_lite.masks import cat_mask
 from blockmem_lite.measure import flops, metrics
-from blockmem_lite.models import cat
+from blockmem_lite.models import build_model, cat
 from blockmem_lite.nn import SelfAttention, reference_attention
 from blockmem_lite.ops import cat_attention
 from blockmem_lite.own_work import check_prediction

@@ -5,11 +5,11 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from blockmem_lite import ModelConfig, build_model
 from blockmem_lite.checks import check_close, check_equal, check_shape
+from blockmem_lite.config import ModelConfig
 from blockmem_lite.exercise_checks import exercise_check
 from blockmem_lite.exercise_checks.plugged import capstone, check_capstone
-from blockmem_lite.models import armt
+from blockmem_lite.models import armt, build_model
 from blockmem_lite.own_work import check_gradients, check_prediction
 from blockmem_lite.plugged_in import swap_modules
 

@@ -6,11 +6,13 @@ import dataclasses
 
 import torch
 
-from blockmem_lite import ModelConfig, build_model, tasks
+from blockmem_lite import tasks
 from blockmem_lite.checks import check_close, check_equal, check_true
+from blockmem_lite.config import ModelConfig
 from blockmem_lite.exercise_checks import exercise_check
 from blockmem_lite.measure import metrics
 from blockmem_lite.mechanisms import armt
+from blockmem_lite.models import build_model
 from blockmem_lite.models.base import IGNORE_INDEX
 from blockmem_lite.runtime import seed_everything
 

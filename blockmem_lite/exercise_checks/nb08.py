@@ -5,12 +5,12 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from blockmem_lite import build_model, preset
 from blockmem_lite.checks import CheckFailed, check_close, check_equal, check_true
+from blockmem_lite.config import preset
 from blockmem_lite.corpora import make_loaders
 from blockmem_lite.exercise_checks import exercise_check
 from blockmem_lite.exercise_checks.plugged import capstone, check_capstone
-from blockmem_lite.models import moc
+from blockmem_lite.models import build_model, moc
 from blockmem_lite.plugged_in import swap_modules
 from blockmem_lite.runtime import seed_everything
 

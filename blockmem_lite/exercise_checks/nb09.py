@@ -6,10 +6,12 @@ import math
 
 import torch
 
-from blockmem_lite import ModelConfig, TrainConfig, build_model, mechanisms, preset
+from blockmem_lite import mechanisms
 from blockmem_lite.checks import check_close, check_equal, check_true
+from blockmem_lite.config import ModelConfig, TrainConfig, preset
 from blockmem_lite.exercise_checks import exercise_check
 from blockmem_lite.measure import flops, metrics
+from blockmem_lite.models import build_model
 from blockmem_lite.train import make_optimizer
 
 KIT_FLOPS = (mechanisms.moc.moc_extra_flops, mechanisms.moc.route_every,

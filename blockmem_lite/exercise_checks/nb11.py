@@ -9,8 +9,9 @@ import unittest.mock
 import torch
 import torch.nn.functional as F
 
-from blockmem_lite import ModelConfig, masks, preset, registry
+from blockmem_lite import masks, registry
 from blockmem_lite.checks import CheckFailed, check_causal, check_close, check_equal, check_true
+from blockmem_lite.config import ModelConfig, preset
 from blockmem_lite.exercise_checks import exercise_check
 from blockmem_lite.measure import metrics
 from blockmem_lite.measure.flops import (
