@@ -230,7 +230,6 @@ class NotebookJob:
     student: str = ""
     level: str = "process"
     limits: Limits = field(default_factory=Limits)
-    kit: Path | None = None
     hidden: tuple[Path, ...] = ()
     name: str = "notebook.ipynb"
 
