@@ -137,7 +137,7 @@ lab: setup-lab
 	$(BIN)/jupyter lab --notebook-dir=notebooks --port=$(PORT) $(LAB_ROOT_FLAG) $(LAB_QUIET) $(LAB_ARGS)
 
 # The suite, with the python of $(1): lint, exercises, pytest + every notebook.
-# The solution notebooks are not run a second time by nbval (NOTEBOOKS.md lists them there):
+# The solution notebooks are not run a second time by nbval:
 # tests/test_mutants.py already runs every cell of each one in a kernel, with the answers in
 # place up to each check and the cells after the last, and the whole suite must stay under
 # 25 minutes on 2 cores.

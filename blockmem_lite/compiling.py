@@ -1,7 +1,7 @@
 """``torch.compile`` for decoding and for training, as an option (off by default).
 
 At batch 1 a decoding step is a few hundred tiny kernels; on a CPU most of the
-step is the cost of launching them (PERFORMANCE.md, roofline), not arithmetic.
+step is the cost of launching them (docs/MEASUREMENTS.md, Roofline), not arithmetic.
 ``torch.compile`` fuses the elementwise work between the matmuls into a few
 generated kernels, so it is the lever there; for training at kit scale the
 matmuls dominate and it gains little. Both are opt-in (``bench --compile``,

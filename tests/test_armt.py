@@ -1,4 +1,5 @@
-"""ARMT: MECHANISMS.md 2.7 (A1, A2, A4-A7) plus reset, memory_layers, BPTT options, errors."""
+"""ARMT: docs/PAPERS.md, Properties the tests check (a1-a7 below), plus reset, memory_layers,
+BPTT options, errors."""
 
 import math
 

@@ -1,4 +1,5 @@
-"""BCMT / HOnly: MECHANISMS.md 1.5 (B1-B7) plus errors and padding."""
+"""BCMT / HOnly: docs/PAPERS.md, Properties the tests check (b1-b7 below), plus errors and
+padding."""
 
 import pytest
 import torch
@@ -85,7 +86,8 @@ def test_memory_carries_information_across_blocks_and_honly_does_not():
 
 
 def test_without_shift_the_memory_leaks():
-    """The pitfall of MECHANISMS.md 1.4: M_i instead of M_{i-1} lets a block see its future."""
+    """The missing shift (docs/PAPERS.md, BCMT equations): M_i instead of M_{i-1} lets a block
+    see its future."""
     s = torch.randn(1, 4, 3, dtype=torch.float64)
     unshifted, shifted = memory_matrix_form(s, 0.8), shift_one_block(memory_matrix_form(s, 0.8))
     s2 = s.clone()

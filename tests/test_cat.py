@@ -1,4 +1,5 @@
-"""CAT model: MECHANISMS.md 3.8 (C3-C7) plus errors, padding and the trace."""
+"""CAT model: docs/PAPERS.md, Properties the tests check (c3-c7 below), plus errors, padding
+and the trace."""
 
 import math
 

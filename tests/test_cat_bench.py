@@ -22,7 +22,8 @@ def test_cat_variants_ratios_and_state_against_dense_in_one_run():
         if r["phase"] != "decode":
             continue
         c, w = r["overrides"]["chunk_size"], r["overrides"]["decoder_width"]
-        analytic = (64 / c + c) * w / 64                  # (t/C + C)·D vs t·d, PERFORMANCE.md
+        # (t/C + C)·D vs t·d: docs/MEASUREMENTS.md, The FLOP model
+        analytic = (64 / c + c) * w / 64
         ratio = r["state_bytes"] / dense_state
         assert 0.9 * analytic <= ratio <= 1.1 * analytic, (r["variant"], ratio, analytic)
 

@@ -1,5 +1,6 @@
-"""CAT's interleaved layout: pack / readout round trip (MECHANISMS.md 3.8 C2) and the readout rule;
-the per-chunk attention strategies (``ops.cat_attention``) against their plain form."""
+"""CAT's interleaved layout: pack / readout round trip (c2; docs/PAPERS.md, CAT equations) and
+the readout rule; the per-chunk attention strategies (``ops.cat_attention``) against their
+plain form."""
 
 import pytest
 import torch

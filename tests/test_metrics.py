@@ -1,4 +1,5 @@
-"""metrics: the FLOP model reproduces PERFORMANCE.md's ceilings; timing and memory helpers."""
+"""metrics: the FLOP model reproduces the quoted ceilings (docs/MEASUREMENTS.md, The FLOP model);
+timing and memory helpers."""
 
 import dataclasses
 
@@ -16,7 +17,7 @@ from blockmem_lite.measure.flops import (
 )
 from blockmem_lite.mechanisms import armt, bcmt, cat, moc
 
-D = 256  # PERFORMANCE.md quotes its ceilings at d = 256, backbone only
+D = 256  # the ceilings are quoted at d = 256, backbone only
 
 
 def ceilings(variant_layer_flops):
@@ -34,7 +35,7 @@ def cfg(arch="dense", **kw):
     return ModelConfig(arch, **{"d_model": 64, "n_layer": 3, "n_head": 2, "seq_len": 512, **kw})
 
 
-# --- FLOP model: PERFORMANCE.md's quoted ceilings ----------------------------------------
+# --- FLOP model: the quoted ceilings (docs/MEASUREMENTS.md, The FLOP model) -------------
 
 def test_block_local_ceilings_match_performance_md():
     got = ceilings(lambda t: bcmt.block_local_layer_flops(D, 128))
@@ -50,7 +51,7 @@ def test_cat_same_width_ceilings_match_performance_md():
 
 @pytest.mark.parametrize("n_mem_tokens,d_mem", [(16, 32), (8, 64)])
 def test_armt_ceilings_match_performance_md(n_mem_tokens, d_mem):
-    # PERFORMANCE.md does not state m and d_mem; both of these settings reproduce it.
+    # The quoted ceiling does not state m and d_mem; both of these settings reproduce it.
     got = ceilings(lambda t: armt.armt_layer_flops(D, 128, n_mem_tokens, d_mem))
     assert quoted(got, (2, 2, 1)) == [1.04, 1.83, 5.0]
 

@@ -1,4 +1,5 @@
-"""MoC: MECHANISMS.md 4.7 (M1-M7, M9) plus routing modes, state, trace, config and errors."""
+"""MoC: docs/PAPERS.md, Properties the tests check (m1-m9 below), plus routing modes, state,
+trace, config and errors."""
 
 import copy
 import dataclasses

@@ -3,7 +3,8 @@
 Language modelling, speed and memory against dense, the memory-pays tables (recall beyond
 the span against each twin; facts in the weights against the iso-FLOP baseline) and the
 papers' claims, as markdown tables; ``PLOTS`` names the figures ``lab.figures`` writes
-beside it.
+beside it. The report links only the plots that are there when it is written (the command
+line writes it again once it has drawn them); without them it says how to draw them.
 """
 
 from __future__ import annotations
@@ -27,9 +28,21 @@ def _with_band(mean, bounds) -> str:
     return "-" if mean is None else f"{mean:.2f} ({bounds[0]:.2f}-{bounds[1]:.2f})"
 
 
-def report_markdown(results: dict) -> str:
+def plots_line(preset: str, plots=()) -> str:
+    """The report's last line: links to ``plots`` (names of ``PLOTS`` written beside it in
+    ``plots/``), or, with none, how to draw them."""
+    if plots:
+        return "Plots: " + ", ".join(f"[{name}](plots/{name}.html)" for name in plots)
+    return ("Plots: none beside this report. `python -m blockmem_lite reproduce --preset "
+            f"{preset} --out DIR` draws them into `DIR/plots/` when plotly is installed (the "
+            "`notebooks` extra); run on a copy of this folder, it finds every measurement done "
+            "and only writes this report and the plots, in seconds. Notebook 10 draws the same "
+            "figures from `results.json`.")
+
+
+def report_markdown(results: dict, plots=()) -> str:
     """The markdown report: setup, language modelling, speed and memory, recall, the memory-pays
-    experiment and the claims table."""
+    experiment, the claims table and the plots line (``plots``: the plots beside it)."""
     meta = results["meta"]
     parts = [f"# blockmem_lite reproduce: preset {meta['preset']}",
              f"Machine: {meta['machine']} ({meta['device']}), torch {meta['torch']}. Corpus: "
@@ -96,12 +109,14 @@ def report_markdown(results: dict) -> str:
           f"{fmt(r['paper_value'], '.4g')} {r['unit']}", fmt(r["kit_value"], ".3g"),
           fmt(r["ceiling"], ".2f"), r["verdict"], r["reason"]]
          for r in results.get("claims", [])]))
-    parts += ["", "Plots: " + ", ".join(f"[{name}](plots/{name}.html)" for name in PLOTS), ""]
+    parts += ["", plots_line(meta["preset"], plots), ""]
     return "\n".join(parts)
 
 
 def write_report(results: dict, out: Path) -> Path:
-    """OUT/report.md (the command line adds the plots, ``lab.figures.write_plots``)."""
+    """OUT/report.md, linking the plots already in OUT/plots (the command line draws them,
+    ``lab.figures.write_plots``, then writes the report again)."""
+    plots = [name for name in PLOTS if (Path(out) / "plots" / f"{name}.html").is_file()]
     path = Path(out) / "report.md"
-    atomic_write_bytes(path, report_markdown(results).encode())
+    atomic_write_bytes(path, report_markdown(results, plots).encode())
     return path

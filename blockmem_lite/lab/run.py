@@ -18,8 +18,8 @@ and once for all of them, in one process so the ratios are same-run ratios:
 Each finished (task, entry) is stored in ``OUT/results.json`` at once (atomically), so an
 interrupted run continues where it stopped and recomputes nothing. The verdicts
 (``lab.verdicts``) and ``report.md`` (with the claims table; ``lab.report``) are written at
-the end; the command line adds ``plots/*.html`` (``lab.figures.write_plots``). One progress
-line covers the whole plan, with an ETA.
+the end; the command line adds ``plots/*.html`` (``lab.figures.write_plots``) and writes the
+report again to link them. One progress line covers the whole plan, with an ETA.
 
 Under torchrun (``distributed.setup``) every language model and recall model trains with
 all the processes (``train.Trainer``); rank 0 alone reads and writes ``OUT``, runs the

@@ -1,6 +1,6 @@
 """The bench protocol core: throughput, memory and state bytes vs dense, same run.
 
-The protocol (PERFORMANCE.md): same width/depth/vocab/dtype for every model;
+The protocol (docs/MEASUREMENTS.md, The benchmark protocol): same width/depth/vocab/dtype;
 dense is timed in the same process, interleaved with every variant (A B A B
 …), so ``ratio_vs_dense`` is immune to the ±20% drift of a shared machine;
 each ratio is shown next to its analytic FLOP ceiling (``metrics.flops_per_token``).
@@ -69,8 +69,8 @@ one decode step), what the counter saw (``counted_flops_per_step`` by torch's fo
 ``roofline_ms`` (the bound per step), ``roofline_fraction`` (``roofline_ms /
 ms_per_step``), ``bound_ceiling`` (dense's bound / this one's: the ratio vs dense the
 machine allows) and ``frac_of_bound_ceiling`` (``ratio_vs_dense / bound_ceiling``; above
-about 1.05 a term is missing or a model is wrong, PERFORMANCE.md). All None where a figure
-is missing (no FLOP model, peaks not measured, dense itself for the ceiling).
+about 1.05 a term is missing or a model is wrong: docs/MEASUREMENTS.md, Roofline). All
+None where a figure is missing (no FLOP model, peaks not measured, dense itself for the ceiling).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The analytic FLOP models checked against torch's own counter (PERFORMANCE.md).
+"""The analytic FLOP models checked against torch's own counter (docs/MEASUREMENTS.md).
 
 ``counted_flops(fn)`` runs ``fn`` under ``torch.utils.flop_counter.FlopCounterMode`` and
 returns the FLOPs torch counts, with two conventions changed so they are the FLOPs the

@@ -1,4 +1,4 @@
-"""The shared part of the analytic FLOP model (PERFORMANCE.md, "FLOP model").
+"""The shared part of the analytic FLOP model (docs/MEASUREMENTS.md, The FLOP model).
 
 Forward FLOPs per token; a multiply-add counts 2; training costs 3x the
 forward. ``FlopCounterMode`` counts 0 for CPU SDPA, so the kit uses formulas:

@@ -1,6 +1,6 @@
 """Measuring speed and memory honestly, and the analytic FLOP model behind every ceiling.
 
-Everything here follows the protocol in ``PERFORMANCE.md``:
+Everything here follows docs/MEASUREMENTS.md (The benchmark protocol, The FLOP model):
 
 * **FLOP model** (forward, per token; a multiply-add counts 2):
   ``flops_per_token(cfg)`` asks the registry for the mechanism's own formula

@@ -2,7 +2,7 @@
 
 A FLOP ceiling says what a mechanism could gain over dense; the roofline says how close
 a step comes to the machine at hand, and what the machine allows a mechanism to gain
-(PERFORMANCE.md, "Roofline"). Three terms, from one counted step (``opcount.count_step``):
+(docs/MEASUREMENTS.md, Roofline). Three terms, from one counted step (``opcount.count_step``):
 
 * **compute**: the step's matmuls and attention kernels, each replayed alone at its own
   shapes: its FLOPs at the speed this machine gives those shapes;
@@ -20,8 +20,8 @@ names the largest term as its binding one; the fraction reached is bound / measu
 (1.0 = at the machine's limit), and the roofline ceiling vs dense is dense's bound over
 the mechanism's.
 
-**Departures from PERFORMANCE.md**, which writes ``max(FLOPs / matmul peak, bytes /
-bandwidth, launches x t_launch)``, each found by a record above 105% of its ceiling:
+**Departures from the plain roofline** ``max(FLOPs / matmul peak, bytes / bandwidth,
+launches x t_launch)``, each found by a record above 105% of its ceiling:
 
 1. *Each operator at its own shapes*, not one square-matmul peak and one copy bandwidth.
    With the peak, the class report's CAT trained at 126-156% of its ceiling: its 256-wide

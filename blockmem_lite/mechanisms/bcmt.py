@@ -20,7 +20,7 @@ from blockmem_lite.validation import check_positive
 def block_local_layer_flops(d_model: int, block_size: int) -> float:
     """Block-local causal layer (BCMT, HOnly): ``24·d² + 2·L·d`` per token.
 
-    The summary/decay term is negligible and left out, as in PERFORMANCE.md.
+    The summary/decay term is negligible and left out (docs/MEASUREMENTS.md, The FLOP model).
     Per token this is also the average cost of decoding inside a block.
     """
     check_positive("block_size", block_size)
@@ -33,7 +33,7 @@ def bcmt_layer_flops(d_model: int, block_size: int, seq_len: int) -> float:
     ``24·d² + 2·L·d`` (block-local) ``+ 2·d²`` (gate on U; the gate's P half, the
     memory projection W_p and the summary pooling cost ``4·d²/L + 4·d`` per token)
     ``+ 2·N·d/L`` (the N x N decay mix over N = T/L summaries). The gate is not
-    negligible: it is the kit's design choice (MECHANISMS.md 1.2 step 6) and
+    negligible: it is the kit's design choice (docs/PAPERS.md, BCMT paper vs kit) and
     costs about 8% of the layer, which lowers BCMT's ceiling below block-local's.
     """
     local = block_local_layer_flops(d_model, block_size)

@@ -49,9 +49,9 @@ def moc_extra_flops(d_model: int, n_chapters: int, top_k: int, chapter_len: int,
     routed chapters of ``chapter_len`` tokens (4·d per key), and, once per
     routing decision of ``route_every`` tokens (the routing window R, or T for
     the paper's per-sequence routing; 1 = per-token routing), the router and the
-    K/V projection of the (k+1)·T_ch gathered memory tokens. PERFORMANCE.md's
-    shorter formula charges the router per token and omits that projection,
-    which dominates at kit scale when routes are short (R = 32).
+    K/V projection of the (k+1)·T_ch gathered memory tokens. A shorter formula that
+    charges the router per token and omits that projection would miss what
+    dominates at kit scale when routes are short (R = 32).
     """
     for name, value in (("d_model", d_model), ("n_chapters", n_chapters), ("top_k", top_k),
                         ("chapter_len", chapter_len), ("route_every", route_every)):

@@ -3,7 +3,7 @@
 ARMT wraps a pretrained decoder. The sequence is cut into segments of S
 tokens; each segment is followed by M learned memory tokens P and run through
 the unchanged backbone. Every wrapped layer owns an associative matrix A and a
-normaliser z (MECHANISMS.md 2.3; B batch, n segment length, D width,
+normaliser z (docs/PAPERS.md, ARMT equations; B batch, n segment length, D width,
 K = 6 d_mem feature width):
 
 1. READ, before the layer's own pre-norm, at every position (memory tokens too):
@@ -475,8 +475,8 @@ class ARMT(LanguageModel):
         return self.backbone.head(self.backbone.norm(hidden))
 
     def run_layer_major(self, tokens: torch.Tensor) -> torch.Tensor:
-        """The same maths in the other loop order (MECHANISMS.md 2.7, A3): layer by layer,
-        each layer running every segment in turn with its own memory. tokens (B, T) ->
+        """The same maths in the other loop order (docs/PAPERS.md, ARMT paper vs kit): layer
+        by layer, each layer running every segment in turn with its own memory. tokens (B, T) ->
         logits (B, T, V), equal to ``forward``'s.
 
         Possible because a layer's memory depends only on that layer's inputs: this is

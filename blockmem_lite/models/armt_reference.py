@@ -1,4 +1,4 @@
-"""ARMT's reference forward: MECHANISMS.md 2.2-2.3 step by step, no fast-path tricks.
+"""ARMT's reference forward: docs/PAPERS.md, ARMT equations, step by step, no fast-path tricks.
 
 ``reference_forward(model, tokens)`` writes the segment loop, READ and WRITE of an
 ``models.armt.ARMT`` out one equation per line (kit backbones only); tests check that it
@@ -16,8 +16,8 @@ from blockmem_lite.ops.armt_memory import DPFP_NU, dpfp
 def reference_forward(model: ARMT, tokens: torch.Tensor) -> torch.Tensor:
     """ARMT logits written out equation by equation. tokens (B, T) -> (B, T, V).
 
-    The segment loop of 2.2 with the READ and WRITE of 2.3 spelled out per
-    wrapped layer; the backbone blocks run with the hand-written attention.
+    The segment loop with the READ and WRITE (docs/PAPERS.md, ARMT equations) spelled out
+    per wrapped layer; the backbone blocks run with the hand-written attention.
     Every segment, the last one too, gets its memory tokens and writes (the
     fast path skips that unread last write; the segment's logits cannot see
     it). Kit backbones only (a ``DenseLM``); eval-mode maths (no dropout).

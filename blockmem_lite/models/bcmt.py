@@ -1,6 +1,6 @@
 """BCMT: Blockwise Causal Memory Transformer (Arezki, 2026), and the HOnly ablation.
 
-Each layer (MECHANISMS.md section 1.2; B batch, N blocks, L block size, D width):
+Each layer (docs/PAPERS.md, BCMT equations; B batch, N blocks, L block size, D width):
 
 1. local attention: ``U = X + LocalAttn(RMSNorm(X))``, causal *inside* each block
    of L tokens, by reshaping (B, H, T, hd) -> (B, H*N, L, hd) for SDPA;
@@ -21,7 +21,7 @@ linear score and a softmax over the block's tokens; a normalised causal
 exponential memory with fixed alpha = 0.8; projected, shifted by one block,
 broadcast to the block and fused by a learned gate; HOnly = no memory.
 
-Our design choices (the paper is silent; MECHANISMS.md marks them):
+Our design choices (the paper is silent; docs/PAPERS.md, BCMT paper vs kit):
 memory in every layer, from that layer's own states; RMSNorm before
 summarising; zero memory for the first block; the additive gated residual
 ``V = U + G * P`` (so one block, L = T, is exactly a dense Transformer); RoPE
@@ -35,8 +35,8 @@ must exercise the memory path re-randomise W_p first.
 
 Generation keeps, per layer, a KV cache of at most one block, the (num, den)
 memory state and the open block's U (B, L, D), so the decoding state is constant
-in the context length. Departure from MECHANISMS.md 1.3, which streams the summary
-(running max, normaliser, weighted sum) and stores no tokens: the streaming softmax
+in the context length. It does not stream the summary (running max, normaliser,
+weighted sum), which would store no tokens: the streaming softmax
 cost about ten small operators per token and layer, and at batch 1 a CPU decoding
 step is bound by operator dispatch (BCMT decoded at 0.80x HOnly's speed with it,
 0.85-0.88x without; the issue-15 target is 0.9x). Keeping U costs L*D more state
@@ -451,7 +451,7 @@ class HOnlyLM(BCMTLM):
         return False
 
 
-# --- the reference forward: MECHANISMS.md 1.2, step by step, no fast-path tricks ---------
+# --- the reference forward: docs/PAPERS.md, BCMT equations, step by step, no tricks -----
 
 def reference_forward(model: BCMTLM, tokens: torch.Tensor) -> torch.Tensor:
     """BCMT (or HOnly) logits written out equation by equation. tokens (B, T) -> (B, T, V).

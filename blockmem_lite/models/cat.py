@@ -5,7 +5,7 @@ own chunk's tokens plus every earlier chunk vector, never earlier raw tokens.
 Attention work falls from O(T^2) to O(T (C + T/C)) and the decoding cache from
 t slots to t/C + C slots (at decoder width).
 
-The decoder reads one interleaved sequence (MECHANISMS.md 3.4, 3.5). With K
+The decoder reads one interleaved sequence (docs/PAPERS.md, CAT equations). With K
 chunks of C tokens, group k is ``[g_k, (SEP,) x_kC .. x_kC+C-1]``: g_0 is a
 learned dummy (the chunk-size indicator in the multi-chunk model), g_k = f_{k-1}
 is chunk k-1 compressed to one vector, SEP a learned separator (multi-chunk
@@ -32,10 +32,10 @@ separator and bilinear resize of W_f; generation keeping only compressed past
   step with the kit's trainer), the same for the whole batch (the bench pins it);
 * decoder width = ``decoder_width`` x d_model with heads scaled by the same factor, so
   the head dimension stays that of the backbone;
-* training uses the per-chunk attention (``ops.cat_attention``, PERFORMANCE.md), proved
+* training uses the per-chunk attention (``ops.cat_attention``, the fast form), proved
   equal to the interleaved sequence under ``masks.cat_mask``; no attention dropout;
 * prompts not aligned to C: the complete chunks go in as compressed slots (RoPE 0), the
-  leftover tokens after them (MECHANISMS.md 3.6);
+  leftover tokens after them;
 * the chunk-index table covers ``ceil(seq_len / min C)`` chunks; generation stops past them.
 
 The decoder's attention is a module, ``CATAttention`` (SelfAttention's weights, CAT's
@@ -126,7 +126,7 @@ def _decoder_block(dim: int, n_head: int, mlp_ratio: float, rope_base: float, no
 
 
 class Compressor(nn.Module):
-    """f: one chunk of C tokens -> one vector of the decoder width (MECHANISMS.md 3.3, 3.5).
+    """f: one chunk of C tokens -> one vector of the decoder width (docs/PAPERS.md, CAT equations).
 
     Every chunk is compressed on its own, all chunks in parallel as a batch:
     ``[(a_p ;) ChunkPos[k] ; E_f(chunk k)]`` through ``depth`` pre-norm blocks with
@@ -444,7 +444,7 @@ class CATLM(LanguageModel):
         x = x + block.drop(h)
         return x + block.drop(block.mlp(block.norm2(x)))
 
-    # --- cached generation (MECHANISMS.md 3.6) ------------------------------------
+    # --- cached generation (docs/PAPERS.md, CAT equations) -------------------------
     def cache_slots(self, max_len: int, chunk_size: int) -> int:
         """KV slots per layer a state needs for ``max_len`` tokens: K_max + C (+1 with SEP).
 
@@ -586,7 +586,7 @@ class CATLM(LanguageModel):
 
 
 # --------------------------------------------------------------------------------------
-# The reference forward: MECHANISMS.md 3.3-3.5, step by step, no fast-path tricks
+# The reference forward: docs/PAPERS.md, CAT equations, step by step, no fast-path tricks
 # --------------------------------------------------------------------------------------
 
 def reference_forward(model: CATLM, tokens: torch.Tensor,
@@ -596,7 +596,7 @@ def reference_forward(model: CATLM, tokens: torch.Tensor,
     Fixed-C and multi-chunk models: the compressor runs chunk by chunk, the
     interleaved sequence is built slot by slot, the decoder attends under the
     S x S ``masks.cat_mask`` with plain softmax (``reference_attention``), and
-    the readout slot of each token follows the rule in 3.4 / 3.5. Uses the
+    the readout slot of each token follows the readout rule above. Uses the
     model's own parameters; eval-mode maths (no dropout). ``chunk_size``
     defaults to the model's knob. Tests check it equals ``model(tokens).logits``.
     """
@@ -629,7 +629,7 @@ def reference_forward(model: CATLM, tokens: torch.Tensor,
 
 
 def _reference_compress(compressor: Compressor, chunks: torch.Tensor, c: int) -> torch.Tensor:
-    """Each chunk on its own (3.3, 3.5). chunks (B, K, C) token ids -> f (B, K, D)."""
+    """Each chunk on its own (``Compressor``). chunks (B, K, C) token ids -> f (B, K, D)."""
     b, k, _ = chunks.shape
     d = compressor.embed.embedding_dim
     w_f = compressor.proj.weight                            # (D, C_max * d)

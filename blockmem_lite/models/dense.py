@@ -4,7 +4,8 @@ Token embedding -> n_layer pre-norm Blocks (causal SDPA, RoPE, SwiGLU) ->
 RMSNorm -> untied LM head. Full causal attention costs O(T^2 d) per layer
 and its KV cache grows as 2 * t * d per layer: the costs the mechanisms
 attack. Kept strong on purpose (flash SDPA, preallocated cache), so every
-speed-up the kit reports is against a fair baseline (PERFORMANCE.md). Its FLOP
+speed-up the kit reports is against a fair baseline (docs/MEASUREMENTS.md, The
+benchmark protocol). Its FLOP
 model, KV-cache size and registration as ``dense`` are in ``mechanisms/dense.py``.
 """
 

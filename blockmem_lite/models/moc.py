@@ -2,7 +2,8 @@
 
 A learned memory bank of ``n_chapters x chapter_len`` latent tokens, shared by
 a few memory layers. Each memory layer routes to the shared chapter 0 plus
-``top_k`` chapters and reads them with one cross-attention (MECHANISMS.md 4):
+``top_k`` chapters and reads them with one cross-attention (docs/PAPERS.md, MoC
+equations):
 
 * memory block (variant A): ``h = x + Attn(norm(x))``;
   ``h = h + MemRead(norm_m(h))``; ``y = h + MLP(norm(h))``;
@@ -561,7 +562,7 @@ class MoCLM(DenseLM):
         return self.head(self.norm(x))[:, -1], state
 
 
-# --- the reference forward: MECHANISMS.md 4.2-4.3, step by step, no fast-path tricks -----
+# --- the reference forward: docs/PAPERS.md, MoC equations, step by step, no tricks ----
 
 def reference_forward(model: MoCLM, tokens: torch.Tensor) -> torch.Tensor:
     """MoC logits written out equation by equation. tokens (B, T) -> (B, T, V).

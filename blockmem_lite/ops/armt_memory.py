@@ -1,4 +1,4 @@
-"""ARMT's associative memory (MECHANISMS.md 2.3), each piece in a plain and a fused form.
+"""ARMT's associative memory (docs/PAPERS.md, ARMT equations), plain and fused forms.
 
 * DPFP: ``dpfp(u)``, the plain feature map (``r = [relu(u); relu(-u)]``, nu rolls of r);
   ``signed_dpfp`` computes it from ``[u; -u]`` (one matmul with ``[W; -W]`` in the layer)

@@ -4,7 +4,8 @@ strategies (``merge``, ``copy``, ``split``), beside the plain form they all equa
 
 Layout: the interleaved slots of ``ops.cat_layout``, grouped W at a time. The model
 (``models.cat.CATAttention``) trains through ``per_chunk_attention``; tests prove
-every strategy equal to ``masked_attention``, forward and gradients (PERFORMANCE.md).
+every strategy equal to ``masked_attention``, forward and gradients (docs/PAPERS.md,
+CAT paper vs kit).
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def merge_available(q: torch.Tensor) -> bool:
 def per_chunk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_chunks: int,
                         chunk_size: int, separator: bool = False,
                         strategy: str = "auto") -> torch.Tensor:
-    """Attention under ``masks.cat_mask`` without an S x S mask (PERFORMANCE.md's fast form).
+    """Attention under ``masks.cat_mask`` without an S x S mask (the fast form training uses).
 
     q, k, v: (B, H, S, hd) in interleaved slot order -> (B, H, S, hd). Slots are
     grouped (the closing group padded to W). A query sees two key sets: its own

@@ -50,7 +50,7 @@ from blockmem_lite.train import CheckpointNotSaved, Trainer, check_fits_in_memor
 from blockmem_lite.train.resume import RESCUE_ENV
 from blockmem_lite.validation import fail, parse_int_list
 
-PROTOCOL_WARMUP, PROTOCOL_REPEATS = 3, 5          # PERFORMANCE.md's minimum counts
+PROTOCOL_WARMUP, PROTOCOL_REPEATS = 3, 5          # the benchmark protocol's minimum counts
 PLUGIN_HELP = "a .py file that registers a mechanism (repeatable); see registry.py"
 
 
@@ -411,7 +411,8 @@ def bench_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=f"{program()} bench", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Throughput, memory and decoding-state bytes of dense and the mechanisms, "
-                    "dense interleaved in the same run (PERFORMANCE.md protocol).",
+                    "dense interleaved in the same run (docs/MEASUREMENTS.md, The benchmark "
+                    "protocol).",
         epilog="architectures:\n" + mechanisms_help(with_options=False))
     parser.add_argument("--arch", default="dense",
                         help="comma-separated architectures; dense is always measured "
@@ -603,10 +604,12 @@ def reproduce_main(argv: list[str] | None = None) -> int:
 
 
 def _write_plots(results: dict, out: Path) -> None:
-    """The report's plots, when plotly (the notebooks extra) is installed."""
+    """The report's plots, when plotly (the notebooks extra) is installed; then the report
+    again, linking them."""
     try:
         from blockmem_lite.lab import figures as lab_figures
     except ImportError as err:
         print(f"no plots written ({err}); the JSON and report.md are complete", file=sys.stderr)
         return
     lab_figures.write_plots(results, out)
+    lab.write_report(results, out)
