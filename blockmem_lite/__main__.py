@@ -1,6 +1,7 @@
 """Command line: ``python -m blockmem_lite COMMAND ...`` (or the console script
 ``blockmem-lite COMMAND ...``; usage lines name whichever ran, ``program()``), COMMAND one of
-``COMMANDS`` below (envcheck, train, bench, reproduce, exercises, site, gpucheck, sweep).
+``COMMANDS`` below (envcheck, train, bench, reproduce, exercises, site, gpucheck, sweep,
+expected).
 
 Each subcommand is a ``main(argv)`` function in its own module of ``tools/``
 (``tools/cli.py`` for train, bench and reproduce), imported only when used, so
@@ -33,6 +34,8 @@ COMMANDS = {   # name: (module, function, help)
                  "check the GPU path in one short run (one table, OK/FAIL per check)"),
     "sweep": ("blockmem_lite.lab.recall_sweep", "main",
               "recall against one memory's size, beside its analytic capacity"),
+    "expected": ("blockmem_lite.tools.expected_runs", "main",
+                 "remake|show the ranges notebooks print after their results"),
 }
 SUBCOMMANDS = {   # (command, subcommand): (module, function); grading sits above exercises
     ("exercises", "grade"): ("blockmem_lite.tools.grading", "main"),

@@ -12,7 +12,7 @@ names the field, the value and what is allowed.
 fields, their validation and their sizes per preset in its module (see
 ``registry.Mechanism``), so this module names no mechanism.
 
-Presets (kit scale, see MECHANISMS.md "Kit decisions"):
+Presets (kit scale; docs/PAPERS.md, Notation and the shared backbone):
 
 ========  ===========================  =========================================
 preset    size                         meant for
@@ -361,16 +361,40 @@ def fast_mode() -> bool:
     return os.environ.get("BLOCKMEM_FAST", "").strip().lower() in ("1", "true", "yes", "on")
 
 
+SEED_ENV = "BLOCKMEM_SEED"
+_last_notebook_preset: str | None = None
+
+
+def last_notebook_preset() -> str | None:
+    """The preset ``notebook_config`` last returned (None before its first call)."""
+    return _last_notebook_preset
+
+
+def _seed_override() -> dict:
+    """``{"seed": N}`` when BLOCKMEM_SEED=N is set (``expected remake`` runs each seed so)."""
+    raw = os.environ.get(SEED_ENV, "").strip()
+    if not raw:
+        return {}
+    if not raw.isdigit():
+        fail(SEED_ENV, raw, "expected a whole number of 0 or more")
+    return {"seed": int(raw)}
+
+
 def notebook_config(preset_name: str = "class", *, fast: dict | None = None,
                     **overrides) -> RunConfig:
     """The config a notebook uses: ``preset_name``, or ``fast`` when BLOCKMEM_FAST=1.
 
     ``overrides`` apply in both modes (e.g. ``arch="bcmt"``); ``fast`` holds extra
-    overrides applied only in fast mode, after ``overrides`` (e.g. fewer steps).
+    overrides applied only in fast mode, after ``overrides`` (e.g. fewer steps). A seed in
+    BLOCKMEM_SEED comes first, so an explicit ``seed=`` override wins.
     """
+    global _last_notebook_preset
+    overrides = {**_seed_override(), **overrides}
     if fast_mode():
+        _last_notebook_preset = "fast"
         cfg = preset("fast", **overrides)
         return cfg.replace(**fast) if fast else cfg
+    _last_notebook_preset = preset_name
     cfg = preset(preset_name, **overrides)
     note = gpu_preset_on_cpu(cfg)
     if note:

@@ -22,7 +22,8 @@ CHECKOUT = PACKAGE.parent                 # a source checkout's root
 # What a student gets, as globs relative to the course root (setup.py packs the same, and
 # the shipped runs and JupyterLab's settings besides).
 STUDENT_FILES = ("notebooks/*.ipynb", "notebooks/exercises/*.ipynb", "notebooks/figures/*.svg")
-PACKAGED_FILES = STUDENT_FILES + ("data/reproduce/*/results.json", "data/reproduce/*/report.md",
+PACKAGED_FILES = STUDENT_FILES + ("data/expected/ranges.json",
+                                  "data/reproduce/*/results.json", "data/reproduce/*/report.md",
                                   "data/reproduce/*/sweeps/*.json", "jupyter/overrides.json")
 FIGURES = ("bcmt", "cat", "armt", "moc")
 

@@ -7,6 +7,7 @@ arch+variant (a colour), one dash per phase. The builders return figures, never 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 from blockmem_lite.viz.common import PHASE_DASHES, _finish, color, go, memory_method_label
@@ -44,8 +45,26 @@ def _group_records(records: list[Mapping], value_key: str):
     return {k: sorted(v) for k, v in groups.items()}, phases
 
 
+def _log_ticks(values: list[float], unit: str) -> dict:
+    """Fully labelled ticks for a log axis over ``values``: the powers of ten inside their
+    range, or 1-2-5 steps when fewer than three fit (plotly's own minor labels, a lone
+    "2" or "5", cannot be read). Empty (plotly decides) when fewer than two ticks fit."""
+    low, high = min(values), max(values)
+    if low <= 0:
+        return {}
+    ladder = [m * 10.0 ** e for e in range(math.floor(math.log10(low)),
+                                           math.ceil(math.log10(high)) + 1) for m in (1, 2, 5)]
+    inside = [v for v in ladder if low * (1 - 1e-9) <= v <= high * (1 + 1e-9)]
+    decades = [v for v in inside if math.log10(v).is_integer()]
+    ticks = decades if len(decades) >= 3 else inside
+    if len(ticks) < 2:
+        return {}
+    return dict(tickmode="array", tickvals=ticks,
+                ticktext=[f"{v:,.{max(0, -math.floor(math.log10(v)))}f}{unit}" for v in ticks])
+
+
 def _length_figure(groups: dict, phases: list, y_title: str, title: str, log_x: bool,
-                   log_y: bool, scale: float = 1.0) -> go.Figure:
+                   log_y: bool, scale: float = 1.0, unit: str = "") -> go.Figure:
     """One line per arch+variant (colour) and phase (dash) against sequence length."""
     labels = list(dict.fromkeys(label for label, _ in groups))
     fig = go.Figure()
@@ -60,6 +79,9 @@ def _length_figure(groups: dict, phases: list, y_title: str, title: str, log_x: 
     if log_x and lengths:
         fig.update_xaxes(tickmode="array", tickvals=lengths, ticktext=[str(n) for n in lengths])
     fig.update_yaxes(title=y_title, type="log" if log_y else "linear")
+    values = [p[1] / scale for points in groups.values() for p in points]
+    if log_y and values:
+        fig.update_yaxes(**_log_ticks(values, unit))
     return _finish(fig, title)
 
 
@@ -90,4 +112,5 @@ def memory_vs_length(records: Sequence[Mapping], key: str = "memory_bytes",
         y_title = f"peak memory (MiB, {', '.join(methods) or 'unknown method'})"
     else:
         y_title = "decoding state (MiB)"
-    return _length_figure(groups, phases, y_title, title, log_x, log_y, scale=2**20)
+    return _length_figure(groups, phases, y_title, title, log_x, log_y, scale=2**20,
+                          unit=" MiB")

@@ -244,13 +244,14 @@ def decay_heatmap(weights, title: str = "Decay weights W",
                                  marker=dict(size=6, color=color(col - 1)),
                                  hovertemplate=who + "d = %{x} blocks back: %{y:.4f}"
                                  "<extra></extra>"), row=2, col=1)
+    x_title = "summary S_j of block j" if n == 1 else "block j"     # one panel's width each
     for col in range(1, n + 1):
-        fig.update_xaxes(title="summary S_j of block j", constrain="domain", row=1, col=col)
+        fig.update_xaxes(title=x_title, constrain="domain", row=1, col=col)
         fig.update_yaxes(autorange="reversed", scaleanchor=_axis_name("x", col),
                          constrain="domain", row=1, col=col)
     fig.update_yaxes(title="memory M_i of block i", row=1, col=1)
     fig.update_xaxes(title="d, blocks back (0: the block's own summary)", row=2, col=1)
-    fig.update_yaxes(title="weight", type="log", range=[low, 0.05], row=2, col=1)
+    fig.update_yaxes(title="weight", type="log", range=[low, 0.05], dtick=1, row=2, col=1)
     decades = list(range(0, math.floor(low) - 1, -1))
     fig.update_layout(coloraxis=dict(
         colorscale=ATTENTION_COLORSCALE, cmin=low, cmax=0.0,
@@ -262,16 +263,24 @@ def decay_heatmap(weights, title: str = "Decay weights W",
                    margin=dict(t=110, b=60))
 
 
+# Light colours, so that the black characters written in the cells stay readable.
+SUMMARY_COLORSCALE = [[0.0, "#f7f7f7"], [0.5, "#fdd49e"], [1.0, "#f4934a"]]
+
+
 def summary_weights_heatmap(weights, chars: Sequence | None = None,
-                            title: str = "Summary weights π") -> go.Figure:
+                            title: str = "Summary weights π",
+                            zmax: float | None = None) -> go.Figure:
     """BCMT's summary softmax weights π (N, L): row = block, column = position in it.
 
     ``chars``: optional (N, L) labels (e.g. the characters of the window) written in the
-    cells. Rows sum to 1; uniform is 1/L.
+    cells. Rows sum to 1; uniform is 1/L. ``zmax``: the top of the colour range (default
+    the largest weight); give two figures the same ``zmax`` to compare them by colour.
     """
     arr = _to_array(weights, "weights").astype(float)
     _check_ndim(arr, "weights", (2,), "(N blocks, L positions)")
-    fig = go.Figure(go.Heatmap(z=arr, colorscale=ATTENTION_COLORSCALE, zmin=0.0,
+    if zmax is not None and not zmax > 0:
+        raise ValueError(f"zmax={zmax!r} is not allowed: expected a weight above 0, or None")
+    fig = go.Figure(go.Heatmap(z=arr, colorscale=SUMMARY_COLORSCALE, zmin=0.0, zmax=zmax,
                                colorbar=dict(title="weight"),
                                hovertemplate="block %{y}, token %{x}: weight %{z:.3f}"
                                              "<extra></extra>"))
@@ -280,11 +289,13 @@ def summary_weights_heatmap(weights, chars: Sequence | None = None,
         if [len(r) for r in labels] != [arr.shape[1]] * arr.shape[0]:
             raise ValueError(f"chars is not allowed: expected {arr.shape[0]} rows of "
                              f"{arr.shape[1]} labels, like weights {arr.shape}")
-        fig.update_traces(text=labels, texttemplate="%{text}", textfont=dict(size=9),
+        size = int(min(14, max(9, PLOT_WIDTH_PX / arr.shape[1])))    # about a cell's width
+        fig.update_traces(text=labels, texttemplate="%{text}",
+                          textfont=dict(size=size, color="black"),
                           hovertemplate="block %{y}, token %{x} '%{text}': weight %{z:.3f}"
                                         "<extra></extra>")
     fig.update_xaxes(title="position in the block")
-    fig.update_yaxes(title="block", autorange="reversed")
+    fig.update_yaxes(title="block", autorange="reversed", dtick=1)
     return _finish(fig, f"{title}<br><sup>uniform would be {1 / arr.shape[1]:.3f}</sup>")
 
 
