@@ -533,7 +533,7 @@ def _judge_causality(probes: list[int], moved: list[torch.Tensor], atol: float,
         leaking = (past >= atol) | past.isnan()
         if bool(leaking.any()):
             i = int(leaking.nonzero()[0])
-            raise _failure(
+            failure = _failure(
                 "causality",
                 f"output at position {i} changed by {past[i].item():.3g} when only the inputs "
                 f"after position {p} were changed",
@@ -541,6 +541,8 @@ def _judge_causality(probes: list[int], moved: list[torch.Tensor], atol: float,
                 f"got: {int(leaking.sum())} of these {p + 1} positions changed; the earliest is "
                 f"{i}, so position {i} sees an input from its future",
                 f"probe positions: {probes}")
+            failure.leak = (i, p)      # (position, probe): for a caller that explains it
+            raise failure
         if require_teeth and not future.max().item() > 10 * atol:
             raise _failure(
                 "causality",

@@ -545,7 +545,7 @@ def test_check_plugged_in_passes_the_same_layer_and_returns_both_curves(capsys):
 
 
 @pytest.mark.parametrize("layer, message", [
-    (_LeakyLayer, "logits on shared weights"),
+    (_LeakyLayer, "not causal: the output at position 0"),
     (_NoMemoryLayer, "logits on shared weights"),
 ])
 def test_check_plugged_in_rejects_a_wrong_layer(layer, message):

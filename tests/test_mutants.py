@@ -5,6 +5,10 @@ cell to a list of ``(description, original, replacement)``; ``original`` is text
 exactly once in the solution regions (``### BEGIN SOLUTION`` .. ``### END SOLUTION``) of the
 code cells between the previous check cell and this one, the exercise that check judges.
 
+A mutant may carry a fourth element, ``says``: phrases the check's message must contain, so
+a check names the kind of bug (a causality leak, the part of a capstone, gamma's
+stop-gradient), not only that values differ.
+
 ``CHEATS`` (same form) holds the cheating mutants: answers that pass without being the
 learner's own (the kit's function reached by getattr, eval, a dict, a default argument, a copy
 of its code; hard-coded results; the check helpers or the kernel's hooks tampered with). Each
@@ -90,6 +94,7 @@ class Mutant:
     description: str
     original: str
     replacement: str
+    says: tuple[str, ...] = ()  # phrases the check's message must contain (the kind of bug)
     cheat: bool = False         # a cheating mutant (CHEATS), not an honest mistake (MUTANTS)
 
 
@@ -343,6 +348,10 @@ def run_mutants(path: Path, mutants: dict[str, list[Mutant]],
                                     "that is the mutant's fault, fix it")
                 else:
                     row.update(verdict="killed", kind=err[1], message=_first_line(err[2]))
+                    unsaid = [phrase for phrase in m.says if phrase not in err[2]]
+                    if unsaid:
+                        problems.append(f"{ex.check_id}: mutant {m.description!r} is killed, "
+                                        f"but the message does not say {unsaid}: {err[2]}")
                 rows.append(row)
             if err := kernel.run_span(nb, ex.first, ex.check):
                 problems.append(f"{ex.check_id}: the solution fails after its mutants ran "

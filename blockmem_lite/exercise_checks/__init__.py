@@ -22,12 +22,15 @@ _CHECKS: dict[str, ExerciseCheck] = {}
 
 @dataclass(frozen=True)
 class ExerciseCheck:
-    """One check: its nbgrader ``grade_id``, the function that judges, and per answer name
-    the kit's pieces that answer must not use (``check_own_work``)."""
+    """One check: its nbgrader ``grade_id``, the function that judges, per answer name the
+    kit's pieces that answer must not use (``check_own_work``), and per answer name the
+    positions of the arguments the exercise asks it to change in place (``writes``: a
+    failure then does not blame those changes)."""
 
     grade_id: str
     body: Callable
     own_work: dict[str, tuple] = field(default_factory=dict)
+    writes: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
     def module_function(self, function: Callable) -> None:
         """Refuse a function ``Trial.remote`` may not run: only this check's module's own,
@@ -38,13 +41,15 @@ class ExerciseCheck:
                              f"{' or '.join(allowed)}")
 
 
-def exercise_check(grade_id: str, own_work: dict[str, tuple] | None = None) -> Callable:
+def exercise_check(grade_id: str, own_work: dict[str, tuple] | None = None,
+                   writes: dict[str, tuple[int, ...]] | None = None) -> Callable:
     """Register the decorated ``body(trial)`` as the check ``grade_id``."""
     if not GRADE_ID.fullmatch(grade_id):
         raise ValueError(f"grade_id={grade_id!r} is not allowed: expected nbNN-<id>")
 
     def register(body: Callable) -> Callable:
-        _CHECKS[grade_id] = ExerciseCheck(grade_id, body, dict(own_work or {}))
+        _CHECKS[grade_id] = ExerciseCheck(grade_id, body, dict(own_work or {}),
+                                          dict(writes or {}))
         return body
 
     return register

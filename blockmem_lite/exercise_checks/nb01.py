@@ -6,7 +6,15 @@ import torch
 import torch.nn.functional as F
 
 from blockmem_lite import registry
-from blockmem_lite.checks import CheckFailed, check_causal, check_close, check_equal, check_true
+from blockmem_lite.checks import (
+    CheckFailed,
+    _failure,
+    check_causal,
+    check_close,
+    check_equal,
+    check_shape,
+    check_true,
+)
 from blockmem_lite.config import ModelConfig
 from blockmem_lite.exercise_checks import exercise_check
 from blockmem_lite.masks import causal_mask, sliding_window_mask
@@ -55,34 +63,73 @@ def masked_attention_check(t):
 
 def decode_all(t, weights: dict, xs: torch.Tensor) -> tuple:
     """In the student's notebook: decode_step over every position of ``xs`` (B, T, D) with a
-    layer holding ``weights``; returns (the outputs (B, T, D), the cache's keys, values)."""
+    layer holding ``weights``; returns (the outputs (B, T, D), the cache after each step:
+    (T, 2, B, H, T, hd), keys then values)."""
     decode_step = t.answer("decode_step")
     layer = SelfAttention(D, H).double().eval()
     layer.load_state_dict(weights)
     steps = xs.shape[1]
     cache_k = torch.zeros(xs.shape[0], H, steps, HD, dtype=torch.float64)
     cache_v = torch.zeros_like(cache_k)
+    outputs, caches = [], []
     with torch.no_grad():
-        stepped = torch.cat([decode_step(layer, xs[:, i:i + 1], cache_k, cache_v, i)
-                             for i in range(steps)], dim=1)
-    return stepped, cache_k, cache_v
+        for i in range(steps):
+            outputs.append(decode_step(layer, xs[:, i:i + 1], cache_k, cache_v, i))
+            caches.append(torch.stack([cache_k, cache_v]).clone())
+    return torch.cat(outputs, dim=1), torch.stack(caches)
+
+
+def _close(got: torch.Tensor, expected: torch.Tensor) -> bool:
+    return got.shape == expected.shape and torch.allclose(got, expected, rtol=1e-7, atol=1e-7)
+
+
+def first_wrong_step(stepped: torch.Tensor, caches: torch.Tensor, full: torch.Tensor,
+                     keys_values: torch.Tensor) -> tuple[str, str] | None:
+    """What goes wrong first, step by step, as (problem, what to look at): the row the step
+    writes, the rows it must leave alone, then its output. None: every step is right."""
+    before = torch.zeros_like(caches[0])                                 # (2, B, H, T, hd)
+    for i, after in enumerate(caches):
+        for j, what in enumerate(("key", "value")):
+            if not _close(after[j, :, :, i], keys_values[j, :, :, i]):
+                return (f"after step {i} the {what} cache's row {i} does not hold the {what} of "
+                        f"position {i}", f"a step writes its own {what} (from attn.project_qkv "
+                        "at position t) into row t of the cache, in place, before it reads")
+        others = [r for r in range(after.shape[3])
+                  if r != i and not torch.equal(after[:, :, :, r], before[:, :, :, r])]
+        if others:
+            return (f"step {i} changed cache row(s) {others}, not only its own row {i}",
+                    "a step writes row t only: the rows before it hold the earlier positions, "
+                    "the later rows stay empty until their own step")
+        if not _close(stepped[:, i], full[:, i]):
+            return (f"step {i}: the output differs from the full causal forward's at position "
+                    f"{i}, though the cache holds the right keys and values",
+                    "look at the attention of the one query over the cache: which rows it "
+                    "reads (0..t), the 1/sqrt(hd) scale, the softmax over the keys")
+        before = after
+    return None
 
 
 @exercise_check("nb01-11", own_work={"decode_step": (
     attention, reference_attention, KVCache, SelfAttention.forward,
-    F.scaled_dot_product_attention)})
+    F.scaled_dot_product_attention)}, writes={"decode_step": (2, 3)})
 def decode_step_check(t):
-    """Step-by-step decoding with the cache equals the full causal forward."""
+    """Step-by-step decoding with the cache equals the full causal forward: step by step, the
+    row it writes, the rows it leaves alone and its output."""
     steps = t.fresh_int(6, 12)
     layer = SelfAttention(D, H).double().eval()
     xs = torch.randn(2, steps, D, dtype=torch.float64)                   # (B, T, D)
-    stepped, cache_k, cache_v = t.remote(decode_all, layer.state_dict(), xs)
+    stepped, caches = t.remote(decode_all, layer.state_dict(), xs)
     with torch.no_grad():
         full = layer(xs)
         _, all_keys, all_values = layer.project_qkv(xs, torch.arange(steps))
+    keys_values = torch.stack([all_keys, all_values])                   # (2, B, H, T, hd)
+    check_shape(stepped, full.shape, f"the outputs of {steps} decode steps")
+    check_shape(caches, (steps, *keys_values.shape), f"the cache after each of {steps} steps")
+    wrong = first_wrong_step(stepped, caches, full, keys_values)
+    if wrong is not None:
+        raise _failure(f"{steps} decode steps", *wrong)
     check_close(stepped, full, f"{steps} decode steps vs the full causal forward")
-    check_close(torch.stack([cache_k, cache_v]), torch.stack([all_keys, all_values]),
-                "the cache holds every key and value after the last step")
+    check_close(caches[-1], keys_values, "the cache holds every key and value after the last step")
 
 
 @exercise_check("nb01-14", own_work={"kv_cache_bytes": (registry.get("dense").state_bytes,

@@ -5,13 +5,13 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from blockmem_lite.checks import check_close, check_equal, check_shape
+from blockmem_lite.checks import CheckFailed, check_close, check_equal, check_shape
 from blockmem_lite.config import ModelConfig
 from blockmem_lite.exercise_checks import exercise_check
 from blockmem_lite.exercise_checks.plugged import capstone, check_capstone
 from blockmem_lite.models import armt, build_model
 from blockmem_lite.own_work import check_gradients, check_prediction
-from blockmem_lite.plugged_in import swap_modules
+from blockmem_lite.plugged_in import Part, Probe, swap_modules
 
 CAPSTONE = ModelConfig(arch="armt", d_model=48, n_layer=2, n_head=2, seq_len=64, segment_size=8,
                        n_mem_tokens=4, d_mem=8)
@@ -74,9 +74,55 @@ def write_heads_check(t):
             armt.associative_write(_flat(A), _flat(z), _flat(k), _flat(v), _flat(b)), (A, z),
             strict=True))
 
-    check_gradients(my_write_heads, kit_heads, (old_A, old_z, k, v, beta),
-                    "my_write_heads, stored memory", names=("A", "z", "k_phi", "v", "beta"))
+    inputs, names = (old_A, old_z, k, v, beta), ("A", "z", "k_phi", "v", "beta")
+    try:
+        check_gradients(my_write_heads, kit_heads, inputs, "my_write_heads, stored memory",
+                        names=names)
+    except CheckFailed as err:
+        headline = which_gradients(my_write_heads, kit_heads, inputs, names, gen)
+        raise CheckFailed("\n".join([headline] + [f"  {line}" for line in
+                                                  str(err).splitlines()])) from None
     _reads_back(my_write_heads, gen)
+
+
+def write_without_stop_gradient(A, z, k_phi, v, beta):
+    """The kit's write per head with gamma carrying a gradient: what a missing ``.detach()``
+    on gamma computes. The same values as the kit's write, other gradients."""
+    k_dot_z = torch.einsum("bhmk,bhk->bhm", k_phi, z)
+    v_bar = torch.einsum("bhmk,bhkd->bhmd", k_phi, A) / (k_dot_z[..., None] + armt.EPS)
+    gamma = (1 - (k_dot_z + armt.EPS) / k_phi.pow(2).sum(-1)).clamp(0, 1)       # no detach
+    return (A + torch.einsum("bhmk,bhmd->bhkd", k_phi, beta[..., None] * (v - v_bar)),
+            z + torch.einsum("bhmk,bhm->bhk", k_phi, gamma))
+
+
+def _gradients(fn, inputs: tuple, weights: list) -> list[torch.Tensor]:
+    """The gradients of sum(weights * fn(*inputs)) with respect to each input (zeros where
+    none reaches it)."""
+    leaves = [x.detach().clone().requires_grad_() for x in inputs]
+    with torch.enable_grad():
+        total = sum((w * o).sum() for w, o in zip(weights, fn(*leaves), strict=True))
+        found = torch.autograd.grad(total, leaves, allow_unused=True) if total.requires_grad \
+            else [None] * len(leaves)
+    return [torch.zeros_like(x) if g is None else g for x, g in zip(leaves, found, strict=True)]
+
+
+def which_gradients(my_write_heads, kit_heads, inputs: tuple, names: tuple,
+                    gen: torch.Generator) -> str:
+    """The first line of a gradient failure: which inputs' gradients differ, and whether they
+    are those of a write whose gamma carries a gradient (no stop-gradient on gamma)."""
+    weights = [torch.randn(x.shape, generator=gen, dtype=torch.float64) for x in inputs[:2]]
+    mine, kit, loose = (_gradients(fn, inputs, weights) for fn in (
+        my_write_heads, kit_heads, write_without_stop_gradient))
+    close = [torch.allclose(a, b, rtol=1e-6, atol=1e-9) for a, b in zip(mine, kit, strict=True)]
+    wrong = ", ".join(n for n, ok in zip(names, close, strict=True) if not ok) or "none"
+    right = ", ".join(n for n, ok in zip(names, close, strict=True) if ok) or "none"
+    if wrong != "none" and all(torch.allclose(a, b, rtol=1e-6, atol=1e-9)
+                               for a, b in zip(mine, loose, strict=True)):
+        return (f"my_write_heads: no stop-gradient on gamma? the gradients with respect to "
+                f"{wrong} are those of a write whose gamma carries a gradient; the task puts "
+                "gamma under .detach(), so no gradient flows through it")
+    return (f"my_write_heads: the values are right, the gradients are not: those with respect "
+            f"to {wrong} differ from the kit's (those of {right} match)")
 
 
 def _reads_back(my_write_heads, gen: torch.Generator) -> None:
@@ -161,7 +207,84 @@ def plug_in(t, model: nn.Module) -> int:
         old.w_k.in_features, old.w_k.out_features, old.normalize_phi, old.correction, old.eps))
 
 
-capstone("nb06-19", make_armt, plug_in)
+ARMT_WRITES = {
+    "A0": "the first write's update of A: the keys phi(W_K m), the values W_V m, the write "
+          "strength beta = sigmoid(w_beta m), the outer products summed",
+    "A": "the update of A onto a stored memory (the first write matches): the old A kept, the "
+         "delta rule beta (v - v_bar) with v_bar read from the old memory",
+    "z0": "the first write's update of z: each key counted once (gamma = 1 on an empty memory)",
+    "z": "the update of z onto a stored memory (the first write matches): the old z kept, each "
+         "key counted by its gamma (the correction)",
+}
+
+
+def armt_parts(model: nn.Module, tokens: torch.Tensor) -> list[Part]:
+    """Every read and write of the model's memory layers, in the order the segments make
+    them: a read's output (B, n, D), a write's A and z."""
+    found, written = [], {}
+    size, length = model.segment_size, tokens.shape[1]
+
+    def watch(i: int, layer: nn.Module) -> None:
+        read, write = layer.read, layer.write
+
+        def reading(h, memory):
+            out, s = read(h, memory), written.get(i, 0)
+            n = min(size, length - s * size)          # the segment's tokens; memory tokens after
+            uses = tuple(s * size + j if j < n else (s + 1) * size for j in range(out.shape[1]))
+            found.append(Part(f"segment {s}, layer {i}: the read", "read", out, uses))
+            return out
+
+        def writing(m, memory):
+            A, z = write(m, memory)
+            s = written[i] = written.get(i, 0) + 1
+            first = "0" if memory is None else ""
+            for name, value in (("A", A), ("z", z)):
+                found.append(Part(f"segment {s - 1}, layer {i}: the write's {name}",
+                                  name + first, value.reshape(value.shape[0], 1, -1),
+                                  (s * size,), ""))
+            return A, z
+
+        layer.read, layer.write = reading, writing
+
+    layers = {int(key): layer for key, layer in model.memory.items()}
+    for i, layer in layers.items():
+        watch(i, layer)
+    try:
+        model(tokens)
+    finally:
+        for layer in layers.values():
+            del layer.read, layer.write
+    return found
+
+
+def scaled_copy(yours: torch.Tensor, kit: torch.Tensor) -> bool:
+    """True when ``yours`` is, row by row, ``kit`` times a number: the same direction, another
+    normaliser."""
+    yours, kit = yours.double(), kit.double()
+    factor = (yours * kit).sum(-1, keepdim=True) / (kit * kit).sum(-1, keepdim=True).clamp_min(
+        1e-30)
+    rest = (yours - factor * kit).norm(dim=-1)
+    return bool((rest <= 1e-3 * yours.norm(dim=-1) + 1e-9).all())
+
+
+def explain_armt(part: Part, n, yours: torch.Tensor, kit: torch.Tensor) -> str:
+    """What the first part of the student's layer that differs points to."""
+    if part.kind != "read":
+        return ARMT_WRITES[part.kind]
+    if n is not None and scaled_copy(yours, kit):
+        return ("its normaliser: your read is the kit's times a number per token (divide q A "
+                "by q . z + eps)")
+    return ("its queries phi(W_Q h), or q A: the memory it reads (from the writes before it) "
+            "is the kit's")
+
+
+ARMT_PROBE = Probe(
+    where=lambda position: f"segment {position // CAPSTONE.segment_size}",
+    parts=armt_parts, explain=explain_armt,
+    training="the kit's layer stops the gradient at gamma (.detach()) and nowhere else: is "
+             "gamma's stop-gradient missing, or one added elsewhere?")
+
+capstone("nb06-19", make_armt, plug_in, probe=ARMT_PROBE)
 
 
 @exercise_check("nb06-19", own_work={"MyAssociativeMemoryLayer": (

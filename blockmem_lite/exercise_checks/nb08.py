@@ -11,7 +11,7 @@ from blockmem_lite.corpora import make_loaders
 from blockmem_lite.exercise_checks import exercise_check
 from blockmem_lite.exercise_checks.plugged import capstone, check_capstone
 from blockmem_lite.models import build_model, moc
-from blockmem_lite.plugged_in import swap_modules
+from blockmem_lite.plugged_in import Part, Probe, swap_modules
 from blockmem_lite.runtime import seed_everything
 
 MAX_CHAPTERS = 4096          # the most chapters a notebook's config may claim (a sanity bound)
@@ -254,7 +254,65 @@ def plug_in(t, model: nn.Module) -> int:
     return swap_modules(model, moc.MoCBlock, lambda old: block_class(CAP_CFG.model).double())
 
 
-capstone("nb08-25", make_cap_model, plug_in)
+MOC_PARTS = {
+    "router": "window 0 is routed from block.route_start, window w from the mean of the states "
+              "of all tokens before it (x entering the block), through W_r",
+    "probs": "the scores match the kit's: look at the softmax (over the chapters, the last "
+             "axis)",
+    "chapters": "expected chapter 0 first, then the top-k of chapters 1..C-1, largest first",
+    "weights": "expected shared 1 and routed routed_scale * (the top-k probabilities "
+               "renormalised), all divided by their sum",
+    "block": "the routing matches the kit's: look at the read of the chapters (gather, unit "
+             "RMS, chapter weights, the cross-attention) or forward's residual steps",
+}
+
+
+def moc_parts(model: nn.Module, tokens: torch.Tensor) -> list[Part]:
+    """Per memory layer, in order: the routing it returns (scores, probabilities, chapters,
+    weights, one decision per window) and its output (B, T, D)."""
+    found = []
+    length, window = tokens.shape[1], CAP_CFG.model.routing_window
+    windows = tuple(range(0, length, window))          # the first position each window reaches
+
+    def watch(i: int):
+        def hook(block, args, output):
+            y, routing = output
+            found.extend([
+                Part(f"layer {i}: the router's scores", "router", routing.logits, windows,
+                     "window"),
+                Part(f"layer {i}: the router's probabilities", "probs", routing.probs, windows,
+                     "window"),
+                Part(f"layer {i}: the chapters read", "chapters", routing.chapter_ids.double(),
+                     windows, "window"),
+                Part(f"layer {i}: the chapter weights", "weights", routing.weights, windows,
+                     "window"),
+                Part(f"layer {i}: the block's output", "block", y, tuple(range(length)))])
+        return hook
+
+    handles = [model.blocks[i].register_forward_hook(watch(i)) for i in model.memory_layers]
+    try:
+        model(tokens)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return found
+
+
+def explain_moc(part: Part, n, yours: torch.Tensor, kit: torch.Tensor) -> str:
+    """What the first part of the student's block that differs points to."""
+    if part.kind == "router" and n:
+        return ("window 0's scores match the kit's: a later window's input is the mean of the "
+                "states of all tokens before it (x entering the block), through W_r")
+    return MOC_PARTS[part.kind]
+
+
+MOC_PROBE = Probe(
+    where=lambda position: f"window {position // CAP_CFG.model.routing_window}",
+    parts=moc_parts, explain=explain_moc,
+    training="is a stop-gradient missing or added? (the router learns through the picked "
+             "chapters' weights and the auxiliary losses of the Routing you return)")
+
+capstone("nb08-25", make_cap_model, plug_in, probe=MOC_PROBE)
 
 
 @exercise_check("nb08-25", own_work={"MyMoCBlock": (

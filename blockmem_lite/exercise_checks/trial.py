@@ -21,6 +21,7 @@ in the kernel, with the arguments and the result as data.
 
 from __future__ import annotations
 
+import inspect
 import random
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -92,8 +93,9 @@ class NotebookTrial(Trial):
 
     def _defined(self, name: str):
         if name not in self.namespace:
-            raise CheckFailed(f"{name} is not defined: run the cell(s) of this exercise above "
-                              "first, then this check")
+            raise CheckFailed(f"{name}: not written yet (or its cell not run)\n  {name} is not "
+                              "defined: write it in the cell(s) of this exercise above, run "
+                              "them, then this check")
         return self.namespace[name]
 
     def answer(self, name: str) -> Callable:
@@ -109,7 +111,9 @@ class NotebookTrial(Trial):
                               "cell, then this check")
         pieces = self.check.own_work.get(name)
         if pieces and name not in self._read:
-            check_own_work(answer, *pieces, name=name)
+            guard = check_own_work(answer, *pieces, name=name)
+            if name in self.check.writes:
+                guard.notes = _NotesBesides(_arguments(answer, self.check.writes[name]))
             self._read.add(name)
         return answer
 
@@ -130,6 +134,28 @@ class NotebookTrial(Trial):
         from blockmem_lite.own_work import fresh_generator
 
         return fresh_generator()
+
+
+def _arguments(answer: Callable, positions: tuple[int, ...]) -> set[str]:
+    """The names ``answer`` gives its arguments at ``positions``."""
+    try:
+        names = list(inspect.signature(answer).parameters)
+    except (TypeError, ValueError):
+        return set()
+    return {names[i] for i in positions if i < len(names)}
+
+
+class _NotesBesides(list):
+    """A guard's notes, less those on the arguments the exercise asks the answer to change in
+    place (a cache it fills): such a change is the task, not what went wrong."""
+
+    def __init__(self, written: set[str]):
+        super().__init__()
+        self.written = written
+
+    def append(self, note: str) -> None:
+        if not any(f"`{name}` in place" in note for name in self.written):
+            super().append(note)
 
 
 class GradedTrial(Trial):

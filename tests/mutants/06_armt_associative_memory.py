@@ -1,7 +1,8 @@
 """Planted wrong answers for notebooks/solutions/06_armt_associative_memory.ipynb.
 
-MUTANTS: check cell id -> [(description, original text in the solution region, replacement)].
-tests/test_mutants.py substitutes each one and proves the check cell rejects it.
+MUTANTS: check cell id -> [(description, original text in the solution region, replacement)
+and, for some, the phrases the check's message must contain)]. tests/test_mutants.py
+substitutes each one and proves the check cell rejects it (and says so).
 """
 
 MUTANTS = {
@@ -74,11 +75,13 @@ MUTANTS = {
         ("no delta rule: the write ignores what is stored (v instead of v - v_bar)",
          "beta * (v - stored)", "beta * v"),
         ("gamma lets gradient through (no stop-gradient)",
-         "new = (1 - seen / norm2).clamp(0, 1).detach()", "new = (1 - seen / norm2).clamp(0, 1)"),
+         "new = (1 - seen / norm2).clamp(0, 1).detach()", "new = (1 - seen / norm2).clamp(0, 1)",
+         ("the forward is right, the gradients are not", "gamma")),
         ("the write strength without its sigmoid",
          "beta = torch.sigmoid(self.w_beta(m))", "beta = self.w_beta(m)"),
         ("the read queries made with W_K instead of W_Q",
-         "q = my_dpfp3(self.w_q(h), self.normalize_phi)", "q = my_dpfp3(self.w_k(h), self.normalize_phi)"),
+         "q = my_dpfp3(self.w_q(h), self.normalize_phi)", "q = my_dpfp3(self.w_k(h), self.normalize_phi)",
+         ("segment 1, layer 0: the read", "queries")),
         ("the first write counts nothing in z (gamma = 0 on an empty memory)",
          "stored, new = torch.zeros_like(v), torch.ones_like(beta)",
          "stored, new = torch.zeros_like(v), torch.zeros_like(beta)"),
@@ -104,7 +107,8 @@ CHEATS = {
     "nb06-09": [  # my_write_heads
         ("gamma without the stop-gradient the task asks for",
          "novelty = (1 - k_dot_z / k_phi.pow(2).sum(-1)).clamp(0, 1).detach()",
-         "novelty = (1 - k_dot_z / k_phi.pow(2).sum(-1)).clamp(0, 1)"),
+         "novelty = (1 - k_dot_z / k_phi.pow(2).sum(-1)).clamp(0, 1)",
+         ("no stop-gradient on gamma",)),
         ("the kit's associative_write reached through getattr, head by head",
          "return A, z",
          _REDEFINE + "def my_write_heads(A, z, k_phi, v, beta, correction=True, eps=EPS):\n"

@@ -1,7 +1,8 @@
 """Planted wrong answers for notebooks/solutions/08_moc_mixture_of_chapters.ipynb.
 
-MUTANTS: check cell id -> [(description, original text in the solution region, replacement)].
-tests/test_mutants.py substitutes each one and proves the check cell rejects it.
+MUTANTS: check cell id -> [(description, original text in the solution region, replacement)
+and, for some, the phrases the check's message must contain)]. tests/test_mutants.py
+substitutes each one and proves the check cell rejects it (and says so).
 """
 
 MUTANTS = {
@@ -78,10 +79,12 @@ MUTANTS = {
         ("router reads the current window: window w routed from the tokens up to its own end "
          "(a look-ahead)",
          "sums = x.cumsum(dim=1)[:, r - 1:(n_windows - 1) * r:r]",
-         "sums = x.cumsum(dim=1)[:, 2 * r - 1::r]"),
+         "sums = x.cumsum(dim=1)[:, 2 * r - 1::r]",
+         ("not causal", "position 16 (window 1)", "the router's scores")),
         ("router input is h after attention, not the stream x entering the block",
          "routing = route_windows(self, x)\n        h = x + self.attn(self.norm1(x), positions)",
-         "h = x + self.attn(self.norm1(x), positions)\n        routing = route_windows(self, h)"),
+         "h = x + self.attn(self.norm1(x), positions)\n        routing = route_windows(self, h)",
+         ("layer 0: the router's scores, window 1",)),
         ("softmax over the windows instead of the chapters",
          "probs = logits.softmax(dim=-1)", "probs = logits.softmax(dim=1)"),
         ("top-k over all chapters, the shared one included",
@@ -98,14 +101,14 @@ MUTANTS = {
          "routing.chapter_ids[..., None] + torch.arange"),
         ("gathered rows not RMS-normalised",
          "mem = mem * torch.rsqrt(mem.pow(2).mean(dim=-1, keepdim=True) + block.eps)",
-         "mem = mem"),
+         "mem = mem", ("the routing matches the kit's", "cross-attention")),
         ("chapter weight scales the values only, not the keys",
          "mem = (mem * routing.weights[..., None, None]).flatten(2, 3)         # (B, W, M, D)\n"
          "    keys, values = block.memory.kv(mem).chunk(2, dim=-1)",
          "mem = mem.flatten(2, 3)\n    keys, values = block.memory.kv(mem).chunk(2, dim=-1)\n"
          "    values = values * routing.weights.repeat_interleave(n_len, dim=-1)[..., None]"),
         ("read softmax over the queries instead of the memory tokens",
-         "scores.softmax(dim=-1)", "scores.softmax(dim=-2)"),
+         "scores.softmax(dim=-1)", "scores.softmax(dim=-2)", ("not causal",)),
         ("calls the kit's moc.chapter_weights for the selection",
          "return moc.Routing(logits, probs, ids, weights)",
          "return moc.Routing(logits, probs, *moc.chapter_weights(probs, block.top_k, "
