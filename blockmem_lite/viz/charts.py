@@ -8,6 +8,7 @@ traces. A name keeps one colour of the kit's palette (``common.color``) across a
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 from blockmem_lite.viz.common import (
@@ -116,6 +117,11 @@ def line_chart(series: Mapping, title: str = "", x_title: str = "", y_title: str
     _add_references(fig, hlines, vlines, spans)
     if log_x:
         _log_ticks(fig, [v for d in fig.data for v in d.x])
+        # plotly draws a span or a vline in data units on a log axis, but places its label
+        # in log10 units: a label at x = 128 would stretch the axis to 1e128
+        for note in fig.layout.annotations:
+            if note.xref == "x" and note.x is not None and note.x > 0:
+                note.x = math.log10(note.x)
     fig.update_xaxes(title=x_title)
     fig.update_yaxes(title=y_title, type="log" if log_y else "linear", range=y_range,
                      tickformat=y_tickformat)
