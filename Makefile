@@ -57,9 +57,10 @@ LAB_QUIET := --LanguageServerManager.autodetect=False
 # takes 1.2-1.4x as long, a recall-sized one 1.7x (docs/MEASUREMENTS.md, "Class time").
 export OMP_WAIT_POLICY ?= PASSIVE
 
-# Environment for headless, offline, fast runs (CI and `make test`).
+# Environment for headless, offline, fast runs (CI and `make test`); a notebook result
+# outside its stored range fails (blockmem_lite/expected.py).
 TEST_ENV := BLOCKMEM_FAST=1 BLOCKMEM_HEADLESS=1 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 \
-	PLOTLY_RENDERER=json PYTHONHASHSEED=0
+	PLOTLY_RENDERER=json PYTHONHASHSEED=0 BLOCKMEM_EXPECT_STRICT=1
 
 PRESET ?= fast
 SITE ?= site
@@ -104,15 +105,19 @@ define install_kit
 endef
 
 # Notebook hygiene, re-applied on every setup (cheap, idempotent):
-# - git stores notebooks through nbstripout (outputs, counts and widget state stripped;
-#   cell ids kept, they are the exercises' grade ids); the working copy keeps its outputs;
-# - JupyterLab saves widget state into the notebook (jupyter/overrides.json), so a
-#   reopened notebook shows its last figures instead of "model not found".
+# - git stores notebooks through nbstripout (outputs, counts, widget state and
+#   language_info, the Python version JupyterLab writes on every save, stripped; cell ids
+#   kept, they are the exercises' grade ids); the working copy keeps its outputs;
+# - JupyterLab saves widget state into the working copy (jupyter/overrides.json), so a
+#   reopened notebook shows its sliders as they were; the live charts end as plain
+#   figures and need none.
 define hygiene
 	@if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then \
-		git config filter.nbstripout.clean '"$(abspath $(BIN))/python" -m nbstripout --keep-id'; \
+		git config filter.nbstripout.clean \
+			'"$(abspath $(BIN))/python" -m nbstripout --keep-id --extra-keys metadata.language_info'; \
 		git config filter.nbstripout.smudge cat; \
-		git config diff.ipynb.textconv '"$(abspath $(BIN))/python" -m nbstripout --keep-id -t'; \
+		git config diff.ipynb.textconv \
+			'"$(abspath $(BIN))/python" -m nbstripout --keep-id --extra-keys metadata.language_info -t'; \
 	fi
 	@mkdir -p $(VENV)/share/jupyter/lab/settings
 	@cp jupyter/overrides.json $(VENV)/share/jupyter/lab/settings/overrides.json

@@ -53,10 +53,11 @@ def load_ranges(path: Path | None = None) -> dict:
 
 def measured_range(values: list[float]) -> tuple[float, float]:
     """The range stored for the values of several seeds: their span, widened on each side by
-    ``PAD_SHARE`` of it and by at least ``MIN_PAD`` of the value."""
+    ``PAD_SHARE`` of it and by at least ``MIN_PAD`` of the value; never below zero for a
+    result that was never negative (a loss, an accuracy, a ratio)."""
     low, high = min(values), max(values)
     pad = max(PAD_SHARE * (high - low), MIN_PAD * max(abs(low), abs(high)), 1e-12)
-    return low - pad, high + pad
+    return (low - pad if low < 0 else max(low - pad, 0.0)), high + pad
 
 
 def _number(value: float) -> str:

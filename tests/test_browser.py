@@ -11,6 +11,10 @@ ArrowRight twice on the first handle of the ``slider_figure`` cell. The tests as
   share the step axis 0..total, the memory axis names its reading, and every row gained
   points across at least MIN_LIVE_REDRAWS redraws made while training ran (the title
   still said ``step n/N``), as did the status line above it;
+* the other live views, in a notebook of their own (LIVE_VIEWS, fed made-up steps, no
+  training): a comparison of two runs and a monitor drawing a figure of two subplots
+  (the ones a FigureWidget left blank) have their traces drawn while the cell still
+  runs, read from the plotly element's own data;
 * the slider's readout moved and what it shows changed (the figure's data, or the
   printed text); its label is shown whole;
 * no cell output is an error (error outputs, stderr tracebacks, widgets that failed to
@@ -48,6 +52,7 @@ from pathlib import Path
 import pytest
 
 from blockmem_lite.tools.exercises import notebooks_dir
+from blockmem_lite.viz.liveview import STATUS_CLASS
 
 pytestmark = pytest.mark.browser
 
@@ -268,6 +273,7 @@ RECORDER = """
       n: tr.x ? tr.x.length : (tr.z ? tr.z.length : 0)})),
     xRanges: ['xaxis', 'xaxis2', 'xaxis3'].map(a => ((el.layout || {})[a] || {}).range ?? null),
     memoryAxis: (((el.layout || {}).yaxis3 || {}).title || {}).text ?? null,
+    axes: Object.keys(el._fullLayout || {}).filter(k => /^[xy]axis\\d*$/.test(k)).sort(),
     svgPoints: [...el.querySelectorAll('.scatterlayer path.js-line')]
       .reduce((s, p) => s + ((p.getAttribute('d') || '').match(/[ML]/g) || []).length, 0),
   });
@@ -279,13 +285,15 @@ RECORDER = """
     const rec = window.__bmPlots[el.__bmId - 1];
     const s = state(el);
     const last = rec.states[rec.states.length - 1];
-    const key = JSON.stringify([s.cell, s.title, s.traces, s.svgPoints, s.xRanges, s.memoryAxis]);
+    const key = JSON.stringify([s.cell, s.title, s.traces, s.svgPoints, s.xRanges, s.memoryAxis,
+                                s.axes]);
     if (!last || last.key !== key) { s.key = key; rec.states.push(s); }
   };
   window.__bmHtml = [];
   const lastHtml = new Map();
   const sweepHtml = () => {
-    for (const el of document.querySelectorAll('%(panel)s .jp-Cell .widget-html')) {
+    for (const el of document.querySelectorAll(
+        '%(panel)s .jp-Cell .widget-html, %(panel)s .jp-Cell .%(status)s')) {
       const text = el.textContent;
       if (lastHtml.get(el) !== text) {
         lastHtml.set(el, text);
@@ -310,7 +318,7 @@ RECORDER = """
   };
   setInterval(sweep, 25);
 })();
-""" % {"cells": CELLS, "panel": PANEL}
+""" % {"cells": CELLS, "panel": PANEL, "status": STATUS_CLASS}
 
 # What each cell's outputs are, from the notebook model (exact, unlike rendered text).
 MODEL_OUTPUTS = """() => {
@@ -546,6 +554,89 @@ def run_notebook(browser, lab: Lab, name: str, shot_dir: Path) -> NotebookRun:
     return run
 
 
+# ----------------------------------------------------------------------------- other live views
+
+# The live views no kit notebook in NOTEBOOKS shows, fed made-up steps (a few seconds, no
+# training): a comparison of two runs (notebooks 03, 05, 09, 10) and a monitor drawing a
+# figure of two subplots (notebook 08's routing; a FigureWidget stayed blank on it). The
+# first cell draws a figure, as every notebook does before it trains: plotly.js is loaded.
+LIVE_VIEWS = "live_views.ipynb"
+LIVE_STEPS = 40
+FEED = f"""import time
+
+import numpy as np
+
+from blockmem_lite import viz
+
+rng = np.random.default_rng(0)
+
+
+def feed(callback, total={LIVE_STEPS}, seconds=6.0):
+    \"\"\"A made-up run of `total` steps in `seconds`, as the Trainer sends it.\"\"\"
+    for step in range(1, total + 1):
+        time.sleep(seconds / total)
+        callback.on_step(None, dict(step=step, total_steps=total, loss=5 - step / total,
+                                    tokens_per_s=1000.0 + step, memory_bytes=2**20 * (300 + step),
+                                    memory_method="process_rss", elapsed_s=step * seconds / total))
+        if step % 10 == 0:
+            callback.on_eval(None, dict(step=step, val_loss=5.1 - step / total))
+    callback.on_end(None, dict(step=list(range(1, total + 1))))
+
+
+viz.bar_compare({{"a": 1.0, "b": 2.0}})"""
+COMPARE = """live = viz.LiveComparison(runs=["a", "b"], total_steps=40, title="two runs")
+feed(live.run("a"))
+feed(live.run("b"))"""
+MONITOR = """monitor = viz.LiveMonitor(
+    probe=lambda trainer, rec: {"heat": rng.random((8, 5)), "share": rng.random(5)},
+    figure=lambda snap: viz.routing_heatmap(snap["heat"], snap["share"]), every=2,
+    title="routing")
+feed(monitor)"""
+
+
+@dataclass
+class LiveRun:
+    """What the LIVE_VIEWS notebook drew and logged."""
+
+    plots: list
+    html: list
+    console: list
+    shots: list
+
+
+def run_live_views(browser, lab: Lab, shot_dir: Path) -> LiveRun:
+    import nbformat
+    from nbformat.v4 import new_code_cell, new_notebook
+
+    nb = new_notebook(cells=[new_code_cell(FEED), new_code_cell(COMPARE),
+                             new_code_cell(MONITOR)])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                 "language": "python"}
+    nbformat.write(nb, str(lab.root / LIVE_VIEWS))
+    page = browser.new_page(viewport={"width": 1280, "height": 1000})
+    console = []
+    page.on("console", lambda m: console.append(f"console.{m.type}: {m.text}")
+            if m.type == "error" else None)
+    page.on("pageerror", lambda e: console.append(f"pageerror: {e}"))
+    page.add_init_script(RECORDER)
+    shot = shot_dir / f"{LIVE_VIEWS}.png"
+    try:
+        open_notebook(page, f"{lab.base}/lab/tree/{LIVE_VIEWS}?reset&token={lab.token}")
+        before = prompts(page)
+        run_all(page)
+        wait_until_idle(page, lab, LIVE_VIEWS, before)
+        page.screenshot(path=str(shot), full_page=True)
+        return LiveRun(page.evaluate("() => window.__bmPlots"),
+                       page.evaluate("() => window.__bmHtml"), console, [shot])
+    except Exception as exc:
+        page.screenshot(path=str(shot))
+        raise RuntimeError(f"{LIVE_VIEWS}: {type(exc).__name__}: {exc}; screenshot {shot}; "
+                           f"jupyter log: {lab.log}") from exc
+    finally:
+        page.close()
+        lab.shut_down(LIVE_VIEWS)
+
+
 # ----------------------------------------------------------------------------- fixtures
 
 
@@ -586,26 +677,34 @@ def ran(request, browser, lab):
     return run_notebook(browser, lab, request.param, lab.root.parent)
 
 
+@pytest.fixture(scope="module")
+def live_views(browser, lab):
+    return run_live_views(browser, lab, lab.root.parent)
+
+
 # ----------------------------------------------------------------------------- the tests
 
 ROWS = {"y": "loss", "y2": "tokens/s", "y3": "memory"}
 MIN_LIVE_REDRAWS = 3
 
 
-def _dashboard_states(run: NotebookRun) -> list[dict]:
-    """The recorded states of the figure drawn inside a widget in the dashboard cell, in
-    time order. JupyterLab may draw the widget's view anew (a re-attached cell: a new
-    plot element, recorded apart, while the old one may be emptied); the states of every
-    view are merged, and the view that ends with the most points (the one on show) ends
-    the list, so its final state is the dashboard as it stays."""
-    views = [p["states"] for p in run.plots
-             if p["states"] and p["states"][0]["cell"] == run.dashboard_cell
-             and p["states"][0]["inWidget"]]
+def _cell_states(run, cell: int) -> list[dict]:
+    """The recorded states of the figures drawn in ``cell``, in time order. Each redraw of a
+    live chart may be a new plot element (recorded apart), and at the end the last figure
+    replaces the widget as a plain output; the states of every element are merged, and the
+    one that ends with the most points (the one on show) ends the list, so its final
+    state is the chart as it stays."""
+    views = [p["states"] for p in run.plots if p["states"] and p["states"][0]["cell"] == cell]
     if not views:
         return []
-    last = max(views, key=lambda states: (sum(_rows(states[-1]).values()), states[-1]["t"]))
+    last = max(views, key=lambda states: (sum(tr["n"] for tr in states[-1]["traces"]),
+                                          states[-1]["t"]))
     earlier = [s for states in views if states is not last for s in states]
     return sorted(earlier, key=lambda s: s["t"]) + last
+
+
+def _dashboard_states(run: NotebookRun) -> list[dict]:
+    return _cell_states(run, run.dashboard_cell)
 
 
 def _rows(state: dict) -> dict[str, int]:
@@ -618,10 +717,12 @@ def _rows(state: dict) -> dict[str, int]:
 
 
 def _in_progress(text: str | None) -> bool:
-    """Title and status line say 'step 20/300 · ETA ...' while training, then 'done: ...'."""
+    """Title and status line say 'step 20/300 · about 8 s left ...' while training, then
+    'done: ...' (a monitor's title: 'routing: step 20/40' until 'step 40/40')."""
     text = text or ""
-    return bool(re.search(r"step \d+/\d+", text)) and "done:" not in text \
-        and "interrupted" not in text
+    steps = re.search(r"step (\d+)/(\d+)", text)
+    return bool(steps) and int(steps.group(1)) < int(steps.group(2)) \
+        and "done" not in text and "interrupted" not in text
 
 
 def _summary(states: list[dict]) -> str:
@@ -641,8 +742,9 @@ def test_live_dashboard_renders_and_grows_while_training(ran):
     states = _dashboard_states(ran)
     where = f"{ran.name}, dashboard in cell {ran.dashboard_cell}; {ran.shots()}"
     drawn = sorted({p["states"][0]["cell"] for p in ran.plots if p["states"]})
-    assert states, (f"no plotly chart was drawn inside a widget in the dashboard cell ({where}); "
-                    f"charts were drawn in cells {drawn}")
+    assert any(s["inWidget"] for s in states), (
+        f"no plotly chart was drawn inside a widget in the dashboard cell ({where}); charts "
+        f"were drawn in cells {drawn}")
     final = states[-1]
     assert all(n > 0 for n in _rows(final).values()), (
         f"each of the dashboard's three rows should have points at the end, got "
@@ -655,7 +757,8 @@ def test_live_dashboard_renders_and_grows_while_training(ran):
     assert re.match(r"MiB \((?!no reading).+\)", final["memoryAxis"] or ""), (
         f"the memory row's axis should name how memory was read, got "
         f"{final['memoryAxis']!r} ({where})")
-    live = [s for s in states if _in_progress(s["title"]) and _rows(s)["loss"] > 0]
+    live = [s for s in states if _in_progress(s["title"]) and _rows(s)["loss"] > 0
+            and s["inWidget"]]
     assert len(live) >= MIN_LIVE_REDRAWS, (
         f"expected at least {MIN_LIVE_REDRAWS} redraws of the dashboard while it trained, saw "
         f"{len(live)} ({where}); states: {_summary(states)}")
@@ -730,3 +833,44 @@ def test_the_server_answered_every_request(ran):
         f"{ran.name}: the jupyter server answered with an error: "
         + "; ".join(ran.server_errors) + f"\nserver log errors ({ran.log}):\n"
         + server_log_errors(ran.log))
+
+
+def _mid_run(states: list[dict]) -> list[dict]:
+    """The states drawn in a widget while the view still said it was running."""
+    return [s for s in states if s["inWidget"] and _in_progress(s["title"])]
+
+
+def test_a_live_comparison_draws_both_runs_while_they_train(live_views):
+    """Read from the plotly element while the cell ran: the chart of two runs (5 traces
+    each) gained points across redraws, and the second run drew while the first stayed."""
+    states = _cell_states(live_views, 1)
+    where = f"{LIVE_VIEWS} cell 1; screenshot {live_views.shots[0]}"
+    mid = _mid_run(states)
+    assert len(mid) >= MIN_LIVE_REDRAWS, (
+        f"expected {MIN_LIVE_REDRAWS} redraws of the comparison while it ran, saw {len(mid)} "
+        f"({where}); states: {_summary(states)}")
+    points = [[tr["n"] for tr in s["traces"]] for s in mid]
+    assert all(len(p) == 10 for p in points), (where, points[:3])
+    assert points[-1][0] > points[0][0] or points[-1][5] > points[0][5], (where, points)
+    assert any(p[0] == LIVE_STEPS and 0 < p[5] < LIVE_STEPS for p in points), (
+        f"no redraw showed run b training after run a ({where}): {points}")
+    final = [tr["n"] for tr in states[-1]["traces"]]
+    assert final[0] == final[5] == LIVE_STEPS, (where, final)
+    status = [h["text"] for h in live_views.html if h["cell"] == 1]
+    assert sum(_in_progress(t) for t in status) >= 2 and "done" in status[-1], (
+        where, status[:2], status[-1:])
+
+
+def test_a_live_monitor_draws_a_figure_of_subplots_while_it_runs(live_views):
+    """The monitor's heatmap and bars (x/y and x2/y2) are drawn with both their axes while
+    the cell runs, and nothing is logged (a FigureWidget logged 'cannot set xaxis2.anchor
+    and a parent attribute simultaneously' and stayed blank)."""
+    states = _cell_states(live_views, 2)
+    where = f"{LIVE_VIEWS} cell 2; screenshot {live_views.shots[0]}"
+    mid = _mid_run(states)
+    assert len(mid) >= MIN_LIVE_REDRAWS, (where, _summary(states))
+    assert all(len(s["traces"]) == 2 and all(tr["n"] > 0 for tr in s["traces"]) for s in mid), \
+        (where, [s["traces"] for s in mid[:3]])
+    assert all({"xaxis2", "yaxis2"} <= set(s["axes"]) for s in mid), (where, mid[0]["axes"])
+    assert re.search(rf"step {LIVE_STEPS}/{LIVE_STEPS}", states[-1]["title"] or ""), where
+    assert live_views.console == [], f"{where}:\n" + "\n".join(live_views.console)

@@ -27,8 +27,8 @@ from blockmem_lite.viz.live import LiveDashboard  # noqa: E402
 
 
 def shown(view):
-    """The figure a view shows: its live FigureWidget, or the static one once all runs ended."""
-    return view._figure_widget if view._figure_widget is not None else view.static_figure
+    """The figure a view shows (filled in place, drawn whole at each redraw)."""
+    return view.live_figure
 
 # Public functions that are not figure builders (helpers, writers).
 NOT_BUILDERS = {
@@ -37,7 +37,7 @@ NOT_BUILDERS = {
     training: {"run_family", "update_training_panels"},
     bench: set(),
     lab_figures: {"pareto_front", "pareto_points", "training_histories", "write_plots",
-                  "recall_monitor"},
+                  "recall_monitor", "partial_note"},
 }
 
 
@@ -359,7 +359,7 @@ def widget_or_skip(cls, **kwargs):
 def test_dashboard_widget_fills_three_rows_as_steps_come_in_with_the_eta():
     clock = FakeClock()
     dash = widget_or_skip(LiveDashboard, total_steps=40, title="tiny", clock=clock)
-    fig = dash._figure_widget
+    fig = dash.live_figure
     assert len(fig.data) == 5 and all(len(d.x) == 0 for d in fig.data)
     feed(dash, clock, 12, end=False)
     train, val, speed, memory, peak = fig.data
@@ -369,8 +369,8 @@ def test_dashboard_widget_fills_three_rows_as_steps_come_in_with_the_eta():
     assert fig.layout.yaxis3.title.text == "MiB (RSS)"
     lo, hi = fig.layout.yaxis3.range
     assert 395 < lo < 401 and 412 < hi < 420                 # 12 MiB of growth is visible
-    assert "step 12/40" in fig.layout.title.text and "ETA 0:14" in fig.layout.title.text
-    assert "ETA" in dash._status.value
+    assert "step 12/40" in fig.layout.title.text and "about 14 s left" in fig.layout.title.text
+    assert "left" in dash._status.value
     feed(dash, clock, 40)                                     # a new run: starts over
     assert len(fig.data[0].x) == 40 and "done: step 40/40" in fig.layout.title.text
 
@@ -379,7 +379,7 @@ def test_comparison_overlays_n_runs_in_n_colours_in_one_widget():
     clock = FakeClock()
     names = ["dense", "bcmt L=8", "honly"]
     cmp_ = widget_or_skip(LiveComparison, runs=names, total_steps=20, title="three", clock=clock)
-    fig = cmp_._figure_widget
+    fig = cmp_.live_figure
     assert len(fig.data) == 15                               # five slots per declared run
     for i, name in enumerate(names[:2]):
         feed(cmp_.run(name), clock, 20, total=20, mib=400.0 + 50 * i)
@@ -394,7 +394,7 @@ def test_comparison_overlays_n_runs_in_n_colours_in_one_widget():
         assert not any(d.showlegend for d in slots[1:])
     assert len(fig.data[10].x) == 5 and len(fig.data[0].x) == 20
     title = fig.layout.title.text
-    assert "run 3 of 3: honly" in title and "ETA" in title
+    assert "run 3 of 3: honly" in title and "left" in title
     status = cmp_._status.value
     assert all(f"<b>{html_name}</b>" in status for html_name in ("dense", "bcmt L=8", "honly"))
     assert status.count("<tr>") == 3 and "done: step 20/20" in status
@@ -402,26 +402,6 @@ def test_comparison_overlays_n_runs_in_n_colours_in_one_widget():
     static = cmp_.figure()
     assert len(static.data) == 15 and len({d.line.color for d in static.data[0::5]}) == 3
     assert len(cmp_.loss_figure(facet=None).data) == 5      # train + val, honly has no val yet
-
-
-def test_a_finished_view_turns_static_and_a_new_run_brings_the_live_widget_back():
-    """A saved notebook keeps live widgets' state (5 MB of plotly.js each); a static figure
-    is kilobytes and shows again on reopening."""
-    import ipywidgets
-
-    clock = FakeClock()
-    cmp_ = widget_or_skip(LiveComparison, runs=["dense", "bcmt"], clock=clock)
-    feed(cmp_.run("dense"), clock, 3)
-    assert cmp_._figure_widget is not None, "bcmt has not run yet: still live"
-    live_widget = cmp_._figure_widget
-    feed(cmp_.run("bcmt"), clock, 3)
-    assert cmp_._figure_widget is None and isinstance(cmp_.widget.children[1], ipywidgets.Output)
-    assert live_widget.comm is None, "the FigureWidget is closed, so its state is not saved"
-    assert [d.name for d in cmp_.static_figure.data][:1] == ["dense"]
-    assert len(cmp_.static_figure.to_json()) < 200_000
-    feed(cmp_.run("bcmt"), clock, 2, end=False)       # bcmt again: a new run, live again
-    assert isinstance(cmp_._figure_widget, go.FigureWidget)
-    assert cmp_.widget.children[1] is cmp_._figure_widget
 
 
 def test_comparison_adds_a_run_it_was_not_told_about():

@@ -27,7 +27,7 @@ LAYERS = (
                                 "knowledge")),
     ("lab", ("lab", "lab.run", "lab.parts", "lab.progress", "lab.verdicts", "lab.readers", "lab.report")),
     ("viz", ("viz", "viz.*")),
-    ("lessons", ("lessons",)),
+    ("lessons", ("lessons", "expected")),
     ("lab figures and sweeps", ("lab.figures", "lab.recall_sweep")),
     ("exercise checks", ("exercise_checks", "exercise_checks.*")),
     ("tools and command line", ("tools", "tools.*", "__main__", "")),
@@ -37,7 +37,7 @@ CORE = ("config", "runtime", "distributed", "tokenizer", "compiling", "nn", "mas
         "trace", "models.base", "corpora", "tasks", "measure", "measure.*", "train", "train.*",
         "checks", "guard", "own_work", "plugged_in", "recall", "knowledge", "checkpoints",
         "labdata", "lab",
-        "lab.*", "viz", "viz.*", "scratch", "lessons", "tools.cli", "tools.site")
+        "lab.*", "viz", "viz.*", "scratch", "lessons", "expected", "tools.cli", "tools.site")
 
 
 def module_names() -> dict[str, Path]:

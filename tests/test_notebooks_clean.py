@@ -32,12 +32,14 @@ def _source(cell: dict) -> str:
 
 
 def output_problems(nb: dict) -> list[str]:
-    """Cells with outputs or execution counts, and saved widget state."""
+    """Cells with outputs or execution counts, saved widget state and language_info."""
     problems = [f"cell {i} has outputs" for i, c in enumerate(nb["cells"]) if c.get("outputs")]
     problems += [f"cell {i} has execution_count {c['execution_count']}"
                  for i, c in enumerate(nb["cells"]) if c.get("execution_count") is not None]
     if "widgets" in nb.get("metadata", {}):
         problems.append("the notebook metadata holds widget state")
+    if "language_info" in nb.get("metadata", {}):
+        problems.append("the notebook metadata holds language_info (JupyterLab's Python)")
     return problems
 
 
@@ -108,11 +110,13 @@ def test_the_filter_keeps_outputs_out_of_git_and_cell_ids_in(tmp_path):
     if shutil.which("git") is None:
         pytest.skip("git is not installed")
     assert "*.ipynb filter=nbstripout diff=ipynb" in (REPO / ".gitattributes").read_text()
-    assert "--keep-id" in (REPO / "Makefile").read_text()
+    assert "--keep-id --extra-keys metadata.language_info" in (REPO / "Makefile").read_text()
     _git("init", "-q", cwd=tmp_path)
-    _git("config", FILTER, f'"{sys.executable}" -m nbstripout --keep-id', cwd=tmp_path)
+    _git("config", FILTER, f'"{sys.executable}" -m nbstripout --keep-id --extra-keys '
+         "metadata.language_info", cwd=tmp_path)
     shutil.copy(REPO / ".gitattributes", tmp_path / ".gitattributes")
-    nb = {"nbformat": 4, "nbformat_minor": 5, "metadata": {"widgets": {"state": {}}},
+    nb = {"nbformat": 4, "nbformat_minor": 5,
+          "metadata": {"widgets": {"state": {}}, "language_info": {"version": "3.11.7"}},
           "cells": [{"cell_type": "code", "id": "nb01-04", "execution_count": 3,
                      "metadata": {"tags": ["check"]}, "source": "print(1)",
                      "outputs": [{"output_type": "stream", "name": "stdout", "text": "1\n"}]}]}
@@ -156,7 +160,8 @@ def test_the_filter_leaves_a_clean_notebook_byte_for_byte(path):
     if output_problems(_load(path)):
         pytest.skip("the working copy has outputs (the filter strips them on commit)")
     nb = nbformat.reads(path.read_text(encoding="utf-8"), as_version=nbformat.NO_CONVERT)
-    stripped = nbstripout.strip_output(nb, keep_output=False, keep_count=False, keep_id=True)
+    stripped = nbstripout.strip_output(nb, keep_output=False, keep_count=False, keep_id=True,
+                                       extra_keys=["metadata.language_info"])
     assert nbformat.writes(stripped) + "\n" == path.read_text(encoding="utf-8"), (
         f"{path.name}: nbstripout writes it differently (key order or layout); rewrite it "
-        "with `python -m nbstripout --keep-id -t FILE > tmp && mv tmp FILE`")
+        "with `python -m nbstripout --keep-id --extra-keys metadata.language_info FILE`")

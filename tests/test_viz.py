@@ -14,6 +14,7 @@ go = pytest.importorskip("plotly.graph_objects")
 
 from blockmem_lite import viz  # noqa: E402
 from blockmem_lite.viz import liveview  # noqa: E402
+from blockmem_lite.viz.comparison import LiveComparison  # noqa: E402
 from blockmem_lite.viz.live import LiveDashboard, live_dashboard  # noqa: E402
 
 
@@ -297,22 +298,100 @@ def test_headless_wins_over_a_working_widget(headless, monkeypatch):
     assert LiveDashboard().mode == "text"
 
 
-def test_auto_falls_back_to_text_when_figurewidget_fails(monkeypatch, capsys):
+def without_ipywidgets(monkeypatch):
+    """A kernel without ipywidgets: importing it fails."""
     monkeypatch.delenv("BLOCKMEM_HEADLESS", raising=False)
     monkeypatch.setattr(liveview, "_in_notebook_kernel", lambda: True)
+    monkeypatch.setitem(sys.modules, "ipywidgets", None)
 
-    def broken_figure_widget(*args, **kwargs):
-        raise ImportError("anywidget is missing")
 
-    monkeypatch.setattr(go, "FigureWidget", broken_figure_widget)
+def test_auto_falls_back_to_text_without_ipywidgets(monkeypatch, capsys):
+    without_ipywidgets(monkeypatch)
     dash = LiveDashboard(total_steps=10)
     assert dash.mode == "text" and dash.widget is None
-    assert "anywidget is missing" in dash.fallback_reason
+    assert "ipywidgets" in dash.fallback_reason
     dash.on_step(None, step_rec(1, total=10))
     out = capsys.readouterr().out
     assert "widgets unavailable" in out and out.count("\n") == 2
-    with pytest.raises(RuntimeError, match="anywidget is missing"):
+    with pytest.raises(RuntimeError, match="ipywidgets"):
         LiveDashboard(mode="widget")
+
+
+def test_live_views_never_build_a_figurewidget(monkeypatch):
+    """A FigureWidget ships its own 5 MB plotly.js with every chart and into the saved
+    notebook, and draws nothing until the browser compiled it: the views draw plain
+    figures into an Output instead (liveview.FigureArea)."""
+    def refused(*args, **kwargs):
+        raise AssertionError("a live view built a FigureWidget")
+
+    monkeypatch.setattr(go, "FigureWidget", refused)
+    clock = FakeClock()
+    views = [widget_dashboard(total_steps=20, clock=clock),
+             LiveComparison(runs=["a"], total_steps=20, mode="widget", clock=clock),
+             LiveMonitor(lambda t, r: {"a": 1, "b": 2}, bars, mode="widget", clock=clock)]
+    for view in views[:2]:
+        run_steps(view if view is views[0] else view.run("a"), clock, 20, total=20)
+    monitor_run(views[2], clock, total=20, dt=0.5)
+    for view in views:
+        assert type(view.widget).__name__ in ("VBox", "Output")
+        assert type(view.live_figure) is go.Figure and len(view.live_figure.data) >= 1
+
+
+class FakeHandle:
+    """An IPython display handle that notes what replaced its output."""
+
+    def __init__(self, obj, log):
+        self.log = log
+        log.append(("display", obj))
+
+    def update(self, obj, raw=False):
+        self.log.append(("update", obj))
+
+
+def test_the_figure_area_draws_whole_figures_then_settles_as_a_plain_output(monkeypatch):
+    """In a kernel each drawing replaces the last inside the Output (clear_output(wait=True),
+    then display); at the end the last figure replaces the widget as a plain output, so a
+    reopened notebook shows it without widget state. Outside a kernel nothing is shown."""
+    pytest.importorskip("ipywidgets")
+    area = liveview.FigureArea()
+    first = viz.bar_compare({"a": 1.0})
+    area.show()
+    area.draw(first)                                           # outside a kernel: kept only
+    area.settle()
+    assert area.figure is first and not area.settled
+    log = []
+    monkeypatch.setattr(liveview, "_in_notebook_kernel", lambda: True)
+    monkeypatch.setattr(liveview, "_display", lambda obj: FakeHandle(obj, log))
+    monkeypatch.setattr(type(area.widget), "clear_output",
+                        lambda self, wait=False: log.append(("clear", wait)))
+    monkeypatch.setattr("IPython.display.display", lambda fig: log.append(("draw", fig)))
+    area.show()
+    second = viz.line_chart({"x": ([1, 2], [3, 4])}).update_layout(height=300)
+    area.draw(second)
+    area.settle()
+    area.draw(first)                                           # a new run: live again
+    assert log == [("display", area.widget), ("clear", True), ("draw", second),
+                   ("update", second._repr_mimebundle_()), ("clear", False),
+                   ("update", area.widget), ("clear", True), ("draw", first)]
+    assert area.widget.layout.min_height == "300px" and not area.settled
+    status = liveview.StatusLine("<b>a</b>")
+    status.show()
+    status.update("<b>a</b>")                                  # unchanged: nothing sent
+    status.update("<b>b</b>")
+    shown = [obj.data for kind, obj in log[-2:]]
+    assert shown == [f'<div class="{liveview.STATUS_CLASS}"><b>a</b></div>',
+                     f'<div class="{liveview.STATUS_CLASS}"><b>b</b></div>']
+
+
+def test_time_left_never_reads_as_a_clock_time():
+    from blockmem_lite.viz.live import duration_words, time_left
+
+    assert time_left(1148) == "about 19 min 08 s left"
+    assert time_left(42.4) == "about 42 s left" and time_left(3725) == "about 1 h 02 min left"
+    assert time_left(None) == "time left unknown" and duration_words(float("nan")) == "?"
+    dash = LiveDashboard(total_steps=2000, mode="text")
+    dash.on_step(None, {**step_rec(10), "elapsed_s": 83.0, "eta_s": 1148.0})
+    assert dash.record.progress_text() == "step 10/2000 · about 19 min 08 s left · 1 min 23 s elapsed"
 
 
 def test_auto_outside_a_kernel_uses_text(monkeypatch):
@@ -329,14 +408,14 @@ def widget_dashboard(**kwargs):
 
 
 def shown(view):
-    """The figure a view shows: its live FigureWidget, or the static one once all runs ended."""
-    return view._figure_widget if view._figure_widget is not None else view.static_figure
+    """The figure a view shows (filled in place, drawn whole at each redraw)."""
+    return view.live_figure
 
 
 def test_widget_mode_shows_every_point_with_bounded_updates(capsys):
     clock = FakeClock()
     dash = widget_dashboard(total_steps=2000, title="dense", clock=clock, max_updates_per_s=4)
-    assert dash.mode == "widget" and isinstance(dash._figure_widget, go.FigureWidget)
+    assert dash.mode == "widget" and type(dash.live_figure) is go.Figure
     run_steps(dash, clock, 2000)                             # 2 s of fake time, 4 evals
     dash.on_end(None, history_dict())
     train, val, speed, memory, peak = shown(dash).data
@@ -627,16 +706,10 @@ def test_monitor_record_adds_a_step_zero_and_a_new_run_starts_over(headless, cap
         LiveMonitor(lambda t, r: 0, bars, mode="text").figure()
 
 
-def test_monitor_falls_back_to_text_when_figurewidget_fails(monkeypatch, capsys):
-    monkeypatch.delenv("BLOCKMEM_HEADLESS", raising=False)
-    monkeypatch.setattr(liveview, "_in_notebook_kernel", lambda: True)
-
-    def broken(*args, **kwargs):
-        raise ImportError("anywidget is missing")
-
-    monkeypatch.setattr(go, "FigureWidget", broken)
+def test_monitor_falls_back_to_text_without_ipywidgets(monkeypatch, capsys):
+    without_ipywidgets(monkeypatch)
     mon = LiveMonitor(lambda t, r: {"a": 1, "b": 2}, bars, title="m")
-    assert mon.mode == "text" and "anywidget" in mon.fallback_reason
+    assert mon.mode == "text" and "ipywidgets" in mon.fallback_reason
     mon.on_step(FakeTrainer(), {"step": 1, "total_steps": 5})
     out = capsys.readouterr().out
     assert "live monitor: widgets unavailable" in out and "[m] step 1/5: a 1, b 2" in out
@@ -652,8 +725,23 @@ def test_monitor_widget_mode_redraws_at_most_4_per_second():
     monitor_run(mon, clock, total=200, dt=0.01)              # 2 s, 200 probes
     assert len(mon.steps) == 200
     assert mon.n_updates <= 1 + math.ceil(2.0 * 4) + 1
-    assert tuple(mon.widget.data[0].y) == (200, 1.0)         # the last one is drawn
-    assert mon.widget.layout.title.text == "w: step 200/200"
+    assert tuple(mon.live_figure.data[0].y) == (200, 1.0)    # the last one is drawn
+    assert mon.live_figure.layout.title.text == "w: step 200/200"
+
+
+def test_monitor_draws_figures_of_any_layout_one_after_another():
+    """A figure of subplots after a plain one (and back): each is drawn as it is (a live
+    FigureWidget refused such layout edits and stayed blank)."""
+    clock = FakeClock()
+    mon = LiveMonitor(lambda t, r: r["step"], every=1, mode="widget", clock=clock,
+                      figure=lambda s: (viz.routing_heatmap(np.ones((4, 3)) * s, np.ones(3) / 3)
+                                        if s % 2 else bars({"a": s, "b": 1})))
+    for step in (1, 2, 3):
+        clock.now += 1.0
+        mon.on_step(FakeTrainer(), {"step": step, "total_steps": 3})
+        fig = mon.live_figure
+        assert ("xaxis2" in fig.layout) == bool(step % 2), step
+    assert mon.n_updates == 3
 
 
 # ----------------------------------------------------------------------------- sliders
@@ -812,6 +900,25 @@ def test_lab_figures_skip_what_a_partial_result_lacks():
     fig = lab_figures.recall_vs_distance(_lab_results(), task="mqar")
     assert [t.name for t in fig.data] == ["fast", "fast twin"]
     assert list(fig.data[1].y) == [0.02, 0.02]
+
+
+def test_lab_figures_and_report_of_a_partial_run_say_it_is_partial():
+    from blockmem_lite.lab.report import report_markdown
+
+    done = _lab_results()
+    done["meta"] = {"plan": [*done["done"], "recall/cat", "bench/*x"]}
+    assert lab_figures.partial_note(done) == ("partial run: 5 of 7 tasks stored (missing: "
+                                              "recall/cat, bench/*x)")
+    for fig in (lab_figures.pareto(done), lab_figures.recall_vs_distance(done),
+                lab_figures.training_curves(done)):
+        assert "partial run: 5 of 7 tasks stored" in fig.layout.title.text
+    done["meta"]["plan"] = list(done["done"])
+    assert lab_figures.partial_note(done) == ""
+    assert "partial" not in lab_figures.pareto(done).layout.title.text
+    meta = {"preset": "fast", "machine": "m", "device": "cpu", "torch": "2", "corpus": "c",
+            "corpus_source": "s", "sizes": {"steps": 1}, "seed": 0, "plan": ["lm/dense", "x"]}
+    report = report_markdown({"meta": meta, "done": {}})
+    assert "**Partial run: 0 of 2 tasks stored** (missing: lm/dense, x)" in report
 
 
 def test_recall_capacity_draws_accuracy_by_pairs_with_the_twin_and_the_slot_model():

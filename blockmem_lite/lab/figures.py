@@ -2,10 +2,14 @@
 
 Each builder takes the results dict (``OUT/results.json``), optionally a subset of entries
 (``labels``), and returns a plotly figure built with ``viz.charts`` and ``viz.training``.
+A partial result (a run stopped before its plan was done) says so under each title
+(``partial_note``).
 """
 
 from __future__ import annotations
 
+import functools
+import html
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -41,6 +45,57 @@ def _empty(title: str, why: str):
     return common._finish(fig, title)
 
 
+def partial_note(results: dict, shown: int = 3) -> str:
+    """"" for a finished run; else ``partial run: 13 of 14 tasks stored (missing:
+    recall/moc)``, naming the first ``shown`` missing tasks."""
+    plan = results.get("meta", {}).get("plan") or []
+    missing = [key for key in plan if key not in results.get("done", {})]
+    if not missing:
+        return ""
+    names = ", ".join(missing[:shown]) + (f" and {len(missing) - shown} more"
+                                          if len(missing) > shown else "")
+    return f"partial run: {len(plan) - len(missing)} of {len(plan)} tasks stored (missing: {names})"
+
+
+def _marks_partial(builder):
+    """A builder of ``builder(results, ...)`` whose figure, from a partial run, says so in
+    a line under its title."""
+    @functools.wraps(builder)
+    def marked(results: dict, *args, **kwargs):
+        fig = builder(results, *args, **kwargs)
+        note = partial_note(results)
+        if note:
+            title = fig.layout.title.text or ""
+            fig.update_layout(title_text=f'{title}<br><sup style="color:#b00020">'
+                                         f"{html.escape(note)}</sup>",
+                              margin_t=(fig.layout.margin.t or 80) + 30)
+        return fig
+    return marked
+
+
+def _label_styled_lines(fig: go.Figure, styles: dict, key: str) -> go.Figure:
+    """A short legend that never scrolls: a line named ``"<model>: <style>"`` for a style in
+    ``styles`` ({": twin": "twin"}) leaves the legend, toggles with its model's measured line
+    and is labelled at its right end (once per label and height); ``key`` names the line
+    styles above the legend, which wraps under the chart."""
+    placed: dict[str, list[float]] = {}                  # label -> heights already labelled
+    for trace in fig.data:
+        trace.legendgroup = trace.name.split(": ")[0]
+        label = next((text for suffix, text in styles.items() if trace.name.endswith(suffix)),
+                     None)
+        if label is None or not len(trace.y):
+            continue
+        heights = placed.setdefault(label, [])
+        text = "" if any(abs(trace.y[-1] - h) < 0.06 for h in heights) else label
+        heights.append(trace.y[-1])
+        trace.update(showlegend=False, mode="lines+markers+text", textposition="middle right",
+                     text=[""] * (len(trace.y) - 1) + [text], cliponaxis=False,
+                     textfont=dict(color="#555555"))
+    fig.update_annotations(selector=dict(text="chance"), x=0, xanchor="left")  # not on a label
+    legend = dict(common.LEGEND_BELOW, y=-0.22, title=dict(text=key, side="top"))
+    return fig.update_layout(legend=legend, margin=dict(b=110, r=90))
+
+
 def pareto_front(points: dict) -> list[str]:
     """The names of ``points`` {name: (speed, loss)} that no other point dominates (another
     point at least as fast *and* at least as good, better in one), fastest first."""
@@ -69,6 +124,7 @@ def pareto_points(results: dict, labels: Sequence | None = None,
     return points
 
 
+@_marks_partial
 def pareto(results: dict, labels: Sequence | None = None, phase: str = "train"):
     """Validation loss against same-run tokens/s vs dense (``phase`` train or decode): the
     quality / throughput trade-off, one labelled point per model (hover names it), the
@@ -89,6 +145,7 @@ def pareto(results: dict, labels: Sequence | None = None, phase: str = "train"):
     return fig
 
 
+@_marks_partial
 def state_vs_length(results: dict, labels: Sequence | None = None):
     """Decoding state after t tokens: measured (solid) and each mechanism's analytic model
     (dotted), one colour per model."""
@@ -111,10 +168,11 @@ def state_vs_length(results: dict, labels: Sequence | None = None):
     return fig
 
 
+@_marks_partial
 def recall_vs_distance(results: dict, labels: Sequence | None = None, task: str = "mqar"):
     """Accuracy against distance on held-out ``task`` rows (mqar or passkey), one line per
-    model and one per memory-less twin ("bcmt twin"); vertical lines at the local spans, a
-    dotted line at chance."""
+    model and one, dashed, per memory-less twin ("bcmt twin"); vertical lines at the local
+    spans, a dotted line at chance."""
     series, spans, chance = {}, {}, None
     for key, record in results["done"].items():
         if not key.startswith("recall/"):
@@ -140,9 +198,10 @@ def recall_vs_distance(results: dict, labels: Sequence | None = None, task: str 
     hlines = {"chance": chance} if chance is not None else None
     return charts.line_chart(series, title=title, x_title="distance (tokens)",
                              y_title="accuracy", hlines=hlines, vlines=spans,
-                             y_range=(0, 1.05))
+                             y_range=(0, 1.05), dashed=[n for n in series if " twin" in n])
 
 
+@_marks_partial
 def recall_capacity(results: dict, labels: Sequence | None = None):
     """Beyond-span MQAR accuracy against the number of pairs in the first span: per model
     and variant one colour, its measured line solid, its twin dashed and its slot model
@@ -172,6 +231,8 @@ def recall_capacity(results: dict, labels: Sequence | None = None):
     fig = charts.line_chart(series, title=title, x_title="pairs in the first span",
                             y_title="accuracy beyond the span", y_range=(0, 1.05),
                             hlines={"chance": chance} if chance is not None else None)
+    _label_styled_lines(fig, {": twin": "twin", ": slot model": "slot model"},
+                        "solid: measured, dashed: memory-less twin, dotted: slot model")
     return fig.update_xaxes(dtick=1)                     # pairs are whole numbers
 
 
@@ -179,6 +240,7 @@ def _pairs_curve(curve: list[dict]) -> tuple[list, list]:
     return [p["n_pairs"] for p in curve], [p["accuracy"] for p in curve]
 
 
+@_marks_partial
 def facts_capacity(results: dict):
     """Facts recalled exactly against the size of the facts table (``results["knowledge"]``):
     each mechanism with an in-weights memory and its iso-FLOP baseline, and the format
@@ -215,10 +277,12 @@ def memory_sweep(record: dict):
             "measured": (values, [p["capacity"][i]["accuracy"] for p in stored]),
             "slot model": (values, [p["slot_model"][i]["accuracy"] for p in stored])}
     spread = max(values) / min(values) if min(values) > 0 else 1
-    return charts.line_chart(series, title=title, x_title=knob,
-                             y_title="accuracy beyond the span", y_range=(0, 1.05),
-                             log_x=spread >= 4 and knob != "alpha",
-                             hlines={"chance": record["chance"]})
+    fig = charts.line_chart(series, title=title, x_title=knob,
+                            y_title="accuracy beyond the span", y_range=(0, 1.05),
+                            log_x=spread >= 4 and knob != "alpha",
+                            hlines={"chance": record["chance"]})
+    return _label_styled_lines(fig, {": slot model": "slot model"},
+                               "solid: measured, dashed: slot model")
 
 
 def recall_monitor(name: str, recipe: recall.RecallRecipe, every: int | None = None,
@@ -263,6 +327,7 @@ def training_histories(results: dict, labels: Sequence | None = None) -> dict:
     return out
 
 
+@_marks_partial
 def training_curves(results: dict, labels: Sequence | None = None):
     """Every language model's training loss (line) and validation loss (diamonds) as the lab
     trained it, one panel per mechanism (dense drawn grey in the others), one legend entry

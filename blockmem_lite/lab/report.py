@@ -40,6 +40,17 @@ def plots_line(preset: str, plots=()) -> str:
             "figures from `results.json`.")
 
 
+def _partial_lines(results: dict) -> list[str]:
+    """A warning paragraph for a run that stopped before its plan was done (none else)."""
+    plan = results["meta"].get("plan") or []
+    missing = [key for key in plan if key not in results["done"]]
+    if not missing:
+        return []
+    return [f"**Partial run: {len(plan) - len(missing)} of {len(plan)} tasks stored** "
+            f"(missing: {', '.join(missing)}). Every table and plot shows only what is "
+            "stored; run the same command again to finish it.", ""]
+
+
 def report_markdown(results: dict, plots=()) -> str:
     """The markdown report: setup, language modelling, speed and memory, recall, the memory-pays
     experiment, the claims table and the plots line (``plots``: the plots beside it)."""
@@ -48,7 +59,8 @@ def report_markdown(results: dict, plots=()) -> str:
              f"Machine: {meta['machine']} ({meta['device']}), torch {meta['torch']}. Corpus: "
              f"{meta['corpus']} ({meta['corpus_source']}). Every model trained on the same "
              f"data, {meta['sizes']['steps']} steps, seed {meta['seed']}.", "",
-             "## Language modelling (validation loss, nats per token)"]
+             *_partial_lines(results),
+             "## Language modelling (validation loss, nats per byte: the lab reads bytes)"]
     rows = []
     for key, record in results["done"].items():
         if key.startswith("lm/"):

@@ -203,9 +203,11 @@ def write_notebook(nb, path: Path) -> None:
 
 
 def clear_outputs(nb) -> bool:
-    """Remove outputs, execution counts, run timings and widget state; True if anything changed."""
-    changed = "widgets" in nb.metadata
+    """Remove outputs, execution counts, run timings, widget state and the ``language_info``
+    JupyterLab writes on every save; True if anything changed."""
+    changed = "widgets" in nb.metadata or "language_info" in nb.metadata
     nb.metadata.pop("widgets", None)
+    nb.metadata.pop("language_info", None)
     for cell in nb.cells:
         if cell.cell_type != "code":
             continue

@@ -4,15 +4,20 @@ Every teaching notebook ``notebooks/NN_topic.ipynb`` (and with ``--with-solution
 solution notebooks) is executed headless in a fresh kernel and exported to HTML with its
 outputs, by nbconvert. Plotly figures stay interactive: their JSON outputs become a ``<div>``
 drawn by the plotly.js that ships with the plotly package, copied once into
-``assets/`` (with MathJax for the equations), so the pages work offline and without Jupyter. ``index.html`` holds the
-notebook map (the README's table) with links to the pages. The SVG diagrams the
-notebooks show (``notebooks/figures/``) are copied along.
+``assets/`` (with MathJax for the equations, set to the STIX fonts it ships), so the pages
+work offline and without Jupyter: no page fetches anything from the network.
+``index.html`` holds the notebook map (the README's table) with links to the pages. The
+SVG diagrams the notebooks show (``notebooks/figures/``) are copied along. A link to
+another notebook of the site goes to its page; a link to any other file of the repository
+(``docs/PAPERS.md``, the exercise notebooks) becomes its text and the file's path.
 
 Headless means the live dashboards print their text lines (a static page cannot run a
-widget); the figures drawn after training are there. A cell that fails stops the build
-with the notebook and cell named: a page with a traceback is never published. A cell that
-runs past ``--cell-timeout`` seconds fails its notebook's page only: the other notebooks
-are built, and the build ends with an error naming each notebook and cell that timed out.
+widget); the figures drawn after training are there. No widget state is published (a
+working copy saved by JupyterLab holds some): a widget's output says it needs Jupyter.
+A notebook that fails (a cell raises, the kernel dies, or a cell runs past
+``--cell-timeout`` seconds) gets no page of its outputs: its page and its row in the
+index say why, the other notebooks are built, and the build ends with an error naming
+each notebook and cell that failed. A page with a traceback is never published.
 Ctrl-C (or SIGTERM) stops at once: the kernel is shut down and no half-written page is
 left (each page is written beside its final name, then renamed).
 
@@ -47,6 +52,20 @@ PLOTLY_MIME = "application/vnd.plotly.v1+json"
 PLOTLY_ASSET = "assets/plotly.min.js"
 MATHJAX_ASSET = "assets/mathjax/MathJax.js?config=TeX-AMS-MML_HTMLorMML-full,Safe"  # the configs it ships
 MATHJAX_CDN = "https://cdnjs.cloudflare.com/ajax/libs/mathjax/2.7.7/MathJax.js?config=TeX-AMS_CHTML-full,Safe"
+# jupyter-server-mathjax ships MathJax 2 with the STIX-Web fonts only: its default TeX fonts
+# are missing (so \begin{cases}, primes and more failed with "[Math Processing Error]").
+# MathJax_Blank, its font-loading probe, points at about:blank, which a file:// page
+# refuses; an empty data: URL fails the same harmless way. The hidden MathML copy of each
+# formula (for screen readers) would load TeX fonts for \mathbb and the like: it needs none.
+MATHJAX_CONFIG = """<script type="text/x-mathjax-config">
+MathJax.Hub.Config({"HTML-CSS": {availableFonts: [], preferredFont: null, webFont: "STIX-Web",
+  imageFont: null, styles: {"@font-face": {"font-family": "MathJax_Blank", src: "url('data:,')"}}}});
+</script>
+<style>.MJX_Assistive_MathML * { font-family: inherit !important; }</style>
+"""
+WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+WIDGET_NOTE = ("<p><em>An interactive widget: it works when the notebook runs in "
+               "Jupyter.</em></p>")
 FIGURE_CLASS = "blockmem-figure"
 CELL_TIMEOUT_S = {"fast": 600, "class": 1200}   # per cell; fast: as the suite's nbval runs
 STOP_GRACE_S = 30                                # to shut the kernel down after Ctrl-C
@@ -55,7 +74,12 @@ _TABLE_ROW = re.compile(r"^\|\s*(?P<nn>\d{2})\s*\|\s*\[(?P<name>[^\]]+)\]\([^)]*
 
 
 class SiteError(RuntimeError):
-    """The site could not be built; the message names the notebook and the cell."""
+    """The site could not be built; the message names the notebook and the cell, ``reason``
+    says it in one line (what a failed notebook's page and index row show)."""
+
+    def __init__(self, message: str, reason: str = ""):
+        super().__init__(message)
+        self.reason = reason or message.splitlines()[0]
 
 
 class NotebookTimedOut(SiteError):
@@ -73,6 +97,7 @@ class Page:
     title: str
     figures: int          # interactive plotly figures on the page
     seconds: float        # execution time
+    failed: str = ""      # why the notebook has no page of outputs ("" when it has one)
 
 
 # --- running a notebook -------------------------------------------------------------------------
@@ -94,10 +119,12 @@ def execute(path: Path, preset: str, cell_timeout: int):
     from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
 
     nb = read_notebook(path)
+    nb.metadata.pop("widgets", None)              # a working copy's saved widget state
     started: list[int] = []                       # the index of each cell as it starts
     client = NotebookClient(nb, timeout=cell_timeout, kernel_name="python3",
                             resources={"metadata": {"path": str(path.parent)}},
                             shutdown_kernel="immediate",     # a busy kernel, stopped, is quiet
+                            store_widget_state=False,
                             on_cell_start=lambda cell, cell_index: started.append(cell_index))
     saved = {k: os.environ.get(k) for k in (*run_environment("fast"), "BLOCKMEM_FAST")}
     os.environ.update(run_environment(preset))
@@ -107,7 +134,9 @@ def execute(path: Path, preset: str, cell_timeout: int):
         _run_client(client)
     except CellExecutionError as err:
         raise SiteError(f"{path.name}: a cell failed, so its page is not built:\n"
-                        f"{_error_text(str(err))}") from None
+                        f"{_error_text(str(err))}",
+                        f"{path.name}: {_cell_named(nb, started[-1])} raised "
+                        f"{err.ename}: {_error_text(err.evalue, 200)}") from None
     except CellTimeoutError:
         raise NotebookTimedOut(f"{path.name}: {_cell_named(nb, started[-1])} ran past "
                                f"--cell-timeout {cell_timeout} s, so its page is not built") \
@@ -195,11 +224,14 @@ def _figure_html(figure: dict, element_id: str) -> str:
 
 
 def inline_figures(nb, page_id: str) -> int:
-    """Replace every plotly JSON output by its HTML (in place); returns how many."""
+    """Replace every plotly JSON output by its HTML and every widget output by a note (in
+    place); returns how many figures."""
     count = 0
     for cell in nb.cells:
         for output in cell.get("outputs", []):
             data = output.get("data", {})
+            if WIDGET_MIME in data:
+                output["data"] = {"text/html": WIDGET_NOTE}
             if PLOTLY_MIME not in data:
                 continue
             figure = data.pop(PLOTLY_MIME)
@@ -209,19 +241,99 @@ def inline_figures(nb, page_id: str) -> int:
     return count
 
 
-def to_html(nb, title: str, mathjax: str) -> str:
-    """The page: nbconvert's lab template with the local plotly.js and MathJax. The
-    template's require.js (from a CDN) is left out: no widget state is embedded, and it
-    would claim plotly.js as an AMD module and leave ``Plotly`` undefined."""
+def to_html(nb, title: str, mathjax: str, links: Links | None = None) -> str:
+    """The page: nbconvert's lab template with the local plotly.js and MathJax, its links
+    rewritten by ``links``. The template's scripts from a CDN are left out: require.js (no
+    widget state is embedded, and it would claim plotly.js as an AMD module and leave
+    ``Plotly`` undefined) and mermaid's loader (the notebooks draw no mermaid diagram)."""
     from nbconvert import HTMLExporter
 
     exporter = HTMLExporter(template_name="lab", mathjax_url=mathjax)
     body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"name": title}})
     body = body.replace(f'<script src="{exporter.require_js_url}"></script>', "", 1)
+    body = re.sub(r'<script type="module">(?:(?!</script>).)*?mermaid.*?</script>', "", body,
+                  count=1, flags=re.S)
     body = body.replace("<head>", f'<head>\n<script src="{PLOTLY_ASSET}"></script>', 1)
+    body = body.replace("<!-- Load mathjax -->", MATHJAX_CONFIG + "<!-- Load mathjax -->", 1)
+    return _with_nav(links.rewrite(body) if links is not None else body)
+
+
+def _with_nav(page: str) -> str:
     nav = ('<nav style="padding: 8px 16px; font-family: sans-serif; border-bottom: 1px solid '
            '#ddd"><a href="index.html">&larr; all notebooks</a></nav>')
-    return re.sub(r"(<body[^>]*>)", lambda m: m.group(1) + nav, body, count=1)
+    return re.sub(r"(<body[^>]*>)", lambda m: m.group(1) + nav, page, count=1)
+
+
+def failed_page(title: str, source: str, why: str) -> str:
+    """The page of a notebook that failed: its title, why, and where the notebook is."""
+    return _with_nav(f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title></head>
+<body style="font-family: system-ui, sans-serif; max-width: 900px; margin: 0 auto">
+<h1>{html.escape(title)}</h1>
+<p><strong>This page was not built:</strong> {html.escape(why)}</p>
+<p>The notebook is <code>{html.escape(source)}</code> in the repository: run it in Jupyter,
+or build the site again.</p>
+</body></html>
+""")
+
+
+# --- links --------------------------------------------------------------------------------------
+
+_ANCHOR = re.compile(r'<a\b([^>]*?)\bhref="([^"]*)"([^>]*)>(.*?)</a>', re.S)
+_IMAGE = re.compile(r'(<img\b[^>]*?\bsrc=")([^"]*)(")')
+_EXTERNAL = re.compile(r"^(?:[a-z][a-z0-9+.-]*:|#|//)", re.I)
+
+
+class Links:
+    """How a page's links are rewritten: a link to a notebook with a page (``pages``:
+    repository path -> page name) goes to that page, a link into a folder the site copied
+    (``copied``: repository folder -> site folder) goes to the copy, and any other relative
+    link (another file of the repository) becomes its text and the file's path, never a
+    dead link. ``here``: the page's own folder in the repository, where relative links
+    start from."""
+
+    def __init__(self, pages: dict[str, str], copied: dict[str, str], here: str):
+        self.pages, self.copied, self.here = pages, copied, here
+
+    def at(self, here: str) -> Links:
+        """The same links for a page of the folder ``here``."""
+        return Links(self.pages, self.copied, here)
+
+    def target(self, href: str) -> tuple[str, str]:
+        """(repository path, #fragment or "") of a relative ``href``."""
+        path, _, fragment = html.unescape(href).partition("#")
+        where = os.path.normpath(os.path.join(self.here, path)) if path else self.here
+        return where.replace(os.sep, "/") + ("/" if path.endswith("/") else ""), \
+            (f"#{fragment}" if fragment else "")
+
+    def rewrite(self, page: str) -> str:
+        def one(m: re.Match) -> str:
+            before, href, after, text = m.groups()
+            if _EXTERNAL.match(href):
+                return m.group(0)
+            path, fragment = self.target(href)
+            site = self.pages.get(path) or self._copy(path)
+            if site is not None:
+                return f'<a{before}href="{html.escape(site + fragment)}"{after}>{text}</a>'
+            shown = html.escape(path + fragment)
+            plain = re.sub(r"<[^>]+>", "", text)
+            if path.rstrip("/") in html.unescape(plain):
+                return f'<span class="repo-path">{text}</span>'
+            return f'<span class="repo-path">{text}</span> (<code>{shown}</code>)'
+
+        def image(m: re.Match) -> str:
+            src = m.group(2)
+            site = None if _EXTERNAL.match(src) else self._copy(self.target(src)[0])
+            return m.group(0) if site is None else f"{m.group(1)}{html.escape(site)}{m.group(3)}"
+
+        return _IMAGE.sub(image, _ANCHOR.sub(one, page))
+
+    def _copy(self, path: str) -> str | None:
+        """Where the site copied the repository file ``path`` (None: nowhere)."""
+        for folder, site in self.copied.items():
+            if path.startswith(folder + "/"):
+                return site + path[len(folder):]
+        return None
 
 
 def notebook_title(nb, fallback: str) -> str:
@@ -252,15 +364,26 @@ def _markdown(text: str) -> str:
     return markdown2html(plain).removeprefix("<p>").removesuffix("</p>\n").removesuffix("</p>")
 
 
-def index_html(pages: list[Page], descriptions: dict[str, str], preset: str) -> str:
+def index_html(pages: list[Page], descriptions: dict[str, str], preset: str,
+               links: Links | None = None) -> str:
+    """Every notebook of the build in order, a failed one marked with why."""
     rows = []
     for page in pages:
         nn = page.source.name[:2]
         what = _markdown(descriptions[nn]) if nn in descriptions else ""
+        if links is not None:
+            what = links.rewrite(what)
         kind = "solutions" if page.source.parent.name == "solutions" else ""
         label = html.escape(page.title) + (" <em>(worked answers)</em>" if kind else "")
-        rows.append(f'<tr><td>{nn}</td><td><a href="{page.html_name}">{label}</a></td>'
-                    f"<td>{what}</td><td>{page.figures}</td></tr>")
+        if page.failed:
+            what += (f'{"<br>" if what else ""}<span class="failed"><b>Not built:</b> '
+                     f"{html.escape(page.failed)}</span>")
+        row = '<tr class="failed">' if page.failed else "<tr>"
+        rows.append(f'{row}<td>{nn}</td><td><a href="{page.html_name}">{label}</a></td>'
+                    f"<td>{what}</td><td>{'-' if page.failed else page.figures}</td></tr>")
+    failed = sum(bool(p.failed) for p in pages)
+    warning = (f'<p class="failed"><b>{failed} of {len(pages)} notebooks failed to build</b>: '
+               "their rows below say why.</p>" if failed else "")
     built = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
@@ -272,6 +395,8 @@ table {{ border-collapse: collapse; width: 100%; }}
 td, th {{ border-bottom: 1px solid #ddd; padding: 6px 8px; vertical-align: top;
          text-align: left; }}
 td:first-child, td:last-child {{ white-space: nowrap; }}
+.failed {{ color: #b00020; }}
+tr.failed a {{ color: #b00020; }}
 </style></head>
 <body>
 <h1>blockmem_lite: the notebooks</h1>
@@ -281,6 +406,7 @@ as it ran, with its outputs; the figures are interactive (hover, zoom). Live tra
 widgets appear as the text lines they print when run headless.</p>
 <p>Built {built} in <b>{preset}</b> mode
 ({"tiny models, as in CI" if preset == "fast" else "the class-sized models"}).</p>
+{warning}
 <table><tr><th>#</th><th>notebook</th><th>what you build and see</th><th>figures</th></tr>
 {chr(10).join(rows)}
 </table>
@@ -315,9 +441,10 @@ def page_name(path: Path) -> str:
 def build(out: Path, preset: str = "fast", with_solutions: bool = False,
           only: list[str] | None = None, root: Path | None = None, log=print,
           cell_timeout: int | None = None) -> list[Page]:
-    """Execute, convert and index; returns the pages (``out``/index.html lists them).
-    ``cell_timeout``: seconds a cell may run (default ``CELL_TIMEOUT_S[preset]``); a
-    notebook past it has no page, and NotebookTimedOut names them all at the end."""
+    """Execute, convert and index; returns the pages (``out``/index.html lists them all).
+    ``cell_timeout``: seconds a cell may run (default ``CELL_TIMEOUT_S[preset]``). A
+    notebook that fails gets a page saying why; the build goes on and then raises
+    NotebookTimedOut (only timeouts) or SiteError, naming every failed notebook."""
     if preset not in PRESETS:
         raise SiteError(f"--preset {preset!r} is not allowed: expected one of "
                         f"{', '.join(PRESETS)}")
@@ -332,33 +459,68 @@ def build(out: Path, preset: str = "fast", with_solutions: bool = False,
     except ValueError as err:
         raise SiteError(str(err)) from None
     mathjax = _copy_assets(root, out, log)
-    pages, timed_out = [], []
+    repo = root.parent
+    links = Links({_in_repo(p, repo): page_name(p) for p in paths},
+                  {_in_repo(root / "figures", repo): "figures"}, here="")
+    pages, failures = [], []
     for n, path in enumerate(paths, 1):
-        t0 = time.perf_counter()
         log(f"[{n}/{len(paths)}] {path.relative_to(root)}: running ({preset} mode) ...")
-        try:
-            nb = execute(path, preset, cell_timeout)
-        except NotebookTimedOut as err:
-            log(f"[{n}/{len(paths)}] {err}")
-            timed_out.append(str(err))
-            continue
+        page, failure = _one_page(path, out, preset, cell_timeout, mathjax,
+                                  links.at(_in_repo(path.parent, repo)), repo)
+        pages.append(page)
+        if failure is None:
+            log(f"[{n}/{len(paths)}] {page.html_name}: {page.figures} figures, "
+                f"{page.seconds:.0f} s")
+        else:
+            failures.append(failure)
+            log(f"[{n}/{len(paths)}] {page.html_name}: not built: {page.failed}")
+    readme = repo / "README.md"
+    atomic_write_bytes(out / "index.html", index_html(pages, notebook_map(readme), preset,
+                                                      links).encode("utf-8"))
+    log(f"site: {len(pages) - len(failures)} of {len(pages)} pages in {out}/ "
+        f"(open {out}/index.html)")
+    if failures:
+        _raise_failures(failures, len(paths))
+    return pages
+
+
+def _in_repo(path: Path, repo: Path) -> str:
+    """``path`` relative to the repository, with / separators."""
+    return path.resolve().relative_to(repo.resolve()).as_posix()
+
+
+def _one_page(path: Path, out: Path, preset: str, cell_timeout: int, mathjax: str,
+              links: Links, repo: Path) -> tuple[Page, SiteError | None]:
+    """Execute ``path`` and write its page; on a failure write a page saying why. Returns
+    the page and the failure (None when it was built)."""
+    t0 = time.perf_counter()
+    name = page_name(path)
+    try:
+        nb = execute(path, preset, cell_timeout)
         errors = error_outputs(nb)
         if errors:
             raise SiteError(f"{path.name}: error outputs in {', '.join(errors)}")
-        name = page_name(path)
-        figures = inline_figures(nb, Path(name).stem)
-        title = notebook_title(nb, path.stem)
-        atomic_write_bytes(out / name, to_html(nb, title, mathjax).encode("utf-8"))
-        pages.append(Page(path, name, title, figures, time.perf_counter() - t0))
-        log(f"[{n}/{len(paths)}] {name}: {figures} figures, {pages[-1].seconds:.0f} s")
-    readme = root.parent / "README.md"
-    atomic_write_bytes(out / "index.html",
-                       index_html(pages, notebook_map(readme), preset).encode("utf-8"))
-    log(f"site: {len(pages)} pages in {out}/ (open {out}/index.html)")
-    if timed_out:
-        raise NotebookTimedOut(f"{len(timed_out)} of {len(paths)} notebooks have no page: "
-                               + "; ".join(timed_out))
-    return pages
+    except SiteError as err:
+        title = notebook_title(read_notebook(path), path.stem)
+        why = err.reason.removeprefix(f"{path.name}: ")
+        atomic_write_bytes(out / name, failed_page(title, _in_repo(path, repo), why)
+                           .encode("utf-8"))
+        return Page(path, name, title, 0, time.perf_counter() - t0, failed=why), err
+    figures = inline_figures(nb, Path(name).stem)
+    title = notebook_title(nb, path.stem)
+    atomic_write_bytes(out / name, to_html(nb, title, mathjax, links).encode("utf-8"))
+    return Page(path, name, title, figures, time.perf_counter() - t0), None
+
+
+def _raise_failures(failures: list[SiteError], total: int) -> None:
+    """One error for every failed notebook: each failed cell's error text, then one line
+    naming them all (NotebookTimedOut when every failure is a timeout)."""
+    details = [str(f) for f in failures if "\n" in str(f)]
+    summary = (f"{len(failures)} of {total} notebooks have no page: "
+               + "; ".join(f.reason for f in failures))
+    if all(isinstance(f, NotebookTimedOut) for f in failures):
+        raise NotebookTimedOut(summary)
+    raise SiteError("\n".join([*details, summary]), summary)
 
 
 def _copy_assets(root: Path, out: Path, log) -> str:

@@ -17,8 +17,7 @@ import html
 from collections.abc import Mapping, Sequence
 from typing import Callable
 
-from blockmem_lite.units import human_duration
-from blockmem_lite.viz.live import RunRecord, _TrainingView
+from blockmem_lite.viz.live import RunRecord, _TrainingView, time_left
 from blockmem_lite.viz.liveview import _check_total_steps
 
 
@@ -56,7 +55,8 @@ class LiveComparison(_TrainingView):
     Widget mode: the three rows of the dashboard (loss with train line and val diamonds,
     tokens/s, memory with each run's peak dotted) on one step axis, one colour per run,
     one legend entry per run (click it to hide the whole run), the title naming the run
-    in progress with its ETA, and a status table with the latest values of every run.
+    in progress with the time it has left, and a status table with the latest values of
+    every run.
     Text mode: the dashboard's lines, each prefixed with its run's name, ``[dense] step ...``.
     ``runs``: the names known up front (their colours and legend order; others are added
     when ``run(name)`` first sees them); ``total_steps``: one number, or a dict per run
@@ -157,7 +157,7 @@ class LiveComparison(_TrainingView):
                     f"{current.progress_text()}")
             eta_all = self._eta_all_s()
             if eta_all is not None and any(not r.started for r in self.records.values()):
-                text += f" · all runs ETA {human_duration(eta_all)}"
+                text += f" · all runs: {time_left(eta_all)}"
         return html.escape(text) + " · line: train loss · ◆ val loss · dotted: peak memory"
 
     def _status_html(self) -> str:

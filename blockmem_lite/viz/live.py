@@ -6,14 +6,16 @@
 
 Modes (the rule every live view follows, ``liveview.resolve_mode``):
 
-* ``widget``: an ipywidgets box with a status line (step, loss, val loss,
-  tokens/s, peak memory and how it was read, elapsed, ETA) above one plotly
-  ``FigureWidget`` of three rows on a shared step axis: train and validation
+* ``widget``: an ipywidgets box, shown where the dashboard is made, with a status line
+  (step, time left, elapsed, loss, val loss, tokens/s, peak memory and how it was read)
+  above one plotly figure of three rows on a shared step axis: train and validation
   loss; tokens/s; memory in MiB with the reading method on the axis
   ("MiB (RSS)", "MiB (CUDA peak)"), the axis spanning the readings (not from
   zero, so growth shows) and the peak dotted. The title carries step/total and
-  the ETA. Redrawn (one ``batch_update``) at most ``max_updates_per_s`` times a
-  second (points are buffered in between) and always on evaluation and at the end.
+  the time left. Redrawn whole (``liveview.FigureArea``) at most ``max_updates_per_s``
+  times a second (points are buffered in between) and always on evaluation and at
+  the end, when the last figure stays as a plain output (it shows again when the
+  notebook reopens).
 * ``text``: one compact line at most every ``print_every_s`` seconds, plus a
   line per evaluation and a final summary line.
 * ``auto`` (default): text when ``BLOCKMEM_HEADLESS=1`` or outside a Jupyter kernel;
@@ -30,13 +32,14 @@ figure of ``training.training_panels``. ``monitor.LiveMonitor`` watches anything
 from __future__ import annotations
 
 import html
-import sys
+import math
 from typing import Callable
 
-from blockmem_lite.units import format_progress, human_duration, human_memory, human_rate
+from blockmem_lite.units import format_progress, human_memory, human_rate
 from blockmem_lite.viz.liveview import (
+    FigureArea,
+    StatusLine,
     _check_total_steps,
-    _in_notebook_kernel,
     _LiveView,
     _step_text,
 )
@@ -44,8 +47,28 @@ from blockmem_lite.viz.liveview import (
 # ----------------------------------------------------------------------------- formatting
 
 
+def duration_words(seconds) -> str:
+    """A duration that cannot be read as a clock time: ``8 s``, ``19 min 08 s``,
+    ``1 h 02 min``; None, NaN, inf or < 0 -> ``?``."""
+    if seconds is None or not math.isfinite(seconds) or seconds < 0:
+        return "?"
+    total = int(round(seconds))
+    hours, rest = divmod(total, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours} h {minutes:02d} min"
+    return f"{minutes} min {secs:02d} s" if minutes else f"{secs} s"
+
+
+def time_left(seconds) -> str:
+    """``about 19 min 08 s left`` (``time left unknown`` without an estimate)."""
+    words = duration_words(seconds)
+    return "time left unknown" if words == "?" else f"about {words} left"
+
+
 def _eta_s(rec: dict, total) -> float | None:
-    """The record's ETA, or one extrapolated from elapsed time and steps done."""
+    """The seconds left: the record's ``eta_s``, or extrapolated from elapsed time and
+    steps done."""
     if rec.get("eta_s") is not None:
         return rec["eta_s"]
     step, elapsed = rec.get("step"), rec.get("elapsed_s")
@@ -163,17 +186,17 @@ class RunRecord:
         return parts
 
     def progress_text(self) -> str:
-        """``step 120/600 · ETA 0:42 · 0:31 elapsed``, or how the run ended."""
+        """``step 120/600 · about 42 s left · 31 s elapsed``, or how the run ended."""
         total = self.total
         if not self.started:
             return "waiting for the first step…"
-        elapsed = human_duration(self.last_step.get("elapsed_s"))
+        elapsed = duration_words(self.last_step.get("elapsed_s"))
         if self.finished:
             head = "interrupted at" if self.interrupted else "done:"
             return f"{head} {_step_text(self.steps[-1], total)} in {elapsed}"
         parts = [_step_text(self.steps[-1], total)]
         if total:
-            parts.append(f"ETA {human_duration(self.eta_s())}")
+            parts.append(time_left(self.eta_s()))
         parts.append(f"{elapsed} elapsed")
         return " · ".join(parts)
 
@@ -182,7 +205,7 @@ class RunRecord:
         done = self.steps[-1] if self.steps else _last(_value(self.history, "step", []))
         head = "interrupted at" if self.interrupted else "done:"
         parts = [f"{head} {_step_text(done, total)} in "
-                 f"{human_duration(self.last_step.get('elapsed_s'))}"]
+                 f"{duration_words(self.last_step.get('elapsed_s'))}"]
         return " | ".join(parts + self.summary_parts())
 
 
@@ -191,70 +214,33 @@ class RunRecord:
 
 class _TrainingView(_LiveView):
     """What the dashboard and the comparison share: run records fed by trainer callbacks,
-    one FigureWidget of ``training.training_panels`` (loss, tokens/s, memory on one step
-    axis) under a status line, redrawn through ``training.update_training_panels``."""
+    one figure of ``training.training_panels`` (loss, tokens/s, memory on one step axis)
+    under a status line, filled by ``training.update_training_panels`` and redrawn whole
+    into a ``liveview.FigureArea``, which settles as a plain figure once every run ended."""
 
     single = True                 # one run (its own colours per series) or several
 
     def __init__(self, title, mode, max_updates_per_s, print_every_s, clock):
         super().__init__(title, mode, max_updates_per_s, print_every_s, clock)
         self.records: dict[str, RunRecord] = {}
-        self._figure_widget = None
-        self.static_figure = None     # what the widget shows once every run has ended
+        self.live_figure = None       # the figure the widget shows, filled in place
+        self._area = None
         self._status = None
 
     def _build_widget(self) -> None:
-        import ipywidgets
-        import plotly.graph_objects as go
-
         from blockmem_lite.viz.training import training_panels
 
-        fig = go.FigureWidget(training_panels(list(self.records), single=self.single,
-                                              title=self._figure_title()))
-        self._figure_widget = fig
-        self._status = ipywidgets.HTML(value=self._status_html())
-        self.widget = ipywidgets.VBox([self._status, fig])
-
-    # ------------------------------------------------------------------ freezing
+        self.live_figure = training_panels(list(self.records), single=self.single,
+                                           title=self._figure_title())
+        self._area = FigureArea()
+        self._status = StatusLine(self._status_html())
+        self.widget = self._area.widget
+        self._parts = [self._status, self._area]
 
     def _all_done(self) -> bool:
         """Every run the view knows has ended: the dashboard's one run, or each run a
         comparison was given up front (runs it only meets later count once they start)."""
         return all(r.finished for r in self.records.values())
-
-    def _freeze(self) -> None:
-        """Swap the live FigureWidget for the same figure drawn statically, and close it.
-
-        A saved notebook keeps each live widget's state, and a plotly FigureWidget's holds
-        plotly.js (about 5 MB): three dashboards made a 15 MB notebook. The static figure
-        is a plain plotly output (kilobytes) that shows again when the notebook reopens.
-        The next step of a new run brings a live widget back (``_thaw``).
-        """
-        import ipywidgets
-        import plotly.graph_objects as go
-        from IPython.display import display
-
-        if self._figure_widget is None:
-            return
-        static = ipywidgets.Output()
-        self.static_figure = go.Figure(self._figure_widget)
-        if _in_notebook_kernel():     # elsewhere Output cannot capture: it would print
-            with static:
-                display(self.static_figure)
-        live = self._figure_widget
-        self._figure_widget = None
-        self.widget.children = (self._status, static)
-        _close_after_the_cell(live)
-
-    def _thaw(self) -> None:
-        import plotly.graph_objects as go
-
-        from blockmem_lite.viz.training import training_panels
-
-        fig = go.FigureWidget(training_panels(list(self.records), single=self.single,
-                                              title=self._figure_title()))
-        self._figure_widget = fig
-        self.widget.children = (self._status, fig)
 
     # ------------------------------------------------------------------ feeding
 
@@ -263,7 +249,6 @@ class _TrainingView(_LiveView):
             self._new_run(record)
         record.add_step(rec)
         if self.mode == "widget":
-            self._show_once()
             if self._redraws.due():
                 self._refresh()
         elif self._prints.take():
@@ -276,7 +261,6 @@ class _TrainingView(_LiveView):
             self._new_run(record)
         record.add_eval(rec)
         if self.mode == "widget":
-            self._show_once()
             self._refresh()
         else:
             self._print_run(record, "eval " + format_progress({"total_steps": record.total,
@@ -285,10 +269,9 @@ class _TrainingView(_LiveView):
     def _end(self, record: RunRecord, history) -> None:
         record.end(history)
         if self.mode == "widget":
-            self._show_once()
             self._refresh()
             if self._all_done():
-                self._freeze()
+                self._area.settle()
         else:
             self._print_run(record, record.final_line())
 
@@ -307,18 +290,15 @@ class _TrainingView(_LiveView):
         return max(totals) if totals else None
 
     def _refresh(self) -> None:
-        """Redraw the widget with every point buffered so far (one batched message)."""
+        """Redraw the widget with every point buffered so far."""
         from blockmem_lite.viz.training import update_training_panels
 
-        if self._figure_widget is None:
-            self._thaw()
-        fig = self._figure_widget
-        with fig.batch_update():
-            update_training_panels(fig, {name: r.as_history() for name, r in
-                                         self.records.items()},
-                                   title=self._figure_title(), subtitle=self._subtitle(),
-                                   total_steps=self._x_total())
-        self._status.value = self._status_html()
+        update_training_panels(self.live_figure, {name: r.as_history() for name, r in
+                                                  self.records.items()},
+                               title=self._figure_title(), subtitle=self._subtitle(),
+                               total_steps=self._x_total())
+        self._status.update(self._status_html())
+        self._area.draw(self.live_figure)
         self.n_updates += 1
         self._redraws.mark()
 
@@ -401,23 +381,6 @@ class LiveDashboard(_TrainingView):
             parts.append("<b>interrupted</b>" if record.interrupted else "<b>done</b>")
         return ('<div style="font-family: monospace; font-size: 13px">'
                 + " · ".join(parts) + "</div>")
-
-
-def _close_after_the_cell(widget) -> None:
-    """Close ``widget`` once the running cell has finished (at once outside a kernel).
-
-    Closed at once, a widget whose view is still on the page makes the front end raise "no
-    comm channel defined"; by the end of the cell the view has been taken off the page."""
-    if not _in_notebook_kernel():       # no front end: nothing can still be drawing it
-        widget.close()
-        return
-    shell = sys.modules["IPython"].get_ipython()
-
-    def close_once(*_):
-        shell.events.unregister("post_run_cell", close_once)
-        widget.close()
-
-    shell.events.register("post_run_cell", close_once)
 
 
 def _last(values):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from blockmem_lite.viz.liveview import _LiveView, _step_text
+from blockmem_lite.viz.liveview import FigureArea, _LiveView, _step_text
 
 
 class LiveMonitor(_LiveView):
@@ -20,9 +20,11 @@ class LiveMonitor(_LiveView):
 
     ``probe(trainer, rec) -> data`` runs at step 1, every ``every`` steps and at the last
     step (``rec["total_steps"]``); each result is kept in ``snapshots`` as ``(step, data)``.
-    ``figure(data) -> go.Figure`` draws one snapshot: in widget mode a ``FigureWidget`` is
-    redrawn with it at most ``max_updates_per_s`` times a second (always at the last
-    step and at the end); in text mode ``text(data) -> str`` (default: a short repr)
+    ``figure(data) -> go.Figure`` draws one snapshot: in widget mode (shown where the
+    monitor is made) the figure it returns is drawn whole at most ``max_updates_per_s``
+    times a second (always at the last step and at the end, when it stays as a plain
+    output; ``live_figure`` is the last one drawn); in text mode ``text(data) -> str``
+    (default: a short repr)
     is printed at most every ``print_every_s`` seconds, and always for the last step.
     ``record(step, data)`` adds a snapshot taken outside the trainer (e.g. step 0).
     ``series=True``: ``figure`` and ``text`` get every snapshot so far, ``[(step, data),
@@ -61,9 +63,14 @@ class LiveMonitor(_LiveView):
         return [data for _, data in self.snapshots]
 
     def _build_widget(self) -> None:
-        import plotly.graph_objects as go
+        self._area = FigureArea()
+        self.widget = self._area.widget
+        self._parts = [self._area]
 
-        self.widget = go.FigureWidget()
+    @property
+    def live_figure(self):
+        """The figure the widget shows (None before the first drawing, and in text mode)."""
+        return self._area.figure if self.mode == "widget" else None
 
     # ------------------------------------------------------------------ callbacks
 
@@ -80,6 +87,8 @@ class LiveMonitor(_LiveView):
     def on_end(self, trainer, history) -> None:
         if self.snapshots and self._shown_step != self.snapshots[-1][0]:
             self._show(force=True)
+        if self.mode == "widget":
+            self._area.settle()
 
     def record(self, step: int, data, total_steps: int | None = None) -> None:
         """Add a snapshot taken outside the trainer (e.g. the model before training)."""
@@ -103,9 +112,8 @@ class LiveMonitor(_LiveView):
     def _show(self, force: bool) -> None:
         step = self.snapshots[-1][0]
         if self.mode == "widget":
-            self._show_once()
             if force or self._redraws.due():
-                _copy_into(self.widget, self._titled(self._figure_fn(self._arg()), step))
+                self._area.draw(self._titled(self._figure_fn(self._arg()), step))
                 self.n_updates += 1
                 self._redraws.mark()
                 self._shown_step = step
@@ -124,25 +132,6 @@ class LiveMonitor(_LiveView):
             raise ValueError("LiveMonitor.figure() is not allowed before the first snapshot: "
                              "train with the monitor as a callback, or call record()")
         return self._titled(self._figure_fn(self._arg()), self.snapshots[-1][0])
-
-
-def _copy_into(widget, fig) -> None:
-    """Make the FigureWidget show ``fig``: traces updated in place when they line up."""
-    same = len(widget.data) == len(fig.data) and all(
-        a.type == b.type for a, b in zip(widget.data, fig.data, strict=True))
-    if not same:
-        widget.data = ()
-        widget.add_traces(list(fig.data))
-    with widget.batch_update():
-        if same:
-            for old, new in zip(widget.data, fig.data, strict=True):
-                props = new.to_plotly_json()
-                props.pop("type", None)
-                props.pop("uid", None)
-                old.update(props)
-        widget.layout.shapes = ()
-        widget.layout.annotations = ()
-        widget.update_layout(fig.layout.to_plotly_json())
 
 
 def _short_repr(data, limit: int = 100) -> str:

@@ -282,10 +282,10 @@ def _memory_range(values_mib: list) -> list[float] | None:
 def update_training_panels(fig, histories: Mapping, title: str = "", subtitle: str = "",
                            total_steps: int | None = None) -> None:
     """Write ``histories`` (run name -> History or dict) into a figure made by
-    ``training_summary`` / ``training_comparison`` (or a ``FigureWidget`` of one), in place:
+    ``training_summary`` / ``training_comparison`` (or ``training_panels``), in place:
     every trace's points, the peak-memory line, the memory axis (range and reading
     method), the step range (0..``total_steps`` when given) and the title. Runs the figure
-    has no slots for get new ones. Wrap it in ``fig.batch_update()`` for a widget."""
+    has no slots for get new ones."""
     names = list(histories)
     have = len(fig.data) // len(TRAINING_SLOTS)
     single = bool((fig.layout.meta or {}).get("single", False))
