@@ -4,7 +4,8 @@ Convention everywhere in the kit: ``mask[q, k] == True`` means query ``q`` MAY
 attend to key ``k`` (the same convention as ``F.scaled_dot_product_attention``
 boolean masks). Masks are for teaching, tests, plots and the few places where
 no fast kernel exists; hot paths use ``is_causal`` or reshapes instead
-(PERFORMANCE.md: a T x T mask is slower than dense).
+(a T x T mask is slower than dense attention; docs/MEASUREMENTS.md, The benchmark
+protocol).
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ def mask_density(mask: torch.Tensor) -> float:
 
 def cat_mask(n_chunks: int, chunk_size: int, separator: bool = False,
              device=None) -> torch.Tensor:
-    """CAT's decoder mask over the interleaved sequence (MECHANISMS.md 3.4, 3.5).
+    """CAT's decoder mask over the interleaved sequence (docs/PAPERS.md, CAT equations).
 
     Group k holds ``[g_k, (SEP,) x_kC .. x_kC+C-1]`` with g_0 the dummy (or the
     chunk-size indicator) and g_k = f_{k-1}, the compressed chunk k-1; a final
@@ -90,3 +91,17 @@ def cat_mask(n_chunks: int, chunk_size: int, separator: bool = False,
     same_group = (pos[:, None] // width) == (pos[None, :] // width)
     compressed = (pos[None, :] % width) == 0
     return (pos[None, :] <= pos[:, None]) & (same_group | compressed)
+
+
+def cat_pair_count(n_chunks: int, chunk_size: int, separator: bool = False) -> int:
+    """The (query, key) pairs ``cat_mask`` allows, counted query slot by query slot from its
+    rule without building the (S, S) mask: slot q sees the compressed slot of every earlier
+    group (q // W of them) and the slots of its own group up to itself (q % W + 1).
+
+    About ``T (C/2 + K/2)`` for T = K * C tokens (a token of chunk k sees k + 1 vectors and
+    its own chunk up to itself), against ``T (T + 1) / 2`` for dense causal attention."""
+    _check_positive("n_chunks", n_chunks)
+    _check_positive("chunk_size", chunk_size)
+    width = chunk_size + (2 if separator else 1)
+    slots = torch.arange(n_chunks * width + (2 if separator else 1))           # (S,)
+    return int((slots // width + slots % width + 1).sum())

@@ -1,9 +1,10 @@
-"""CAT's interleaved mask against a brute force from the slot semantics (MECHANISMS.md 3.8 C1)."""
+"""CAT's interleaved mask against a brute force from the slot rules (docs/PAPERS.md, CAT
+equations)."""
 
 import pytest
 import torch
 
-from blockmem_lite.masks import cat_mask
+from blockmem_lite.masks import cat_mask, cat_pair_count
 
 
 def _slot_roles(n_chunks, chunk_size, separator):
@@ -52,3 +53,34 @@ def test_cat_mask_errors_name_the_parameter():
         cat_mask(2, 0)
     with pytest.raises(ValueError, match="n_chunks"):
         cat_mask(0, 4)
+
+
+@pytest.mark.parametrize("separator", [False, True])
+@pytest.mark.parametrize("n_chunks, chunk_size", [(1, 1), (2, 4), (3, 2), (5, 8), (16, 16)])
+def test_cat_pair_count_equals_the_masks_allowed_pairs(n_chunks, chunk_size, separator):
+    expected = int(cat_mask(n_chunks, chunk_size, separator).sum())
+    assert cat_pair_count(n_chunks, chunk_size, separator) == expected
+
+
+@pytest.mark.parametrize("n_chunks, chunk_size", [(16, 16), (64, 64), (32, 128), (128, 32)])
+def test_cat_pair_count_is_about_t_times_c_half_plus_k_half(n_chunks, chunk_size):
+    """A token of chunk k sees k + 1 vectors and j + 1 tokens of its chunk: on average about
+    C/2 + K/2 keys, T (C/2 + K/2) in all. The exact count adds T (the averages are (C + 1)/2
+    and (K + 1)/2) and the K + 1 vector slots' own rows, (K + 1)(K + 2)/2: a few percent."""
+    t = n_chunks * chunk_size
+    approx = t * (chunk_size / 2 + n_chunks / 2)
+    exact = cat_pair_count(n_chunks, chunk_size)
+    assert exact - approx == t + (n_chunks + 1) * (n_chunks + 2) / 2
+    assert exact / approx < 1.1
+
+
+def test_cat_pair_count_at_4096_tokens():
+    """Dense causal attention over T = 4096 tokens does about 31x CAT's pairs at C = 64, and
+    among the chunk sizes that divide T the count is smallest at C = sqrt(T) = 64."""
+    t = 4096
+    counts = {c: cat_pair_count(t // c, c) for c in (8, 16, 32, 64, 128, 256, 512)}
+    assert counts[64] == 268_385
+    assert round(t * (t + 1) // 2 / counts[64], 1) == 31.3
+    assert min(counts, key=counts.get) == 64
+    with pytest.raises(ValueError, match="chunk_size=0"):
+        cat_pair_count(2, 0)

@@ -6,7 +6,7 @@ import torch
 import torch.nn as nn
 
 from blockmem_lite import mechanisms, tasks
-from blockmem_lite.checks import check_close, check_equal
+from blockmem_lite.checks import check_close, check_equal, check_true
 from blockmem_lite.config import ModelConfig
 from blockmem_lite.corpora import corpus_windows, load_corpus
 from blockmem_lite.exercise_checks import exercise_check
@@ -29,7 +29,8 @@ CAPSTONE = ModelConfig(arch="bcmt", d_model=32, n_layer=2, n_head=2, seq_len=64,
     mechanisms.bcmt.block_local_layer_flops)})
 def ceiling_check(t):
     """block_local_ceiling against the kit's FLOP model (dense / HOnly) on fixed settings and
-    one drawn anew, and PERFORMANCE.md's backbone ceilings."""
+    one drawn anew, and the backbone ceilings at d=256, L=128 that docs/MEASUREMENTS.md
+    (#the-flop-model) gives."""
     block_local_ceiling = t.answer("block_local_ceiling")
     block = 8 * t.fresh_int(1, 32)
     settings = [(256, 4, 1024, 128, 256), (128, 6, 1024, 128, 50257), (32, 2, 64, 16, 256),
@@ -43,30 +44,85 @@ def ceiling_check(t):
         check_close(block_local_ceiling(d, n_layer, seq_len, block_size, vocab), expected,
                     f"ceiling d={d}, layers={n_layer}, T={seq_len}, L={block_size}, V={vocab}")
     check_close([block_local_ceiling(256, 4, n, 128, 0) for n in (1024, 4096, 16384)],
-                [1.28, 2.24, 6.08], "PERFORMANCE.md's backbone ceilings at d=256, L=128",
+                [1.28, 2.24, 6.08], "the kit's FLOP model at d=256, L=128: the backbone "
+                "ceilings at T = 1024, 4096, 16384",
                 atol=0.005, rtol=0.0)
 
 
-LIMIT_HINT = ("in the limit, which powers alpha^(i-j) with j <= i are not 0, and what must each "
-              "row sum to? A (n_blocks, n_blocks) matrix, lower triangular")
+MEMORY_OFF_HINT = ("the memory reaches a token only through V = U + G * P, with P = M W_p: "
+                   "which weight makes P zero in every layer, whatever the gate G is? Every other "
+                   "weight stays as it was, and the dict you were given is left unchanged")
 
 
-@exercise_check("nb03-16", own_work={"decay_weights_limit": (
-    decay_weights, bcmt.memory_matrix_form, bcmt.memory_scan_form)})
-def limit_check(t):
-    """decay_weights_limit against decay_weights at alpha = 0 and 1 (fixed sizes and one drawn
-    anew), and near the limits."""
-    decay_weights_limit = t.answer("decay_weights_limit")
-    for n_blocks in (1, 4, 7, t.fresh_int(2, 12)):
-        for alpha in (0, 1):
-            check_prediction(decay_weights_limit(n_blocks, alpha),
-                             decay_weights(n_blocks, float(alpha)),
-                             f"W for alpha={alpha}, {n_blocks} blocks vs decay_weights",
-                             hint=LIMIT_HINT)
-    check_prediction(decay_weights_limit(6, 0), decay_weights(6, 1e-4),
-                     "alpha = 1e-4 is nearly the limit", hint=LIMIT_HINT, atol=1e-3)
-    check_prediction(decay_weights_limit(6, 1), decay_weights(6, 1 - 1e-4),
-                     "alpha = 0.9999 is nearly the limit", hint=LIMIT_HINT, atol=1e-3)
+def ablation_config(n_layer: int, arch: str = "bcmt") -> ModelConfig:
+    """A small BCMT (or HOnly: ``arch="honly"``) with ``n_layer`` layers: seconds in every
+    preset."""
+    return ModelConfig(arch=arch, d_model=32, n_layer=n_layer, n_head=2, seq_len=64,
+                       block_size=16, dropout=0.0)
+
+
+def ablation_weights(n_layer: int, seed: int) -> dict:
+    """The weights (state dict) of an ``ablation_config(n_layer)`` BCMT drawn from ``seed``,
+    with random W_p and gate biases: a fresh BCMT has W_p = 0, which would hide a wrong
+    answer."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = build_model(ablation_config(n_layer))
+        with torch.no_grad():
+            for layer in model.blocks:
+                nn.init.normal_(layer.memory_proj.weight, std=0.3)
+                nn.init.normal_(layer.gate.bias, std=1.0)
+    return {name: value.clone() for name, value in model.state_dict().items()}
+
+
+def logits_with(weights: dict, arch: str, n_layer: int, tokens: torch.Tensor) -> torch.Tensor:
+    """Logits (B, T, V) of the ``arch`` model ("bcmt" or "honly") of ``ablation_config(n_layer)``
+    holding ``weights``; HOnly takes the weights it has and leaves the memory's."""
+    model = build_model(ablation_config(n_layer, arch)).eval()
+    missing, _ = model.load_state_dict(weights, strict=arch == "bcmt")
+    if missing:
+        raise ValueError(f"weights without {missing[0]!r} are not allowed: expected every "
+                         f"weight of a {arch} model")
+    with torch.no_grad():
+        return model(tokens).logits
+
+
+def _shapes(weights) -> dict:
+    return {name: tuple(v.shape) if isinstance(v, torch.Tensor) else type(v).__name__
+            for name, v in weights.items()}
+
+
+def memory_off_where_answered(t, n_layer: int, seed: int) -> tuple:
+    """In the student's notebook: without_memory on ``ablation_weights(n_layer, seed)``; its
+    result, and whether the dict it was given came back unchanged."""
+    weights = ablation_weights(n_layer, seed)
+    given = {name: value.clone() for name, value in weights.items()}
+    off = t.answer("without_memory")(given)
+    unchanged = set(given) == set(weights) and all(
+        isinstance(given[name], torch.Tensor) and torch.equal(given[name], weights[name])
+        for name in weights)
+    return off, unchanged
+
+
+@exercise_check("nb03-ablation-check")
+def memory_off_check(t):
+    """without_memory on the weights of small BCMTs (2 layers, and layers and weights drawn
+    anew): the same names and shapes, the given dict unchanged, and a BCMT holding the result
+    gives the logits HOnly gives with the original weights."""
+    for n_layer, seed in [(2, 0), (t.fresh_int(1, 4), t.fresh_int(1, 2**31 - 1))]:
+        weights, where = ablation_weights(n_layer, seed), f"{n_layer} layer(s), seed {seed}"
+        off, unchanged = t.remote(memory_off_where_answered, n_layer, seed)
+        check_true(isinstance(off, dict), f"without_memory returns a dict ({where})",
+                   f"got {type(off).__name__}")
+        check_equal(_shapes(off), _shapes(weights),
+                    f"the names and shapes of the weights without_memory returns ({where})")
+        check_true(unchanged, f"the weights given to without_memory are left unchanged ({where})",
+                   "change a copy: a model's state_dict() shares its tensors with the model")
+        tokens = torch.randint(0, 256, (2, 64), generator=t.fresh_generator())   # (B, T)
+        check_prediction(logits_with(off, "bcmt", n_layer, tokens),
+                         logits_with(weights, "honly", n_layer, tokens),
+                         f"BCMT with your weights vs HOnly with the original ones ({where})",
+                         hint=MEMORY_OFF_HINT)
 
 
 def truth_from_rows(distance, seq_len, block_size, key_len):

@@ -7,7 +7,7 @@ import torch
 from blockmem_lite.checks import CheckFailed, check_causal, check_equal, check_true
 from blockmem_lite.config import ModelConfig
 from blockmem_lite.exercise_checks import exercise_check
-from blockmem_lite.masks import cat_mask
+from blockmem_lite.masks import cat_mask, cat_pair_count
 from blockmem_lite.models import build_model, cat
 from blockmem_lite.ops import cat_layout
 from blockmem_lite.own_work import check_prediction
@@ -71,7 +71,7 @@ def fixed_readout_check(t):
                      positions=sorted({c - 1, c, 2 * c - 1, 12}), vocab_size=256)
 
 
-@exercise_check("nb04-11", own_work={"cat_pairs": (cat_mask,)})
+@exercise_check("nb04-11", own_work={"cat_pairs": (cat_mask, cat_pair_count)})
 def pairs_check(t):
     """cat_pairs against cat_mask(K, C).sum() and dense_pairs against a causal mask's count
     (fixed sizes and one drawn anew), then the ratio at T = 4096, C = 64."""

@@ -4,6 +4,9 @@ MUTANTS: check cell id -> [(description, original text in the solution region, r
 tests/test_mutants.py substitutes each one and proves the check cell rejects it.
 """
 
+OFF_RETURN = ('return {name: torch.zeros_like(value) if name.endswith("memory_proj.weight")\n'
+              "            else value.clone() for name, value in weights.items()}")
+
 MUTANTS = {
     "nb03-10": [  # block_local_ceiling
         ("calls the kit: mechanisms.bcmt.block_local_layer_flops for the block-local layer",
@@ -28,24 +31,30 @@ MUTANTS = {
          "dense = n_layer * (24 * d_model**2 + 2 * seq_len * d_model + head)\n"
          "    local = n_layer * (24 * d_model**2 + 2 * block_size * d_model + head)"),
     ],
-    "nb03-16": [  # decay_weights_limit
-        ("calls the kit: decay_weights at alpha = 0",
-         "return torch.eye(n_blocks)", "return decay_weights(n_blocks, 0.0)"),
-        ("alpha = 0 keeps nothing (zeros)",
-         "return torch.eye(n_blocks)", "return torch.zeros(n_blocks, n_blocks)"),
-        ("alpha = 0 keeps the oldest summary instead of the newest",
-         "return torch.eye(n_blocks)",
-         "return torch.zeros(n_blocks, n_blocks).index_fill(1, torch.tensor([0]), 1.0)"),
-        ("alpha = 1: missing normalisation",
-         "return lower / lower.sum(dim=-1, keepdim=True)", "return lower"),
-        ("alpha = 1: upper triangle (future summaries)",
-         ".tril()", ".triu()"),
-        ("alpha = 1: normalised over the wrong axis",
-         "lower.sum(dim=-1, keepdim=True)", "lower.sum(dim=-2, keepdim=True)"),
-        ("alpha = 1: the diagonal left out (a block does not weigh its own summary)",
-         ".tril()", ".tril(-1)"),
-        ("alpha = 0 predicted as the previous block (the shift folded into W)",
-         "return torch.eye(n_blocks)", "return torch.ones(n_blocks - 1).diag(-1)"),
+    "nb03-ablation-check": [  # without_memory
+        ("zeroes the memory's gate weights instead of W_p (G = sigmoid(b_g) is not 0)",
+         'name.endswith("memory_proj.weight")',
+         'name.endswith("gate.weight") and ".mlp." not in name'),
+        ("zeroes every weight named gate, the MLP's gate included",
+         'name.endswith("memory_proj.weight")', '"gate" in name'),
+        ("switches off the first layer's memory only",
+         'name.endswith("memory_proj.weight")', 'name == "blocks.0.memory_proj.weight"'),
+        ("sets alpha to 0 (the memory still reads the block before)",
+         'name.endswith("memory_proj.weight")', 'name.endswith("alpha")'),
+        ("zeroes the summary scores (each block's plain mean is still a memory)",
+         'name.endswith("memory_proj.weight")', '".score." in name'),
+        ("W_p set to ones instead of zeros",
+         "torch.zeros_like(value)", "torch.ones_like(value)"),
+        ("changes the weights it was given in place (a state_dict shares the model's tensors)",
+         OFF_RETURN,
+         "for name, value in weights.items():\n"
+         "        if name.endswith(\"memory_proj.weight\"):\n"
+         "            value.zero_()\n"
+         "    return weights"),
+        ("drops W_p from the dict (a BCMT cannot load it)",
+         OFF_RETURN,
+         'return {name: value.clone() for name, value in weights.items()\n'
+         '            if not name.endswith("memory_proj.weight")}'),
     ],
     "nb03-22": [  # key_in_query_block
         ("first key token off by one",

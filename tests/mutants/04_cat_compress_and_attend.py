@@ -55,6 +55,10 @@ MUTANTS = {
          "return seq_len * (seq_len + 1) // 2", "return seq_len * seq_len"),
         ("builds the mask after all: counts cat_mask's True entries",
          "    return vectors + tokens\n", "    return int(cat_mask(n_chunks, chunk_size).sum())\n"),
+        ("calls the kit: masks.cat_pair_count, which counts the pairs from the mask's rule",
+         "    return vectors + tokens\n",
+         "    from blockmem_lite.masks import cat_pair_count\n"
+         "    return cat_pair_count(n_chunks, chunk_size)\n"),
     ],
     "nb04-15": [  # first_leak + leak_reaches
         ("first leak one position late",
