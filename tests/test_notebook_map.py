@@ -54,4 +54,5 @@ def test_every_other_notebook_in_the_map_links_its_own_file():
                                         re.M)
     for name in MODULE.findall(first_column)}))
 def test_the_tour_names_modules_of_the_kit(name):
-    importlib.import_module(f"blockmem_lite.{name}")
+    module = importlib.import_module(f"blockmem_lite.{name}")
+    assert module.__doc__, f"blockmem_lite.{name} has no docstring to read with help()"
