@@ -87,16 +87,8 @@ def _bound(source: str) -> set[str]:
             if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store)}
 
 
-# notebook 05's capstone check cell binds plugged_curves only when the check passes, so its
-# chart cell raises NameError after a failed check: the check cell needs
-# `plugged_curves = None` first, as notebook 03's has (strict: passing again fails here)
-KNOWN = {"05": "the chart after 05's capstone needs plugged_curves = None in the check cell"}
-
-
-@pytest.mark.parametrize("path", [
-    pytest.param(p, marks=pytest.mark.xfail(strict=True, reason=KNOWN[p.name[:2]]))
-    if p.name[:2] in KNOWN else p for p in sorted(exercises_dir().glob("[0-9][0-9]_*.ipynb"))],
-    ids=lambda p: p.name[:2])
+@pytest.mark.parametrize("path", sorted(exercises_dir().glob("[0-9][0-9]_*.ipynb")),
+                         ids=lambda p: p.name[:2])
 def test_untouched_exercise_notebooks_fail_each_check_cleanly(path, monkeypatch):
     """As a student's Run All reaches them: the answer cells (stubs) run, raising what they
     raise; each check cell fails with "not written yet", draws nothing, and the next cell
