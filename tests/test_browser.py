@@ -200,6 +200,9 @@ def server_env(home: Path) -> dict:
                IPYTHONDIR=str(home / "ipython"))
     for name in ("PLOTLY_RENDERER", "BLOCKMEM_HEADLESS"):   # widgets must render
         env.pop(name, None)
+    # The copies train longer, on one thread: not the fast recipe whose ranges the nbval run
+    # holds the notebooks to (blockmem_lite/expected.py), so a result here is only printed.
+    env.pop("BLOCKMEM_EXPECT_STRICT", None)
     return env
 
 
