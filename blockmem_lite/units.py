@@ -4,7 +4,8 @@ The one place the kit turns measurements into text; the trainer's progress
 lines, the live dashboard, the bench table and the figures all use it.
 
     human_bytes(1536)                      -> "1.5 KiB"
-    human_duration(3723)                   -> "1:02:03"
+    human_duration(3723)                   -> "1:02:03"   (time elapsed, a stopwatch)
+    time_left(1148)                        -> "about 19 min 08 s left"   (never a clock time)
     human_rate(12_345)                     -> "12.3k tok/s"
     human_memory(412 * 2**20, "process_rss") -> "412 MiB RSS"
 
@@ -76,6 +77,25 @@ def human_duration(seconds) -> str:
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 
 
+def duration_words(seconds) -> str:
+    """A duration that cannot be read as a clock time: ``8 s``, ``19 min 08 s``,
+    ``1 h 02 min``; None, NaN, inf or < 0 -> ``?``."""
+    if seconds is None or not math.isfinite(seconds) or seconds < 0:
+        return "?"
+    total = int(round(seconds))
+    hours, rest = divmod(total, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours} h {minutes:02d} min"
+    return f"{minutes} min {secs:02d} s" if minutes else f"{secs} s"
+
+
+def time_left(seconds) -> str:
+    """``about 19 min 08 s left`` (``time left unknown`` without an estimate)."""
+    words = duration_words(seconds)
+    return "time left unknown" if words == "?" else f"about {words} left"
+
+
 def human_rate(tokens_per_s) -> str:
     """``950 tok/s``, ``12.3k tok/s``, ``1.25M tok/s``; None (or NaN, inf) -> ``? tok/s``."""
     if _is_missing("tokens_per_s", tokens_per_s):
@@ -121,7 +141,7 @@ def format_progress(rec: dict) -> str:
     if "elapsed_s" in rec:
         timing.append(f"{human_duration(rec['elapsed_s'])} elapsed")
     if "eta_s" in rec:
-        timing.append(f"eta {human_duration(rec['eta_s'])}")
+        timing.append(time_left(rec["eta_s"]))
     if timing:
         parts.append(", ".join(timing))
     return " | ".join(parts)

@@ -3,6 +3,7 @@ plugins included, the JSON, the report, the claims table), and an interrupted ru
 continues to the same result as an uninterrupted one."""
 
 import json
+import re
 
 import pytest
 
@@ -196,7 +197,7 @@ def test_the_bench_shows_its_phases_on_the_progress_bar(tmp_path, capsys):
             tasks=("bench",)).run()
     lines = [line for line in capsys.readouterr().err.splitlines()
              if line.startswith("[reproduce] [")]
-    shown = [line.split("elapsed, eta ")[1].split("  ", 1)[1] for line in lines]
+    shown = [re.split(r"(?:left|unknown)  ", line, maxsplit=1)[1] for line in lines]
     assert list(dict.fromkeys(text for text in shown if text.startswith("bench:"))) == [
         "bench: T=32 train", "bench: T=32 decode", "bench: decoding state curves"]
     shares = [int(line.split("]")[2].split("%")[0]) for line in lines]

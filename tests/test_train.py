@@ -412,12 +412,12 @@ def test_format_progress_lines():
                             "tokens_per_s": 12345.0, "memory_bytes": 3.2e8,
                             "memory_method": "process_rss", "elapsed_s": 75.0, "eta_s": 5.0})
     assert line == ("step  7/60 | loss 2.3457 | lr 3.00e-03 | 12.3k tok/s | mem 305 MiB RSS | "
-                    "1:15 elapsed, eta 0:05")
+                    "1:15 elapsed, about 5 s left")
     assert format_progress({"step": 20, "total_steps": 60, "val_loss": 1.5}) == \
         "step 20/60 | val_loss 1.5000"
     unmeasured = format_progress({"step": 1, "total_steps": 2, "tokens_per_s": None,
                                   "memory_bytes": None, "memory_method": "", "eta_s": None})
-    assert unmeasured == "step 1/2 | ? tok/s | mem - | eta ?"
+    assert unmeasured == "step 1/2 | ? tok/s | mem - | time left unknown"
 
 
 def test_prints_throttled_progress_only_without_callbacks(capsys):

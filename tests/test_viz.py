@@ -384,7 +384,7 @@ def test_the_figure_area_draws_whole_figures_then_settles_as_a_plain_output(monk
 
 
 def test_time_left_never_reads_as_a_clock_time():
-    from blockmem_lite.viz.live import duration_words, time_left
+    from blockmem_lite.units import duration_words, time_left
 
     assert time_left(1148) == "about 19 min 08 s left"
     assert time_left(42.4) == "about 42 s left" and time_left(3725) == "about 1 h 02 min left"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 import time
 
-from blockmem_lite.units import human_duration
+from blockmem_lite.units import human_duration, time_left
 
 
 class PlanProgress:
@@ -69,9 +69,8 @@ class PlanProgress:
         rate = (progress - self.start_done) / elapsed if elapsed > 0 else 0.0
         eta = (self.total - progress) / rate if rate > 0 else None
         bar = "#" * int(30 * share) + "-" * (30 - int(30 * share))
-        eta_text = human_duration(eta) if eta is not None else "?"
-        return (f"[{bar}] {100 * share:3.0f}%  {human_duration(elapsed)} elapsed, eta "
-                f"{eta_text}  {self.current}")
+        return (f"[{bar}] {100 * share:3.0f}%  {human_duration(elapsed)} elapsed, "
+                f"{time_left(eta)}  {self.current}")
 
     def _print(self, force: bool = False) -> None:
         now = time.perf_counter()

@@ -32,10 +32,15 @@ figure of ``training.training_panels``. ``monitor.LiveMonitor`` watches anything
 from __future__ import annotations
 
 import html
-import math
 from typing import Callable
 
-from blockmem_lite.units import format_progress, human_memory, human_rate
+from blockmem_lite.units import (
+    duration_words,
+    format_progress,
+    human_memory,
+    human_rate,
+    time_left,
+)
 from blockmem_lite.viz.liveview import (
     FigureArea,
     StatusLine,
@@ -45,25 +50,6 @@ from blockmem_lite.viz.liveview import (
 )
 
 # ----------------------------------------------------------------------------- formatting
-
-
-def duration_words(seconds) -> str:
-    """A duration that cannot be read as a clock time: ``8 s``, ``19 min 08 s``,
-    ``1 h 02 min``; None, NaN, inf or < 0 -> ``?``."""
-    if seconds is None or not math.isfinite(seconds) or seconds < 0:
-        return "?"
-    total = int(round(seconds))
-    hours, rest = divmod(total, 3600)
-    minutes, secs = divmod(rest, 60)
-    if hours:
-        return f"{hours} h {minutes:02d} min"
-    return f"{minutes} min {secs:02d} s" if minutes else f"{secs} s"
-
-
-def time_left(seconds) -> str:
-    """``about 19 min 08 s left`` (``time left unknown`` without an estimate)."""
-    words = duration_words(seconds)
-    return "time left unknown" if words == "?" else f"about {words} left"
 
 
 def _eta_s(rec: dict, total) -> float | None:
