@@ -130,6 +130,11 @@ def test_the_stored_ranges_cover_three_seeds_and_hold_their_values():
             assert all(entry["low"] <= v <= entry["high"] for v in entry["values"].values())
 
 
+# Results a notebook prints only under the class preset (a sweep fast mode leaves out). Names
+# built at run time (f-strings) are not seen here: the strict nbval run holds those.
+CLASS_PRESET_ONLY = {"07.armt-peak-growth"}
+
+
 def test_every_result_a_notebook_expects_has_a_fast_range():
     import re
 
@@ -142,5 +147,6 @@ def test_every_result_a_notebook_expects_has_a_fast_range():
         for cell in cells:
             named |= set(calls.findall("".join(cell["source"])))
     assert named, "no notebook calls expect()"
-    missing = sorted(named - set(expected.load_ranges().get("fast", {})))
+    fast = set(expected.load_ranges().get("fast", {}))
+    missing = sorted(named - fast - CLASS_PRESET_ONLY)
     assert not missing, f"no stored fast-mode range for {missing}: run expected remake"
