@@ -24,6 +24,26 @@ CGROUP_ROOT = "/sys/fs/cgroup"           # where the cgroup hierarchies are moun
 PROC_SELF_CGROUP = "/proc/self/cgroup"   # this process's groups
 
 
+@contextlib.contextmanager
+def environment(values: dict):
+    """``os.environ`` with ``values`` set (a None value removes the variable) inside the
+    block, and every one of them as it was after it (a kernel started inside inherits them)."""
+    saved = {key: os.environ.get(key) for key in values}
+    try:
+        for key, value in values.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
 def pick_device(preference: str = "auto") -> torch.device:
     """``auto`` -> cuda if available, else mps, else cpu; or the named device."""
     if preference != "auto":

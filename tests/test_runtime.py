@@ -57,3 +57,17 @@ def test_keep_freed_memory_is_applied_once(monkeypatch):
     monkeypatch.setattr(runtime, "_set_glibc_malloc", lambda: calls.append(1) or True)
     assert runtime.keep_freed_memory() and runtime.keep_freed_memory()
     assert calls == [1]
+
+
+def test_environment_sets_and_removes_variables_and_restores_them(monkeypatch):
+    import os
+
+    from blockmem_lite.runtime import environment
+
+    monkeypatch.setenv("BLOCKMEM_T_KEPT", "before")
+    monkeypatch.delenv("BLOCKMEM_T_NEW", raising=False)
+    with pytest.raises(RuntimeError), environment({"BLOCKMEM_T_KEPT": None,
+                                                   "BLOCKMEM_T_NEW": "1"}):
+        assert "BLOCKMEM_T_KEPT" not in os.environ and os.environ["BLOCKMEM_T_NEW"] == "1"
+        raise RuntimeError("the block fails")
+    assert os.environ["BLOCKMEM_T_KEPT"] == "before" and "BLOCKMEM_T_NEW" not in os.environ

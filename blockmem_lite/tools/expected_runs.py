@@ -19,6 +19,7 @@ from datetime import date
 from pathlib import Path
 
 from blockmem_lite.expected import load_ranges, measured_range, ranges_path
+from blockmem_lite.runtime import environment
 
 DEFAULT_SEEDS = (0, 1, 2)
 PRESETS = ("fast", "class")
@@ -73,18 +74,10 @@ def run_notebook(path: Path, preset: str, seed: int, timeout: int) -> list[dict]
                "BLOCKMEM_HEADLESS": "1", "PLOTLY_RENDERER": "json",
                "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
                "BLOCKMEM_FAST": "1" if preset == "fast" else "0"}
-        saved = {key: os.environ.get(key) for key in env}
-        os.environ.update(env)
-        try:
+        with environment(env):
             notebook = nbformat.read(path, as_version=4)
             NotebookClient(notebook, timeout=timeout,
                            resources={"metadata": {"path": str(path.parent)}}).execute()
-        finally:
-            for key, value in saved.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
         if not record.is_file():
             return []
         return [json.loads(line) for line in record.read_text(encoding="utf-8").splitlines()]

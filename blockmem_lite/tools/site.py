@@ -45,6 +45,7 @@ from pathlib import Path
 
 from blockmem_lite.__main__ import program
 from blockmem_lite.checkpoints import atomic_write_bytes, prepare_folder
+from blockmem_lite.runtime import environment
 from blockmem_lite.tools.exercises import ExerciseError, notebooks_dir, read_notebook
 
 PRESETS = ("fast", "class")
@@ -126,12 +127,10 @@ def execute(path: Path, preset: str, cell_timeout: int):
                             shutdown_kernel="immediate",     # a busy kernel, stopped, is quiet
                             store_widget_state=False,
                             on_cell_start=lambda cell, cell_index: started.append(cell_index))
-    saved = {k: os.environ.get(k) for k in (*run_environment("fast"), "BLOCKMEM_FAST")}
-    os.environ.update(run_environment(preset))
-    if preset != "fast":
-        os.environ.pop("BLOCKMEM_FAST", None)
+    env = {key: None for key in run_environment("fast")} | run_environment(preset)
     try:
-        _run_client(client)
+        with environment(env):                    # BLOCKMEM_FAST unset for another preset
+            _run_client(client)
     except CellExecutionError as err:
         raise SiteError(f"{path.name}: a cell failed, so its page is not built:\n"
                         f"{_error_text(str(err))}",
@@ -145,12 +144,6 @@ def execute(path: Path, preset: str, cell_timeout: int):
         raise SiteError(f"{path.name}: the kernel died in {_cell_named(nb, started[-1])} (out "
                         "of memory, or the cell ended the process), so its page is not built") \
             from None
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
     return nb
 
 
