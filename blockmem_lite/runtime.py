@@ -6,7 +6,9 @@ nothing else in the kit assumes CUDA. Autocast is used only on CUDA, and
 (compute capability >= 8.0, Ampere and later), fp16 with a ``GradScaler`` on older cards
 (a T4, an RTX 20xx: bf16 there is emulated, slowly and silently), fp32 off CUDA.
 Memory readings are honest for each device: CUDA's allocator counters on a
-GPU, the process's resident set size (RSS) on CPU (documented as such).
+GPU; elsewhere a training step's own tensors (weights, gradients, optimizer state and
+the activations saved for backward), counted tensor by tensor, because the process's
+resident set size also holds whatever earlier runs in the same kernel left behind.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import os
 import random
 import time
 import warnings
+from collections.abc import Iterable
 from pathlib import Path, PurePosixPath
 
 import torch
@@ -300,12 +303,74 @@ def reset_peak_memory(device: torch.device) -> None:
         torch.cuda.reset_peak_memory_stats(device)
 
 
-def peak_memory(device: torch.device) -> tuple[int, str]:
-    """(bytes, method): CUDA peak allocated since the last reset, or current process RSS."""
+class SavedTensorCounter:
+    """Bytes of the tensors autograd saves for backward inside ``with counter:``.
+
+    Tensors are counted once per storage (views of one buffer count once); the storages
+    of ``exclude`` (e.g. the parameters) are skipped. Inside the block the counter keeps
+    each saved tensor alive, so a freed buffer cannot reuse a counted address; it lets
+    go of them when the block ends.
+    """
+
+    def __init__(self, exclude: Iterable[torch.Tensor] = ()):
+        self._skipped = {t.untyped_storage().data_ptr() for t in exclude}
+        self._storages: dict[tuple[int, str], int] = {}
+        self._keep_alive: list[torch.Tensor] = []
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack)
+
+    @property
+    def bytes(self) -> int:
+        return sum(self._storages.values())
+
+    def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
+        # A detached alias: returning ``tensor`` itself would tie a saved output to its own
+        # graph node, a cycle that keeps the activations alive when no backward runs.
+        alias = tensor.detach()
+        storage = alias.untyped_storage()
+        if storage.data_ptr() not in self._skipped:
+            self._storages.setdefault((storage.data_ptr(), str(alias.device)), storage.nbytes())
+            self._keep_alive.append(alias)
+        return alias
+
+    def __enter__(self) -> SavedTensorCounter:
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._hooks.__exit__(*exc)
+        self._keep_alive.clear()
+
+
+def _unpack(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor
+
+
+def tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    """Bytes of ``tensors``, each storage once."""
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+                for t in tensors if isinstance(t, torch.Tensor)}
+    return sum(storages.values())
+
+
+def training_memory(device: torch.device, model: torch.nn.Module,
+                    optimizer: torch.optim.Optimizer, saved_bytes: int) -> tuple[int, str]:
+    """(bytes, method) a training step held.
+
+    On CUDA the allocator's peak since ``reset_peak_memory`` ("cuda_max_allocated").
+    Elsewhere the step's own tensors ("model_tensors"): weights, gradients, optimizer
+    state and ``saved_bytes`` of activations saved for backward (``SavedTensorCounter``).
+    It does not depend on what ran before in the same process, as the process's resident
+    memory does; it leaves out the temporaries that live for one operation only.
+    """
     device = torch.device(device)
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device)), "cuda_max_allocated"
-    return process_rss_bytes(), "process_rss"
+    parameters = list(model.parameters())
+    state = [value for per_parameter in optimizer.state.values()
+             for value in per_parameter.values()]
+    held = tensor_bytes(parameters) + tensor_bytes(p.grad for p in parameters) + \
+        tensor_bytes(state)
+    return held + saved_bytes, "model_tensors"
 
 
 def synchronize(device: torch.device) -> None:

@@ -23,6 +23,7 @@ MEMORY_LABELS = {
     "cuda_max_allocated": "CUDA peak",
     "rss_subprocess": "RSS (fresh process)",
     "saved_tensors": "saved for backward",
+    "model_tensors": "model tensors",
 }
 
 _BYTE_STEPS = ((" B", 0), (" KiB", None), (" MiB", None), (" GiB", None), (" TiB", None))

@@ -136,6 +136,25 @@ def test_grad_clipping_bounds_the_global_norm():
     assert max(free.used) > clip
 
 
+def test_the_memory_reading_measures_the_model_not_the_process():
+    """A CPU step's memory is its own tensors: the same run reads the same after a big
+    allocation in the process, and it adds up weights, gradients, Adam's two moments and
+    the activations saved for backward, which grow with the batch."""
+    def memory(batch_size, steps=2):
+        rec = Recorder()
+        make_trainer(run_cfg(steps=steps, batch_size=batch_size, eval_every=steps),
+                     callbacks=[rec]).fit()
+        return rec.steps[-1]["memory_bytes"]
+
+    first = memory(4)
+    ballast = torch.ones(64 * 2**20, dtype=torch.uint8) + 1          # 64 MiB, touched
+    assert memory(4) == first and ballast.sum() > 0
+    model = build_model(run_cfg())
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert first > 4 * weights                  # weights + gradients + two moments + saved
+    assert memory(8) - weights * 4 > 1.8 * (first - weights * 4)     # activations ~ batch
+
+
 def test_callbacks_receive_records_with_the_contract_keys():
     rec = Recorder()
 
@@ -153,7 +172,7 @@ def test_callbacks_receive_records_with_the_contract_keys():
     for r in rec.steps:
         assert CONTRACT_STEP_KEYS <= set(r) == set(STEP_KEYS)
         assert r["total_steps"] == 10 and r["tokens_per_s"] > 0 and r["memory_bytes"] > 0
-        assert r["memory_method"] == "process_rss" and r["eta_s"] >= 0
+        assert r["memory_method"] == "model_tensors" and r["eta_s"] >= 0
     assert rec.steps[-1]["eta_s"] == 0
     assert [r["step"] for r in rec.evals] == [4, 8, 10]      # eval_every=4 and at the end
     for r in rec.evals:

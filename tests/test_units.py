@@ -50,7 +50,8 @@ def test_memory_labels():
     assert memory_label("mps_current_allocated") == "mps current allocated"
     assert memory_label(None) == "" and memory_label("") == ""
     assert set(MEMORY_LABELS) == {"process_rss", "cuda_max_allocated", "rss_subprocess",
-                                  "saved_tensors"}
+                                  "saved_tensors", "model_tensors"}
+    assert memory_label("model_tensors") == "model tensors"
 
 
 def test_human_memory():

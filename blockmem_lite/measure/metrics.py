@@ -39,7 +39,13 @@ from blockmem_lite.compiling import is_decoding_compiled
 from blockmem_lite.config import ModelConfig
 from blockmem_lite.measure.flops import dense_layer_flops
 from blockmem_lite.models.base import build_model
-from blockmem_lite.runtime import autocast_context, keep_freed_memory, seed_everything, synchronize
+from blockmem_lite.runtime import (
+    SavedTensorCounter,
+    autocast_context,
+    keep_freed_memory,
+    seed_everything,
+    synchronize,
+)
 from blockmem_lite.validation import check_positive
 
 # --------------------------------------------------------------------------------------
@@ -271,30 +277,13 @@ def make_infer_step(model, batch: int, seq_len: int, *, precision: str = "fp32",
 def saved_tensor_bytes(fn: Callable[[], object], exclude: Iterable[torch.Tensor] = ()) -> int:
     """Bytes of the tensors autograd saves for backward while ``fn()`` runs.
 
-    Uses ``torch.autograd.graph.saved_tensors_hooks``; tensors are
-    deduplicated by storage (views of one buffer count once) and storages of
-    ``exclude`` (e.g. ``model.parameters()``) are skipped, so the figure is the
-    activation memory a backward pass keeps. Deterministic for a given fn.
+    ``runtime.SavedTensorCounter``: tensors deduplicated by storage (views of one buffer
+    count once), storages of ``exclude`` (e.g. ``model.parameters()``) skipped, so the
+    figure is the activation memory a backward pass keeps. Deterministic for a given fn.
     """
-    skipped = {t.untyped_storage().data_ptr() for t in exclude}
-    storages: dict[tuple[int, str], int] = {}
-    keep_alive: list[torch.Tensor] = []   # so freed buffers cannot reuse a counted address
-
-    def pack(tensor: torch.Tensor) -> torch.Tensor:
-        # A detached alias: returning ``tensor`` itself would tie each saved output to
-        # its own graph node, a reference cycle that keeps every activation alive
-        # after fn() returns (no backward runs here to break it).
-        alias = tensor.detach()
-        storage = alias.untyped_storage()
-        if storage.data_ptr() not in skipped:
-            storages.setdefault((storage.data_ptr(), str(alias.device)), storage.nbytes())
-            keep_alive.append(alias)
-        return alias
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+    with SavedTensorCounter(exclude) as counter:
         fn()
-    keep_alive.clear()
-    return sum(storages.values())
+    return counter.bytes
 
 
 def cuda_peak_bytes(fn: Callable[[], object], device: torch.device | str) -> int:

@@ -53,15 +53,16 @@ from blockmem_lite.measure.memory_estimate import (
 from blockmem_lite.models.base import IGNORE_INDEX, build_model, check_output, model_name
 from blockmem_lite.registry import PRESET_NAMES
 from blockmem_lite.runtime import (
+    SavedTensorCounter,
     autocast_for,
     grad_scaler,
     keep_freed_memory,
-    peak_memory,
     precision_note,
     reset_peak_memory,
     resolve_precision,
     seed_everything,
     synchronize,
+    training_memory,
     usable_workers,
 )
 from blockmem_lite.train import resume
@@ -367,7 +368,8 @@ class Trainer:
                                      f"warmup_steps={self.cfg.warmup_steps}")
         for group in self.optimizer.param_groups:
             group["lr"] = lr * group.get("lr_scale", 1.0)
-        with autocast_for(self.device, self.precision):
+        with autocast_for(self.device, self.precision), \
+                SavedTensorCounter(self.model.parameters()) as saved:
             out = self._train_model(x, y)
         if not self._contract_checked:                  # the first step of this Trainer
             check_output(out, x, getattr(getattr(self.model, "cfg", None), "vocab_size", None),
@@ -395,7 +397,8 @@ class Trainer:
         self._mid_update = False
         synchronize(self.device)
         seconds = time.perf_counter() - start
-        memory, method = peak_memory(self.device)
+        memory, method = training_memory(self.device, self.model, self.optimizer,
+                                         saved.bytes)
         rec = {"step": self.step, "total_steps": total, "loss": loss_v, "ce_loss": ce_v,
                "aux_loss": aux_v, "lr": lr, "grad_norm": norm_v,
                "tokens_per_s": x.numel() * self.world.world_size / seconds,

@@ -10,7 +10,7 @@ Modes (the rule every live view follows, ``liveview.resolve_mode``):
   (step, time left, elapsed, loss, val loss, tokens/s, peak memory and how it was read)
   above one plotly figure of three rows on a shared step axis: train and validation
   loss; tokens/s; memory in MiB with the reading method on the axis
-  ("MiB (RSS)", "MiB (CUDA peak)"), the axis spanning the readings (not from
+  ("MiB (model tensors)" on a CPU, "MiB (CUDA peak)"), the axis spanning the readings (not from
   zero, so growth shows) and the peak dotted. The title carries step/total and
   the time left. Redrawn whole (``liveview.FigureArea``) at most ``max_updates_per_s``
   times a second (points are buffered in between) and always on evaluation and at

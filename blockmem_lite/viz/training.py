@@ -328,7 +328,7 @@ def training_summary(history, title: str = "Training run") -> go.Figure:
     """The static picture of one run: loss, throughput and memory against step.
 
     Three stacked panels sharing the step axis: train + validation loss, tokens/s, and
-    memory in MiB, the reading method (RSS, CUDA peak) named on the axis. The memory axis
+    memory in MiB, the reading method (model tensors, CUDA peak) named on the axis. The memory axis
     spans the readings (not from zero, so growth shows) with the peak as a dotted line;
     the subtitle gives steps, final val loss, median tokens/s and the peak, and says
     when the run was interrupted.
