@@ -51,13 +51,17 @@ def load_ranges(path: Path | None = None) -> dict:
     return json.loads(path.read_text(encoding="utf-8"))["presets"]
 
 
-def measured_range(values: list[float]) -> tuple[float, float]:
+def measured_range(values: list[float], at_most: float | None = None) -> tuple[float, float]:
     """The range stored for the values of several seeds: their span, widened on each side by
     ``PAD_SHARE`` of it and by at least ``MIN_PAD`` of the value; never below zero for a
-    result that was never negative (a loss, an accuracy, a ratio)."""
+    result that was never negative (a loss, an accuracy, a ratio), never above ``at_most``
+    for a result that cannot exceed it (an accuracy, a share: 1)."""
     low, high = min(values), max(values)
     pad = max(PAD_SHARE * (high - low), MIN_PAD * max(abs(low), abs(high)), 1e-12)
-    return (low - pad if low < 0 else max(low - pad, 0.0)), high + pad
+    high += pad
+    if at_most is not None:
+        high = min(high, max(at_most, max(values)))
+    return (low - pad if low < 0 else max(low - pad, 0.0)), high
 
 
 def _number(value: float) -> str:
@@ -68,11 +72,14 @@ def _strict() -> bool:
     return os.environ.get(STRICT_ENV, "").strip().lower() in ("1", "true", "yes", "on")
 
 
-def _record(name: str, value: float) -> None:
+def _record(name: str, value: float, at_most: float | None) -> None:
     target = os.environ.get(RECORD_ENV)
     if target:
+        row = {"name": name, "value": value}
+        if at_most is not None:
+            row["at_most"] = at_most
         with open(target, "a", encoding="utf-8") as out:
-            out.write(json.dumps({"name": name, "value": value}) + "\n")
+            out.write(json.dumps(row) + "\n")
 
 
 def current_preset() -> str:
@@ -85,19 +92,25 @@ def current_preset() -> str:
 
 
 def expect(name: str, value: float, *, unit: str = "", outside: str,
-           machine: bool = False) -> None:
+           machine: bool = False, at_most: float | None = None) -> None:
     """Print the range measured for ``name`` under this preset and whether ``value`` is in it.
 
     ``outside`` says in one sentence what a value outside the range would mean; ``machine``
     marks a result that depends on the computer (a speed ratio), whose range names the machine
-    it was measured on. Returns nothing (a notebook cell ending in it shows only its line)."""
+    it was measured on; ``at_most`` is a bound the result cannot pass (1 for an accuracy or a
+    share), so the range never reads above it. Returns nothing (a notebook cell ending in it
+    shows only its line)."""
     if not isinstance(name, str) or not NAME.fullmatch(name):
         raise ValueError(f"name={name!r}: expected the notebook's two-digit number, a dot and "
                          "a short lowercase name, e.g. '02.loss-with-memory'")
     value = float(value)
     if not outside:
         raise ValueError(f"outside={outside!r}: say what a value outside the range would mean")
-    _record(name, value)
+    if at_most is not None and (isinstance(at_most, bool) or not isinstance(at_most, (int, float))
+                                or not math.isfinite(at_most)):
+        raise ValueError(f"at_most={at_most!r}: expected None or a finite number, e.g. 1 for "
+                         "an accuracy")
+    _record(name, value, at_most)
     preset = current_preset()
     entry = load_ranges().get(preset, {}).get(name)
     suffix = f" {unit}" if unit else ""
@@ -109,6 +122,8 @@ def expect(name: str, value: float, *, unit: str = "", outside: str,
         print(message)
         return
     low, high = entry["low"], entry["high"]
+    if at_most is not None:
+        high = min(high, max(at_most, low))
     where = f"{preset} preset, seeds {entry['seeds']}"
     if machine:
         where += f", measured on {entry['machine']}"

@@ -28,6 +28,24 @@ def test_measured_range_pads_half_the_spread_and_one_percent_at_least():
     assert expected.measured_range([-0.2, 0.1, 0.0])[0] == pytest.approx(-0.35)
 
 
+def test_a_bounded_result_never_reads_above_its_bound(tmp_path, monkeypatch, capsys):
+    """Three seeds at 0.5, 0.875 and 0.44 pad to 1.09; an accuracy's range stops at 1."""
+    seeds = [0.5, 0.875, 0.4375]
+    assert expected.measured_range(seeds)[1] > 1
+    assert expected.measured_range(seeds, at_most=1)[1] == 1
+    assert expected.measured_range([1.0, 1.0, 1.0], at_most=1) == pytest.approx((0.99, 1.0))
+    path = tmp_path / "ranges.json"
+    expected_runs.store({"09.recall": {0: 0.5, 1: 0.875, 2: 0.4375, "at_most": 1}}, ["09"],
+                        "fast", [0, 1, 2], path=path)
+    assert expected.load_ranges(path)["fast"]["09.recall"]["high"] == 1
+    monkeypatch.setattr(expected, "ranges_path", lambda: path)
+    monkeypatch.setenv("BLOCKMEM_FAST", "1")
+    expected.expect("09.recall", 0.9, outside="x", at_most=1)
+    assert "to 1 (" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="at_most"):
+        expected.expect("09.recall", 0.9, outside="x", at_most="1")
+
+
 def test_inside_and_outside_are_said(stored, capsys):
     assert expected.expect("02.loss", 3.05, unit="nats", outside="the memory did not train") is None
     line = capsys.readouterr().out
@@ -81,8 +99,10 @@ def test_record_appends_every_result(tmp_path, monkeypatch):
     monkeypatch.setattr(expected, "ranges_path", lambda: tmp_path / "none.json")
     expected.expect("03.gap", 0.5, outside="x")
     expected.expect("03.ratio", 2.0, outside="x")
+    expected.expect("03.recall", 0.5, outside="x", at_most=1)
     rows = [json.loads(line) for line in record.read_text().splitlines()]
-    assert rows == [{"name": "03.gap", "value": 0.5}, {"name": "03.ratio", "value": 2.0}]
+    assert rows == [{"name": "03.gap", "value": 0.5}, {"name": "03.ratio", "value": 2.0},
+                    {"name": "03.recall", "value": 0.5, "at_most": 1}]
 
 
 def test_store_replaces_only_the_notebooks_remade(stored):

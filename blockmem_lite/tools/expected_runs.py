@@ -96,8 +96,9 @@ def machine() -> str:
 
 
 def collect(notebooks: list[str], preset: str, seeds: list[int], timeout: int) -> dict:
-    """``{name: {seed: value}}`` over every notebook and seed, with progress lines."""
-    values: dict[str, dict[int, float]] = {}
+    """``{name: {seed: value}}`` over every notebook and seed, with progress lines; a name
+    whose ``expect`` gave ``at_most`` also has it, under the key ``"at_most"``."""
+    values: dict[str, dict] = {}
     total, done = len(notebooks) * len(seeds), 0
     for number in notebooks:
         path = notebook_file(number)
@@ -105,6 +106,8 @@ def collect(notebooks: list[str], preset: str, seeds: list[int], timeout: int) -
             started = time.monotonic()
             for row in run_notebook(path, preset, seed, timeout):
                 values.setdefault(row["name"], {})[seed] = row["value"]
+                if "at_most" in row:
+                    values[row["name"]]["at_most"] = row["at_most"]
             done += 1
             print(f"[{done}/{total}] {path.name} seed {seed}: "
                   f"{time.monotonic() - started:.0f} s", flush=True)
@@ -119,11 +122,12 @@ def store(values: dict, notebooks: list[str], preset: str, seeds: list[int],
     kept = {name: entry for name, entry in presets.get(preset, {}).items()
             if name.split(".")[0] not in notebooks}
     where = machine()
-    for name, by_seed in sorted(values.items()):
+    for name, recorded in sorted(values.items()):
+        by_seed = {seed: value for seed, value in recorded.items() if seed != "at_most"}
         if set(by_seed) != set(seeds):
             raise SystemExit(f"{name}: recorded for seeds {sorted(by_seed)} only, not all of "
                              f"{seeds}; a result must be printed on every seed's run")
-        low, high = measured_range(list(by_seed.values()))
+        low, high = measured_range(list(by_seed.values()), recorded.get("at_most"))
         kept[name] = {"low": low, "high": high, "seeds": _seed_span(seeds),
                       "values": {str(s): v for s, v in sorted(by_seed.items())},
                       "machine": where, "date": date.today().isoformat()}
