@@ -24,7 +24,7 @@ import importlib.machinery, re, sys
 
 HIDDEN = {name for name in sys.argv[1].split(",") if name}
 HEAVY = {"jupyterlab", "jupyter_server", "datasets", "transformers", "plotly", "ipywidgets",
-         "anywidget", "IPython", "pandas", "pyarrow", "pytest", "nbval"}
+         "IPython", "pandas", "pyarrow", "pytest", "nbval"}
 
 
 class Hiding(importlib.machinery.PathFinder):
@@ -117,7 +117,7 @@ def test_missing_notebook_extra_fails_unless_core(capsys, monkeypatch):
     items = {name: (ok, detail) for name, ok, detail in envcheck.run_envcheck()}
     assert items["plotly"][0] is False
     assert "not installed" in items["plotly"][1] and "blockmem_lite[notebooks]" in items["plotly"][1]
-    assert not items["FigureWidget"][0] and "fall back to text" in items["FigureWidget"][1]
+    assert not items["live widgets"][0] and "fall back to text" in items["live widgets"][1]
     assert envcheck.main([]) == 1
     out = capsys.readouterr().out
     assert any(line.startswith("FAIL plotly ") for line in out.splitlines())
@@ -192,21 +192,23 @@ def test_a_hosted_notebook_needs_no_jupyterlab(capsys, monkeypatch):
     assert envcheck.main([]) == 1                         # on a laptop, make lab needs it
 
 
-def test_figure_widget_needs_the_widget_packages_and_their_lab_extensions(tmp_path, monkeypatch):
+def test_live_widgets_need_ipywidgets_plotly_and_their_lab_extensions(tmp_path, monkeypatch):
     monkeypatch.setattr(envcheck, "_lab_extension_dirs", lambda: [tmp_path])
-    ok, detail = envcheck._figure_widget()[1:]
+    versions = {"plotly": "7.1.0", "ipywidgets": "8.1.0"}
+    monkeypatch.setattr(envcheck, "installed", lambda name: versions.get(name))
+    ok, detail = envcheck._live_widgets()[1:]
     assert not ok and "@jupyter-widgets/jupyterlab-manager" in detail
-    for extension in ("@jupyter-widgets/jupyterlab-manager", "anywidget"):
-        (tmp_path / extension).mkdir(parents=True)
-    versions = {"plotly": "6.0.0", "anywidget": None}
-    monkeypatch.setattr(envcheck, "installed", lambda name: versions.get(name, "8.1.0"))
-    ok, detail = envcheck._figure_widget()[1:]
-    assert not ok and "needs anywidget" in detail             # plotly >= 6 draws with anywidget
-    versions["plotly"] = "5.24.1"          # plotly 5: its own extension, anywidget not needed
-    ok, detail = envcheck._figure_widget()[1:]
-    assert not ok and "jupyterlab-plotly" in detail and "anywidget" not in detail
+    assert "jupyterlab-plotly" in detail and "fall back to text" in detail
+    (tmp_path / "@jupyter-widgets" / "jupyterlab-manager").mkdir(parents=True)
+    ok, detail = envcheck._live_widgets()[1:]
+    assert not ok and "jupyterlab-plotly" in detail and "jupyterlab-manager" not in detail
     (tmp_path / "jupyterlab-plotly").mkdir()
-    assert envcheck._figure_widget()[1]
+    ok, detail = envcheck._live_widgets()[1:]
+    assert ok and detail.startswith("ipywidgets 8.1.0 and plotly 7.1.0")
+    versions.pop("ipywidgets")
+    ok, detail = envcheck._live_widgets()[1:]
+    assert not ok and "needs ipywidgets" in detail
+    assert "anywidget" not in detail                 # plain figures in an Output: no anywidget
 
 
 def test_the_groups_follow_pyproject_extras():

@@ -4,17 +4,17 @@ Prints one aligned line per item and exits 1 only when a required item fails. ``
 and working; ``FAIL``: missing or broken (required ones decide the exit code, optional ones
 are marked ``[optional]``); ``--``: an optional extra that is not installed, which is normal
 in a student install. Required: Python >= 3.10, torch, numpy and the kit itself (a tiny model
-runs a forward pass); the ``notebooks`` extra (plotly, ipywidgets, anywidget, jupyterlab,
-ipykernel) too unless ``--core``. Optional: ``datasets`` (the ``data`` extra: WikiText),
+runs a forward pass); the ``notebooks`` extra (plotly, ipywidgets, jupyterlab, ipykernel)
+too unless ``--core``. Optional: ``datasets`` (the ``data`` extra: WikiText),
 ``transformers`` (``hf``: the Hugging Face adapter), the test tools (``make test`` only),
 psutil, widgets in JupyterLab, the lock, and the mode variables. In a hosted notebook
 (Colab, Kaggle: ``HOSTED``) JupyterLab and its extensions are not needed: it has its own.
 
 Kit design choice: the check is fast (about a second beyond importing torch) because it
 imports only what it runs (torch, numpy, the kit); every other package is looked up in the
-installed metadata (``importlib.metadata``, ``importlib.util.find_spec``), and whether
-plotly's ``FigureWidget`` can draw in JupyterLab is read from the installed packages and
-JupyterLab extensions rather than by building one (importing jupyterlab, datasets and
+installed metadata (``importlib.metadata``, ``importlib.util.find_spec``), and whether the
+live widgets can draw in JupyterLab is read from the installed packages and JupyterLab
+extensions rather than by building one (importing jupyterlab, datasets and
 ipywidgets took seconds to tens of seconds).
 
 The ``lock`` item compares every installed package with ``requirements.lock``, the
@@ -41,18 +41,19 @@ from blockmem_lite.__main__ import program
 
 MIN_PYTHON = (3, 10)
 CORE = ("python", "torch", "numpy", "kit")
-NOTEBOOK_EXTRAS = ("plotly", "ipywidgets", "anywidget", "jupyterlab", "ipykernel")
+NOTEBOOK_EXTRAS = ("plotly", "ipywidgets", "jupyterlab", "ipykernel")
 TEST_TOOLS = ("pytest", "nbval", "nbformat", "nbclient", "ruff", "kaleido", "playwright", "build")
-OPTIONAL = ("datasets", "transformers", "test tools", "psutil", "FigureWidget", "lock",
+OPTIONAL = ("datasets", "transformers", "test tools", "psutil", "live widgets", "lock",
             "BLOCKMEM_FAST", "BLOCKMEM_HEADLESS")
 NOTEBOOKS_HINT = "pip install 'blockmem_lite[notebooks]', or make lab"
 LOCK_NAME = "requirements.lock"
 # PyTorch's build: chosen by the platform's torch wheel (TORCH_SPEC), not by the lock
 TORCH_BUILD = re.compile(r"^(triton|nvidia-.*|cuda-.*)$")
-# The JupyterLab extension (a folder under share/jupyter/labextensions) each widget package
-# draws through; plotly >= 6 draws FigureWidget with anywidget, plotly 5 with its own.
+# The JupyterLab extensions (folders under share/jupyter/labextensions) a live view draws
+# through: ipywidgets' Output, and plotly's renderer for the figure drawn into it (each ships
+# with its package).
 LAB_EXTENSIONS = {"ipywidgets": "@jupyter-widgets/jupyterlab-manager",
-                  "anywidget": "anywidget", "plotly": "jupyterlab-plotly"}
+                  "plotly": "jupyterlab-plotly"}
 # Hosted notebooks bring their own Jupyter front-end (no JupyterLab, no lab extensions); each
 # sets an environment variable in its kernels.
 HOSTED = {"COLAB_RELEASE_TAG": "Colab", "KAGGLE_KERNEL_RUN_TYPE": "Kaggle"}
@@ -266,29 +267,25 @@ def _lab_extension_dirs() -> list[Path]:
     return [Path(folder) for folder in jupyter_path("labextensions")]
 
 
-def _figure_widget() -> Item:
-    """Whether plotly's FigureWidget can draw in JupyterLab: the packages it needs and their
-    JupyterLab extensions are installed (read from disk, nothing imported or built)."""
-    fallback = "live dashboards fall back to text"
-    plotly = installed("plotly")
-    if plotly is None:
-        return "FigureWidget", False, f"plotly is not installed; {fallback}"
-    modern = int(plotly.split(".")[0]) >= 6
-    packages = ("ipywidgets", "anywidget") if modern else ("ipywidgets",)
+def _live_widgets() -> Item:
+    """Whether the live views can draw in JupyterLab (a plotly figure redrawn in an ipywidgets
+    ``Output``): both packages and their JupyterLab extensions are installed (read from disk,
+    nothing imported or built)."""
+    name, fallback = "live widgets", "live dashboards fall back to text"
+    missing = [package for package in LAB_EXTENSIONS if installed(package) is None]
     service = hosted_notebook()
-    extensions = () if service else (LAB_EXTENSIONS["ipywidgets"],
-                                     LAB_EXTENSIONS["anywidget" if modern else "plotly"])
-    folders = _lab_extension_dirs() if extensions else []
-    missing = [name for name in packages if installed(name) is None]
-    missing += [f"the JupyterLab extension {extension}" for extension in extensions
-                if not any((folder / extension).is_dir() for folder in folders)]
+    folders = [] if service else _lab_extension_dirs()
+    if not service:
+        missing += [f"the JupyterLab extension {extension}"
+                    for package, extension in LAB_EXTENSIONS.items()
+                    if installed(package) is not None
+                    and not any((folder / extension).is_dir() for folder in folders)]
     if missing:
-        return "FigureWidget", False, (f"plotly {plotly} needs {', '.join(missing)} "
-                                       f"({NOTEBOOKS_HINT}); {fallback}")
-    parts = [f"plotly {plotly}", *packages]
+        return name, False, f"needs {', '.join(missing)} ({NOTEBOOKS_HINT}); {fallback}"
+    parts = [f"{package} {installed(package)}" for package in LAB_EXTENSIONS]
     front_end = f"{service}'s widget front-end" if service else "their JupyterLab extensions"
-    return "FigureWidget", True, (f"{', '.join(parts[:-1])} and {parts[-1]} with {front_end}: "
-                                  "live dashboards use widgets")
+    return name, True, f"{' and '.join(parts)} with {front_end}: live dashboards use widgets"
+
 
 
 def _setting(name: str, mode: str, when_on: str, when_off: str) -> Item:
@@ -310,7 +307,6 @@ def run_envcheck(lock: Path | None = None) -> list[Item]:
         _kit,
         lambda: _notebook_package("plotly", "figures and dashboards"),
         lambda: _notebook_package("ipywidgets", "sliders and live widgets"),
-        lambda: _notebook_package("anywidget", "plotly >= 6 widgets"),
         _jupyterlab,
         lambda: _notebook_package("ipykernel", "runs the notebooks"),
         lambda: _optional_package("datasets", "only the WikiText corpora need it: "
@@ -319,7 +315,7 @@ def run_envcheck(lock: Path | None = None) -> list[Item]:
                                                   "pip install 'blockmem_lite[hf]'"),
         _test_tools,
         lambda: _optional_package("psutil", "CPU memory readings fall back to /proc"),
-        _figure_widget,
+        _live_widgets,
         lambda: _lock(lock),
         lambda: _setting("BLOCKMEM_FAST", "fast mode", "so notebooks use tiny configs, as CI does",
                          "so notebooks use their full configs (BLOCKMEM_FAST=1: tiny ones, "

@@ -10,8 +10,8 @@ print short text lines in CI or scripts. Modes:
 * ``auto`` (default): text when ``BLOCKMEM_HEADLESS=1`` (CI: kernels driven by
   nbval look exactly like a notebook, so only the variable can tell) or outside
   a Jupyter kernel; otherwise widget, falling back to text when the widget
-  cannot be built (e.g. plotly >= 6 without ``anywidget``). The reason is kept
-  in ``fallback_reason``.
+  cannot be built (e.g. ipywidgets is not installed). The reason is kept in
+  ``fallback_reason``.
 
 ``resolve_mode`` is that rule; ``_LiveView`` the base class the views build on.
 
