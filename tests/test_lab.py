@@ -139,11 +139,35 @@ def test_a_folder_holding_another_plan_is_refused(tmp_path):
         lab.Lab("tiny", tmp_path, archs=["dense", "bcmt"], corpus=corpus, progress=False)
 
 
+def test_a_seed_trains_every_language_model_with_it_and_makes_another_run(tmp_path):
+    """``seed`` reaches every language model (notebook 10 passes BLOCKMEM_SEED's); a folder
+    holding a run of another seed is refused, not mixed; a bad seed is named."""
+    entries = lab.plan_entries("tiny", ["bcmt", "moc"], seed=7)
+    assert {e.run.train.seed for e in entries} == {7}
+    assert {e.run.train.seed for e in lab.plan_entries("tiny", ["bcmt"])} == {0}
+    corpus = load_corpus("offline")
+    first = lab.Lab("tiny", tmp_path, archs=["dense"], corpus=corpus, progress=False,
+                    tasks=("lm",), seed=1).run()
+    assert first["meta"]["seed"] == 1
+    assert lab.Lab("tiny", tmp_path / "r", archs=["bcmt"], corpus=corpus, progress=False,
+                   tasks=("recall",), seed=4).recipe.seeds == (4,)       # tiny's recipe: (0,)
+    other = lab.Lab("tiny", tmp_path / "seed2", archs=["dense"], corpus=corpus, progress=False,
+                    tasks=("lm",), seed=2).run()
+    assert other["done"]["lm/dense"]["val_loss"] != first["done"]["lm/dense"]["val_loss"]
+    with pytest.raises(ValueError, match="other settings \\(.*seed differ"):
+        lab.Lab("tiny", tmp_path, archs=["dense"], corpus=corpus, tasks=("lm",), seed=2)
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match=f"seed={bad!r} is not allowed"):
+            lab.Lab("tiny", tmp_path / "bad", archs=["dense"], corpus=corpus, seed=bad)
+
+
 def test_cli_errors(tmp_path, capsys):
     assert reproduce_main(["--preset", "tiny", "--arch", "nope", "--out", str(tmp_path)]) == 2
     assert "arch='nope' is not allowed" in capsys.readouterr().err
     assert reproduce_main(["--preset", "tiny", "--steps", "0", "--out", str(tmp_path)]) == 2
     assert "--steps=0 is not allowed" in capsys.readouterr().err
+    assert reproduce_main(["--preset", "tiny", "--seed", "-1", "--out", str(tmp_path)]) == 2
+    assert "--seed=-1 is not allowed" in capsys.readouterr().err
     assert reproduce_main(["--preset", "tiny", "--paths", str(tmp_path / "none.txt"), "--out",
                            str(tmp_path)]) == 2
     assert "text files not found" in capsys.readouterr().err

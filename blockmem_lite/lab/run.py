@@ -120,15 +120,18 @@ class Entry:
         return spec.variants(cfg or self.cfg) if spec.variants else [("", {})]
 
 
-def plan_entries(preset_name: str, archs=None, steps: int | None = None) -> list[Entry]:
-    """Dense first, then every architecture (default: all registered) and its baselines."""
+def plan_entries(preset_name: str, archs=None, steps: int | None = None,
+                 seed: int | None = None) -> list[Entry]:
+    """Dense first, then every architecture (default: all registered) and its baselines;
+    every language model trained with ``seed`` (default: the preset's)."""
     check_choice("preset", preset_name, PRESET_NAMES)
     archs = bench.resolve_archs(archs if archs is not None else registry.names())
     archs = [registry.BASELINE] + [a for a in archs if a != registry.BASELINE]
     steps = steps or LAB_SIZES[preset_name]["steps"]
+    seeded = {} if seed is None else {"seed": seed}
     entries = []
     for arch in archs:
-        run = preset(preset_name, arch=arch, steps=steps)
+        run = preset(preset_name, arch=arch, steps=steps, **seeded)
         spec = registry.lab_spec(arch)
         cfg = spec.config(run.model) if spec.config else run.model
         entries.append(Entry(arch, arch, cfg, dataclasses.replace(run, model=cfg)))
@@ -158,7 +161,10 @@ class Lab:
 
     def __init__(self, preset_name: str, out, archs=None, corpus=None, steps: int | None = None,
                  progress: bool = True, live=None, recall_live=None, tasks=None,
-                 recall_seeds=None, workers=None, dense_recall_from=None):
+                 recall_seeds=None, workers=None, dense_recall_from=None, seed=None):
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+            raise ValueError(f"seed={seed!r} is not allowed: expected None (the preset's) or an "
+                             "integer >= 0")
         if live is not None and not callable(getattr(live, "run", None)):
             raise ValueError(f"live={live!r} is not allowed: expected None or a live view with "
                              "run(name) -> trainer callback (viz.comparison.LiveComparison)")
@@ -172,13 +178,16 @@ class Lab:
         self.world = distributed.current()
         distributed.check_same_settings(   # every rank the same plan, before any work
             {"preset": preset_name, "archs": archs, "steps": steps, "tasks": tasks,
-             "recall_seeds": recall_seeds, "dense_recall_from": str(dense_recall_from)}, self.world, what="reproduce settings")
+             "recall_seeds": recall_seeds, "dense_recall_from": str(dense_recall_from),
+             "seed": seed}, self.world, what="reproduce settings")
         self.preset = preset_name
         self.sizes = dict(LAB_SIZES[preset_name], **({"steps": steps} if steps else {}))
+        if seed is not None and recall_seeds is None:     # the run's seed moves the recall ones
+            recall_seeds = tuple(seed + s for s in _recipe(preset_name, None).seeds)
         self.recipe = _recipe(preset_name, recall_seeds)
         if recall_seeds is not None:
             self.sizes["recall_seeds"] = list(self.recipe.seeds)
-        self.entries = plan_entries(preset_name, archs, self.sizes["steps"])
+        self.entries = plan_entries(preset_name, archs, self.sizes["steps"], seed)
         for entry in self.entries:                              # before any work
             distributed.check_batch_size(entry.run.train.batch_size, self.world.world_size)
         self.by_label = {e.label: e for e in self.entries}
@@ -599,7 +608,7 @@ def _copies(models: dict) -> dict:
 def reproduce(preset_name: str = "fast", out="runs/reproduce", archs=None, corpus=None,
               paths=None, steps: int | None = None, progress: bool = True, live=None,
               recall_live=None, tasks=None, recall_seeds=None, workers=None,
-              dense_recall_from=None) -> dict:
+              dense_recall_from=None, seed: int | None = None) -> dict:
     """Run (or continue) the lab; returns the results (also in ``out/results.json``).
 
     ``live``: a ``viz.comparison.LiveComparison`` (anything with ``run(name)`` returning a trainer
@@ -609,9 +618,12 @@ def reproduce(preset_name: str = "fast", out="runs/reproduce", archs=None, corpu
     ``tasks``: only these kinds of task (``TASKS``; default all); ``recall_seeds``: train
     each recall model at these seeds instead of the recipe's (a notebook's one seed);
     ``dense_recall_from``: a ``results.json`` of the same preset (the kit's shipped run)
-    whose dense recall models this run reads instead of training them again."""
+    whose dense recall models this run reads instead of training them again; ``seed``: the
+    language models' seed (default: the preset's; a notebook passes ``BLOCKMEM_SEED``'s),
+    which also moves the recall recipe's seeds by as much (seed 5: 5, 6, 7 for 0, 1, 2)
+    unless ``recall_seeds`` names them."""
     if corpus is None or isinstance(corpus, str):
         corpus = load_corpus(corpus or ("files" if paths else "offline"), paths=paths)
     return Lab(preset_name, out, archs, corpus, steps, progress, live=live,
                recall_live=recall_live, tasks=tasks, recall_seeds=recall_seeds,
-               workers=workers, dense_recall_from=dense_recall_from).run()
+               workers=workers, dense_recall_from=dense_recall_from, seed=seed).run()

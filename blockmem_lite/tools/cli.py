@@ -540,6 +540,9 @@ def reproduce_parser() -> argparse.ArgumentParser:
                    help="your own text files (implies --corpus files)")
     p.add_argument("--steps", type=int, default=None, help="training steps per model "
                                                           "(default: the preset's lab size)")
+    p.add_argument("--seed", type=int, default=None, metavar="N",
+                   help="the language models' seed (default: the preset's); another seed "
+                        "makes another run, so give it its own --out")
     p.add_argument("--out", default=None, help="output folder (default: runs/reproduce_PRESET)")
     p.add_argument("--workers", type=int, default=None, metavar="N",
                    help="processes training the recall models side by side (default: one "
@@ -565,6 +568,8 @@ def reproduce_main(argv: list[str] | None = None) -> int:
     try:
         if args.steps is not None and args.steps < 1:
             fail("--steps", args.steps, "expected an integer >= 1")
+        if args.seed is not None and args.seed < 0:
+            fail("--seed", args.seed, "expected an integer >= 0")
         distributed.check_batch_size(preset(args.preset).train.batch_size, world.world_size)
         corpus = load_corpus(args.corpus or ("files" if args.paths else "offline"),
                              paths=args.paths)
@@ -580,7 +585,8 @@ def reproduce_main(argv: list[str] | None = None) -> int:
             try:
                 results = lab.reproduce(args.preset, out,
                                         _split(args.arch) if args.arch else None, corpus,
-                                        steps=args.steps, workers=args.workers)
+                                        steps=args.steps, workers=args.workers,
+                                        seed=args.seed)
                 if world.is_main:
                     _write_plots(results, out)
             finally:

@@ -64,13 +64,17 @@ def notebook_file(number: str) -> Path:
 
 
 def run_notebook(path: Path, preset: str, seed: int, timeout: int) -> list[dict]:
-    """Execute one notebook with ``seed``; the results its ``expect`` calls recorded."""
+    """Execute one notebook with ``seed``; the results its ``expect`` calls recorded.
+
+    Its runs folder (``BLOCKMEM_RUNS``) is a fresh one, so every seed trains what it prints
+    instead of reading what an earlier run stored."""
     import nbformat
     from nbclient import NotebookClient
 
     with tempfile.TemporaryDirectory() as scratch:
         record = Path(scratch) / "record.jsonl"
         env = {"BLOCKMEM_SEED": str(seed), "BLOCKMEM_EXPECT_RECORD": str(record),
+               "BLOCKMEM_RUNS": str(Path(scratch) / "runs"),
                "BLOCKMEM_HEADLESS": "1", "PLOTLY_RENDERER": "json",
                "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
                "BLOCKMEM_FAST": "1" if preset == "fast" else "0"}
