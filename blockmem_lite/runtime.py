@@ -412,8 +412,9 @@ def keep_freed_memory() -> bool:
     about 220 and 250 ms. With every allocation from the heap (``M_MMAP_MAX`` 0) and up to
     ``KEPT_HEAP_BYTES`` of it kept free (``M_TRIM_THRESHOLD``), no step after the first
     faults. The price: the process's resident memory stays at its peak. CUDA tensors are
-    untouched (their caching allocator already keeps memory). Set the environment variable
-    ``BLOCKMEM_KEEP_FREED_MEMORY=0`` to leave the allocator alone.
+    untouched (their caching allocator already keeps memory). The bench's timed processes
+    call it; training never does, so a notebook kernel keeps the system's allocator. Set the
+    environment variable ``BLOCKMEM_KEEP_FREED_MEMORY=0`` to leave the allocator alone.
     """
     global _kept_freed_memory
     if _kept_freed_memory is None:

@@ -1,4 +1,5 @@
-"""runtime.keep_freed_memory: steps that do not page-fault on fresh tensors."""
+"""runtime.keep_freed_memory: steps that do not page-fault on fresh tensors, set by the
+bench's timed processes and never by training."""
 
 import json
 import platform
@@ -13,9 +14,18 @@ glibc_only = pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ve
                                 reason="the allocator setting is glibc's")
 
 CHILD = """
-import json, resource, torch
+import json, resource, sys, torch
 from blockmem_lite.runtime import keep_freed_memory
-kept = keep_freed_memory()
+if sys.argv[1:] == ["train"]:                 # what a notebook kernel does: train a model
+    from torch.utils.data import TensorDataset
+    from blockmem_lite import Trainer, build_model, preset
+    cfg = preset("tiny", steps=2, eval_every=2, batch_size=2)
+    rows = torch.randint(0, 256, (8, cfg.model.seq_len + 1))
+    Trainer(build_model(cfg), cfg, TensorDataset(rows[:, :-1], rows[:, 1:]),
+            callbacks=[]).fit()
+    kept = False
+else:
+    kept = keep_freed_memory()
 def faults_of_a_fresh_40_mib_tensor():
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     torch.ones(10 << 20)                      # 40 MiB written, then freed
@@ -25,12 +35,12 @@ print(json.dumps({"kept": kept, "later": [faults_of_a_fresh_40_mib_tensor() for 
 """
 
 
-def _child(env_value: str | None) -> dict:
+def _child(env_value: str | None, *args: str) -> dict:
     env = None
     if env_value is not None:
         import os
         env = {**os.environ, runtime.KEEP_FREED_MEMORY_ENV: env_value}
-    done = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-c", CHILD, *args], capture_output=True, text=True,
                           env=env, check=True, timeout=120)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -71,3 +81,11 @@ def test_environment_sets_and_removes_variables_and_restores_them(monkeypatch):
         assert "BLOCKMEM_T_KEPT" not in os.environ and os.environ["BLOCKMEM_T_NEW"] == "1"
         raise RuntimeError("the block fails")
     assert os.environ["BLOCKMEM_T_KEPT"] == "before" and "BLOCKMEM_T_NEW" not in os.environ
+
+
+@glibc_only
+def test_training_leaves_the_allocator_as_it_was():
+    """A kernel that trains keeps glibc's own settings: freed big tensors go back to the
+    system (every fresh 40 MiB tensor faults again), as in a process that never trained."""
+    trained = _child(None, "train")
+    assert min(trained["later"]) > 5000, trained

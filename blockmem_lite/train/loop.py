@@ -56,7 +56,6 @@ from blockmem_lite.runtime import (
     SavedTensorCounter,
     autocast_for,
     grad_scaler,
-    keep_freed_memory,
     precision_note,
     reset_peak_memory,
     resolve_precision,
@@ -121,7 +120,6 @@ class Trainer:
         distributed.check_batch_size(cfg.batch_size, self.world.world_size)
         self.device = distributed.joined_device(cfg.device, self.world)
         self.precision = resolve_precision(self.device, cfg.precision)   # bf16 / fp16 / fp32
-        keep_freed_memory()                            # steps that do not page-fault
         self.model = model.to(self.device)
         self.train_dataset = as_dataset(train_data, "train_data")
         self.val_dataset = as_dataset(val_data, "val_data") if val_data is not None else None
