@@ -64,7 +64,7 @@ from blockmem_lite import distributed, knowledge, recall, registry
 from blockmem_lite.config import ModelConfig, RunConfig
 from blockmem_lite.measure import metrics
 from blockmem_lite.models.base import build_model
-from blockmem_lite.runtime import seed_everything
+from blockmem_lite.runtime import keep_freed_memory, seed_everything
 from blockmem_lite.train import Trainer
 from blockmem_lite.train.callbacks import History
 from blockmem_lite.train.stopping import StopButton
@@ -246,6 +246,7 @@ def _start_worker(reports, threads: int, plugins: tuple[str, ...]) -> None:
     to end (a CI run hung there: ``test_lab_parts``'s stop test)."""
     global _reports
     _reports = reports
+    keep_freed_memory()               # a process of its own, only training: no fresh-page faults
     torch.set_num_threads(threads)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if hasattr(signal, "SIGHUP"):                       # not on Windows

@@ -44,7 +44,7 @@ from blockmem_lite.corpora import CorpusUnavailable, load_corpus, make_loaders
 from blockmem_lite.lab.parts import TrainingStopped, WorkerLost
 from blockmem_lite.measure import bench, roofline
 from blockmem_lite.models.base import build_model
-from blockmem_lite.runtime import seed_everything
+from blockmem_lite.runtime import keep_freed_memory, seed_everything
 from blockmem_lite.tokenizer import get_tokenizer
 from blockmem_lite.train import CheckpointNotSaved, Trainer, check_fits_in_memory
 from blockmem_lite.train.resume import RESCUE_ENV
@@ -574,6 +574,7 @@ def reproduce_main(argv: list[str] | None = None) -> int:
         corpus = load_corpus(args.corpus or ("files" if args.paths else "offline"),
                              paths=args.paths)
         world = distributed.setup(preset(args.preset).train.device)
+        keep_freed_memory()          # this process only trains and measures (runtime.py)
         lock = RunLock(out)
 
         def claim():                                  # rank 0 alone writes into --out
