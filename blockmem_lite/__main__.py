@@ -4,8 +4,8 @@
 expected).
 
 Each subcommand is a ``main(argv)`` function in its own module of ``tools/``
-(``tools/cli.py`` for train, bench and reproduce), imported only when used, so
-``envcheck`` works even when extras are missing. ``exercises grade`` is ``grading.main``
+(``tools/train_command.py``, ...), imported only when used, so a command loads only what it
+runs and ``envcheck`` works even when extras are missing. ``exercises grade`` is ``grading.main``
 and ``exercises release`` is ``release.main`` (both import exercises).
 """
 
@@ -20,11 +20,11 @@ COMMANDS = {   # name: (module, function, help)
                  "check dependencies and widgets (OK/FAIL per item)"),
     "notebooks": ("blockmem_lite.tools.notebooks", "main",
                   "copy the notebooks, exercises and figures into a folder, ready to open"),
-    "train": ("blockmem_lite.tools.cli", "train_main",
+    "train": ("blockmem_lite.tools.train_command", "train_main",
               "train a model from a preset, with checkpoints and resume"),
-    "bench": ("blockmem_lite.tools.cli", "bench_main",
+    "bench": ("blockmem_lite.tools.bench_command", "bench_main",
               "throughput / memory / state bytes vs dense, same run"),
-    "reproduce": ("blockmem_lite.tools.cli", "reproduce_main",
+    "reproduce": ("blockmem_lite.tools.reproduce_command", "reproduce_main",
                   "every mechanism on the same work; the papers' claims beside ours"),
     "exercises": ("blockmem_lite.tools.exercises", "main",
                   "build|check|strip|grade|release student notebooks"),

@@ -80,7 +80,7 @@ def fast_reproduce():
     """``reproduce --preset fast`` run once, where notebook 10 looks for it: (out, results)."""
     from blockmem_lite import lab
     from blockmem_lite.corpora import runs_dir
-    from blockmem_lite.tools.cli import reproduce_main
+    from blockmem_lite.tools.reproduce_command import reproduce_main
 
     out = runs_dir() / "reproduce_fast"
     assert not (out / lab.RESULTS_NAME).exists(), "a lab run was already there: not a fresh one"

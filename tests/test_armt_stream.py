@@ -8,7 +8,7 @@ from blockmem_lite.measure import bench, metrics
 from blockmem_lite.mechanisms import armt
 from blockmem_lite.models.armt import ARMTState
 from blockmem_lite.models.dense import DenseState
-from blockmem_lite.tools.cli import bench_main
+from blockmem_lite.tools.bench_command import bench_main
 
 S, M, D_MEM = 8, 2, 4
 

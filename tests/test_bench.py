@@ -9,7 +9,7 @@ from blockmem_lite import ModelConfig, registry
 from blockmem_lite.measure import bench, metrics, roofline
 from blockmem_lite.measure.flops import flop_ceiling
 from blockmem_lite.models.dense import DenseLM
-from blockmem_lite.tools.cli import bench_main, bench_options_of, bench_parser
+from blockmem_lite.tools.bench_command import bench_main, bench_options_of, bench_parser
 from blockmem_lite.units import human_bytes
 from blockmem_lite.validation import parse_int_list
 

@@ -325,7 +325,7 @@ def test_generation_stops_with_a_clear_error_past_the_chunk_index_table():
 
 
 def test_train_cli_parses_chunk_sizes_into_a_tuple():
-    from blockmem_lite.tools.cli import parse_value as _parse_value
+    from blockmem_lite.tools.train_command import parse_value as _parse_value
 
     assert _parse_value("4,8,16,32") == (4, 8, 16, 32)
     assert _parse_value("8,") == (8,)

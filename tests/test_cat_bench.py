@@ -2,7 +2,7 @@
 
 from blockmem_lite import registry
 from blockmem_lite.measure import bench
-from blockmem_lite.tools.cli import bench_options_of, bench_parser
+from blockmem_lite.tools.bench_command import bench_options_of, bench_parser
 
 TINY = dict(d_model=32, n_layer=2, n_head=2, batch=1, threads=1, warmup=1, repeats=1,
             decode_burst=4, progress=False, memory=("none",))

@@ -29,7 +29,8 @@ import pytest
 import torch
 
 from blockmem_lite import build_model, distributed
-from blockmem_lite.tools.cli import reproduce_main, train_main
+from blockmem_lite.tools.reproduce_command import reproduce_main
+from blockmem_lite.tools.train_command import train_main
 from blockmem_lite.train.data import BatchStream
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from blockmem_lite.__main__ import program
-from blockmem_lite.tools import cli, envcheck
+from blockmem_lite.tools import bench_command, envcheck, reproduce_command, train_command
 
 ROOT = Path(__file__).resolve().parent.parent
 # What `make lab` leaves out: the test extra's tools, `datasets` (data) and `transformers` (hf).
@@ -269,7 +269,8 @@ def test_python_dash_m_names_itself(args, usage):
     assert "blockmem-lite" not in done.stdout
 
 
-@pytest.mark.parametrize("make", [cli.train_parser, cli.bench_parser, cli.reproduce_parser])
+@pytest.mark.parametrize("make", [train_command.train_parser, bench_command.bench_parser,
+                                  reproduce_command.reproduce_parser])
 def test_the_cli_parsers_take_the_program_name(monkeypatch, make):
     command = make.__name__.removesuffix("_parser")
     monkeypatch.setattr(sys, "argv", ["/venv/bin/blockmem-lite", command, "--help"])

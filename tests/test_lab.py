@@ -10,7 +10,7 @@ import pytest
 from blockmem_lite import lab, registry
 from blockmem_lite.corpora import load_corpus
 from blockmem_lite.lab import parts as lab_parts
-from blockmem_lite.tools.cli import reproduce_main
+from blockmem_lite.tools.reproduce_command import reproduce_main
 
 DETERMINISTIC_DROP = ("seconds",)          # wall-clock fields differ between runs
 

@@ -17,7 +17,7 @@ from blockmem_lite import lab
 from blockmem_lite.corpora import load_corpus
 from blockmem_lite.lab import parts
 from blockmem_lite.lab import run as lab_run
-from blockmem_lite.tools.cli import reproduce_main
+from blockmem_lite.tools.reproduce_command import reproduce_main
 from blockmem_lite.train.stopping import StopButton
 
 

@@ -37,7 +37,8 @@ CORE = ("config", "runtime", "distributed", "tokenizer", "compiling", "nn", "mas
         "trace", "models.base", "corpora", "tasks", "measure", "measure.*", "train", "train.*",
         "checks", "guard", "own_work", "plugged_in", "recall", "knowledge", "checkpoints",
         "labdata", "lab",
-        "lab.*", "viz", "viz.*", "scratch", "lessons", "expected", "tools.cli", "tools.site")
+        "lab.*", "viz", "viz.*", "scratch", "lessons", "expected", "tools.cli", "tools.site",
+        "tools.train_command", "tools.bench_command", "tools.reproduce_command")
 
 
 def module_names() -> dict[str, Path]:

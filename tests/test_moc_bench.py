@@ -9,7 +9,7 @@ from blockmem_lite import ModelConfig
 from blockmem_lite.measure import bench, metrics
 from blockmem_lite.mechanisms import moc
 from blockmem_lite.models.moc import MemoryRead
-from blockmem_lite.tools.cli import bench_main, bench_parser
+from blockmem_lite.tools.bench_command import bench_main, bench_parser
 
 TINY = dict(d_model=16, n_layer=1, n_head=2, batch=1, threads=1, warmup=1, repeats=1,
             decode_burst=2, memory=("none",), progress=False)

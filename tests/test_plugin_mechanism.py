@@ -36,7 +36,8 @@ from blockmem_lite.measure.flops import dense_decode_layer_flops, layer_matmul_f
 from blockmem_lite.models.dense import DenseLM
 from blockmem_lite.nn import Block
 from blockmem_lite.registry import knob
-from blockmem_lite.tools.cli import bench_main, train_main
+from blockmem_lite.tools.bench_command import bench_main
+from blockmem_lite.tools.train_command import train_main
 from blockmem_lite.validation import check_int, fail
 
 HERE = str(Path(__file__).resolve())

@@ -24,7 +24,8 @@ from torch.utils.data import TensorDataset
 from blockmem_lite import ModelConfig, TrainConfig, build_model, preset, registry
 from blockmem_lite import checkpoints as ck
 from blockmem_lite.corpora import load_corpus
-from blockmem_lite.tools.cli import bench_main, train_main
+from blockmem_lite.tools.bench_command import bench_main
+from blockmem_lite.tools.train_command import train_main
 from blockmem_lite.train import CheckpointNotSaved, Trainer
 from blockmem_lite.train.resume import RESCUE_ENV
 from blockmem_lite.train.stopping import StopButton

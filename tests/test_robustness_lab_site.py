@@ -23,7 +23,7 @@ from test_site import _write
 from blockmem_lite import lab, registry
 from blockmem_lite.lab import run as lab_run
 from blockmem_lite.tools import site
-from blockmem_lite.tools.cli import reproduce_main
+from blockmem_lite.tools.reproduce_command import reproduce_main
 
 ROOT = Path(__file__).resolve().parent.parent
 

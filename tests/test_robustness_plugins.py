@@ -17,7 +17,7 @@ from blockmem_lite import build_model, load_plugin, preset, registry
 from blockmem_lite.checkpoints import CheckpointError
 from blockmem_lite.models.base import ModelOutput
 from blockmem_lite.models.dense import DenseLM
-from blockmem_lite.tools.cli import train_main
+from blockmem_lite.tools.train_command import train_main
 from blockmem_lite.train import Trainer
 from blockmem_lite.train.resume import load_model
 

@@ -20,7 +20,7 @@ import torch
 
 from blockmem_lite import checkpoints as ck
 from blockmem_lite import preset, runtime
-from blockmem_lite.tools.cli import train_main
+from blockmem_lite.tools.train_command import train_main
 from blockmem_lite.train import check_fits_in_memory
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -91,7 +91,7 @@ def test_1_ranks_with_different_settings_are_refused_on_every_rank(tmp_path):
 
 TRAIN_DRIVER = """
 import os, sys
-from blockmem_lite.tools.cli import train_main
+from blockmem_lite.tools.train_command import train_main
 
 rank = int(os.environ["RANK"])
 extra = ["--steps", "6", "--set", "seed=1"] if rank else ["--steps", "4"]

@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from blockmem_lite import build_model, preset
 from blockmem_lite.runtime import pick_device
-from blockmem_lite.tools.cli import train_main as main
+from blockmem_lite.tools.train_command import train_main as main
 from blockmem_lite.train import (
     EVAL_KEYS,
     STEP_KEYS,

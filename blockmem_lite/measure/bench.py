@@ -8,7 +8,7 @@ each ratio is shown next to its analytic FLOP ceiling (``metrics.flops_per_token
 This module names no mechanism. It asks the registry for each one's bench
 options, its variants (how a sweep value becomes a config and a label), its
 FLOP model and its special benchmarks; ``python -m blockmem_lite bench``
-(``tools/cli.py``) lists them all.
+(``tools/bench_command.py``) lists them all.
 
 Phases:
 

@@ -9,7 +9,7 @@ A training step holds, by part:
 
 The activations are measured, not modelled (**kit design choice**): two dry runs, forward
 only, of batch 1 and batch 2 at the run's sequence length and precision, on the run's own
-device, record the bytes saved for backward (``metrics.saved_tensor_bytes``, deduplicated by
+device, record the bytes saved for backward (``runtime.SavedTensorCounter``, deduplicated by
 storage). The line through the two splits them into a fixed part (autocast's half-precision
 copies of the weights, masks shared by the batch) and a part per sequence, so batch B saves
 ``fixed + B * per_sequence``. Every mechanism is estimated alike, a plugin's included, and
@@ -33,8 +33,7 @@ from typing import Callable
 
 import torch
 
-from blockmem_lite.measure.metrics import saved_tensor_bytes
-from blockmem_lite.runtime import autocast_for, available_memory_bytes
+from blockmem_lite.runtime import SavedTensorCounter, autocast_for, available_memory_bytes
 from blockmem_lite.units import human_bytes
 from blockmem_lite.validation import check_choice, check_int
 
@@ -127,8 +126,10 @@ def _dry_run(model: torch.nn.Module, fn: Callable, frozen: list, precision: str,
     accelerators = [device] if device.type == "cuda" else []
     model.train()
     try:
-        with torch.random.fork_rng(devices=accelerators), autocast_for(device, precision):
-            return saved_tensor_bytes(fn, exclude=frozen)
+        with torch.random.fork_rng(devices=accelerators), autocast_for(device, precision), \
+                SavedTensorCounter(frozen) as saved:
+            fn()
+        return saved.bytes
     finally:
         model.train(was_training)
 

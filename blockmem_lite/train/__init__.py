@@ -15,7 +15,7 @@ The package, one job per module (read ``loop`` first):
   segments).
 
 What torchrun needs (process group, DDP, the collectives, each process's rows) is
-``blockmem_lite.distributed``. The command line is ``tools/cli.py``.
+``blockmem_lite.distributed``. The command line is ``tools/train_command.py``.
 """
 
 from blockmem_lite.train.callbacks import EVAL_KEYS, STEP_KEYS, Callback, History
