@@ -51,17 +51,19 @@ def load_ranges(path: Path | None = None) -> dict:
     return json.loads(path.read_text(encoding="utf-8"))["presets"]
 
 
-def measured_range(values: list[float], at_most: float | None = None) -> tuple[float, float]:
-    """The range stored for the values of several seeds: their span, widened on each side by
-    ``PAD_SHARE`` of it and by at least ``MIN_PAD`` of the value; never below zero for a
-    result that was never negative (a loss, an accuracy, a ratio), never above ``at_most``
-    for a result that cannot exceed it (an accuracy, a share: 1)."""
+def measured_range(values: list[float], at_most: float | None = None,
+                   signed: bool = False) -> tuple[float, float]:
+    """The range of a result from the values of several seeds: their span, widened on each
+    side by ``PAD_SHARE`` of it and by at least ``MIN_PAD`` of the value; never below zero
+    for a result that was never negative (a loss, an accuracy, a ratio) unless it is
+    ``signed`` (a difference, which any seed may turn negative), never above ``at_most`` for
+    a result that cannot exceed it (an accuracy, a share: 1)."""
     low, high = min(values), max(values)
     pad = max(PAD_SHARE * (high - low), MIN_PAD * max(abs(low), abs(high)), 1e-12)
     high += pad
     if at_most is not None:
         high = min(high, max(at_most, max(values)))
-    return (low - pad if low < 0 else max(low - pad, 0.0)), high
+    return (low - pad if low < 0 or signed else max(low - pad, 0.0)), high
 
 
 def _number(value: float) -> str:
@@ -72,12 +74,14 @@ def _strict() -> bool:
     return os.environ.get(STRICT_ENV, "").strip().lower() in ("1", "true", "yes", "on")
 
 
-def _record(name: str, value: float, at_most: float | None) -> None:
+def _record(name: str, value: float, at_most: float | None, signed: bool) -> None:
     target = os.environ.get(RECORD_ENV)
     if target:
         row = {"name": name, "value": value}
         if at_most is not None:
             row["at_most"] = at_most
+        if signed:
+            row["signed"] = True
         with open(target, "a", encoding="utf-8") as out:
             out.write(json.dumps(row) + "\n")
 
@@ -92,13 +96,14 @@ def current_preset() -> str:
 
 
 def expect(name: str, value: float, *, unit: str = "", outside: str,
-           machine: bool = False, at_most: float | None = None) -> None:
+           machine: bool = False, at_most: float | None = None, signed: bool = False) -> None:
     """Print the range measured for ``name`` under this preset and whether ``value`` is in it.
 
     ``outside`` says in one sentence what a value outside the range would mean; ``machine``
     marks a result that depends on the computer (a speed ratio), whose range names the machine
     it was measured on; ``at_most`` is a bound the result cannot pass (1 for an accuracy or a
-    share), so the range never reads above it. Returns nothing (a notebook cell ending in it
+    share), so the range never reads above it; ``signed`` marks a difference, whose range
+    may reach below zero even when every seed measured gave a positive one. Returns nothing (a notebook cell ending in it
     shows only its line)."""
     if not isinstance(name, str) or not NAME.fullmatch(name):
         raise ValueError(f"name={name!r}: expected the notebook's two-digit number, a dot and "
@@ -110,7 +115,7 @@ def expect(name: str, value: float, *, unit: str = "", outside: str,
                                 or not math.isfinite(at_most)):
         raise ValueError(f"at_most={at_most!r}: expected None or a finite number, e.g. 1 for "
                          "an accuracy")
-    _record(name, value, at_most)
+    _record(name, value, at_most, bool(signed))
     preset = current_preset()
     entry = load_ranges().get(preset, {}).get(name)
     suffix = f" {unit}" if unit else ""
@@ -121,9 +126,7 @@ def expect(name: str, value: float, *, unit: str = "", outside: str,
             raise OutsideExpected(message)
         print(message)
         return
-    low, high = entry["low"], entry["high"]
-    if at_most is not None:
-        high = min(high, max(at_most, low))
+    low, high = measured_range(list(entry["values"].values()), at_most, signed)
     where = f"{preset} preset, seeds {entry['seeds']}"
     if machine:
         where += f", measured on {entry['machine']}"

@@ -46,6 +46,25 @@ def test_a_bounded_result_never_reads_above_its_bound(tmp_path, monkeypatch, cap
         expected.expect("09.recall", 0.9, outside="x", at_most="1")
 
 
+def test_a_signed_difference_may_read_below_zero(tmp_path, monkeypatch, capsys):
+    """Three positive gaps (0.125, 0.026, 0.101) say little about a fourth seed's sign: a
+    difference's range is padded below zero; a loss's stops at zero."""
+    gaps = [0.125, 0.026, 0.101]
+    assert expected.measured_range(gaps)[0] == 0.0
+    low, high = expected.measured_range(gaps, signed=True)
+    assert low == pytest.approx(0.026 - 0.0495) and high == pytest.approx(0.125 + 0.0495)
+    path = tmp_path / "ranges.json"
+    expected_runs.store({"03.gap": {0: 0.125, 1: 0.026, 2: 0.101, "signed": True}}, ["03"],
+                        "fast", [0, 1, 2], path=path)
+    assert expected.load_ranges(path)["fast"]["03.gap"]["low"] < 0
+    monkeypatch.setattr(expected, "ranges_path", lambda: path)
+    monkeypatch.setenv("BLOCKMEM_FAST", "1")
+    expected.expect("03.gap", -0.01, outside="x", signed=True)
+    assert "inside" in capsys.readouterr().out
+    expected.expect("03.gap", -0.01, outside="x")
+    assert "OUTSIDE" in capsys.readouterr().out
+
+
 def test_inside_and_outside_are_said(stored, capsys):
     assert expected.expect("02.loss", 3.05, unit="nats", outside="the memory did not train") is None
     line = capsys.readouterr().out
@@ -100,9 +119,11 @@ def test_record_appends_every_result(tmp_path, monkeypatch):
     expected.expect("03.gap", 0.5, outside="x")
     expected.expect("03.ratio", 2.0, outside="x")
     expected.expect("03.recall", 0.5, outside="x", at_most=1)
+    expected.expect("03.diff", -0.5, outside="x", signed=True)
     rows = [json.loads(line) for line in record.read_text().splitlines()]
     assert rows == [{"name": "03.gap", "value": 0.5}, {"name": "03.ratio", "value": 2.0},
-                    {"name": "03.recall", "value": 0.5, "at_most": 1}]
+                    {"name": "03.recall", "value": 0.5, "at_most": 1},
+                    {"name": "03.diff", "value": -0.5, "signed": True}]
 
 
 def test_store_replaces_only_the_notebooks_remade(stored):

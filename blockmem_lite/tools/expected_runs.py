@@ -22,6 +22,7 @@ from blockmem_lite.expected import load_ranges, measured_range, ranges_path
 from blockmem_lite.runtime import environment
 
 DEFAULT_SEEDS = (0, 1, 2)
+BOUNDS = ("at_most", "signed")       # what an expect call says of its range, recorded with it
 PRESETS = ("fast", "class")
 
 
@@ -101,7 +102,7 @@ def machine() -> str:
 
 def collect(notebooks: list[str], preset: str, seeds: list[int], timeout: int) -> dict:
     """``{name: {seed: value}}`` over every notebook and seed, with progress lines; a name
-    whose ``expect`` gave ``at_most`` also has it, under the key ``"at_most"``."""
+    whose ``expect`` gave ``at_most`` or ``signed`` also has it, under that key."""
     values: dict[str, dict] = {}
     total, done = len(notebooks) * len(seeds), 0
     for number in notebooks:
@@ -110,8 +111,9 @@ def collect(notebooks: list[str], preset: str, seeds: list[int], timeout: int) -
             started = time.monotonic()
             for row in run_notebook(path, preset, seed, timeout):
                 values.setdefault(row["name"], {})[seed] = row["value"]
-                if "at_most" in row:
-                    values[row["name"]]["at_most"] = row["at_most"]
+                for bound in BOUNDS:
+                    if bound in row:
+                        values[row["name"]][bound] = row[bound]
             done += 1
             print(f"[{done}/{total}] {path.name} seed {seed}: "
                   f"{time.monotonic() - started:.0f} s", flush=True)
@@ -127,11 +129,12 @@ def store(values: dict, notebooks: list[str], preset: str, seeds: list[int],
             if name.split(".")[0] not in notebooks}
     where = machine()
     for name, recorded in sorted(values.items()):
-        by_seed = {seed: value for seed, value in recorded.items() if seed != "at_most"}
+        by_seed = {seed: value for seed, value in recorded.items() if seed not in BOUNDS}
         if set(by_seed) != set(seeds):
             raise SystemExit(f"{name}: recorded for seeds {sorted(by_seed)} only, not all of "
                              f"{seeds}; a result must be printed on every seed's run")
-        low, high = measured_range(list(by_seed.values()), recorded.get("at_most"))
+        low, high = measured_range(list(by_seed.values()), recorded.get("at_most"),
+                                   recorded.get("signed", False))
         kept[name] = {"low": low, "high": high, "seeds": _seed_span(seeds),
                       "values": {str(s): v for s, v in sorted(by_seed.items())},
                       "machine": where, "date": date.today().isoformat()}
