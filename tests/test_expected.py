@@ -193,3 +193,20 @@ def test_every_result_a_notebook_expects_has_a_fast_range():
     fast = set(expected.load_ranges().get("fast", {}))
     missing = sorted(named - fast - CLASS_PRESET_ONLY)
     assert not missing, f"no stored fast-mode range for {missing}: run expected remake"
+
+
+def test_a_remake_names_the_slowest_cells_of_each_run():
+    import nbformat
+
+    notebook = nbformat.v4.new_notebook()
+    for cell_id, seconds in (("quick", 1.0), ("slow", 75.5), ("unrun", None), ("mid", 9.0)):
+        cell = nbformat.v4.new_code_cell("pass")
+        cell.id = cell_id
+        if seconds is not None:
+            cell.metadata["execution"] = {
+                "iopub.execute_input": "2026-12-07T05:00:00.000000Z",
+                "shell.execute_reply": f"2026-12-07T05:{int(seconds) // 60:02d}:"
+                                       f"{seconds % 60:09.6f}Z"}
+        notebook.cells.append(cell)
+    assert expected_runs.slowest_cells(notebook, count=2) == "slow 76 s, mid 9 s"
+    assert expected_runs.slowest_cells(nbformat.v4.new_notebook()) == "(no timings)"

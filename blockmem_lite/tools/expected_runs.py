@@ -83,9 +83,26 @@ def run_notebook(path: Path, preset: str, seed: int, timeout: int) -> list[dict]
             notebook = nbformat.read(path, as_version=4)
             NotebookClient(notebook, timeout=timeout,
                            resources={"metadata": {"path": str(path.parent)}}).execute()
+        print(f"  slowest cells: {slowest_cells(notebook)}", flush=True)
         if not record.is_file():
             return []
         return [json.loads(line) for line in record.read_text(encoding="utf-8").splitlines()]
+
+
+def slowest_cells(notebook, count: int = 3) -> str:
+    """``"nb07-22 120 s, nb07-31 45 s, ..."``: the ``count`` longest cells of an executed
+    notebook, from the timestamps nbclient records in each cell's metadata."""
+    from datetime import datetime
+
+    seconds = {}
+    for cell in notebook.cells:
+        stamps = cell.get("metadata", {}).get("execution", {})
+        if "iopub.execute_input" in stamps and "shell.execute_reply" in stamps:
+            begin, end = (datetime.fromisoformat(stamps[key].replace("Z", "+00:00"))
+                          for key in ("iopub.execute_input", "shell.execute_reply"))
+            seconds[cell.get("id", "?")] = (end - begin).total_seconds()
+    longest = sorted(seconds.items(), key=lambda item: item[1], reverse=True)[:count]
+    return ", ".join(f"{cell_id} {s:.0f} s" for cell_id, s in longest) or "(no timings)"
 
 
 def machine() -> str:
