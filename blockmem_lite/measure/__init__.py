@@ -4,8 +4,8 @@
   the registrations import it, so this package file imports nothing).
 - ``metrics``: FLOPs per token via the registry, parameters, peak memory, saved tensors.
 - ``flopcount``: the analytic FLOP models checked against torch's ``FlopCounterMode``.
-- ``opcount``: one step counted and replayed operator by operator.
-- ``roofline``: the machine probes (matmul peak, copy bandwidth, launch) and the bound.
+- ``roofline``: the machine probes (matmul, copy, launch), one step's operator count and
+  the bound they set.
 - ``bench``: the same-run benchmark against dense (``python -m blockmem_lite bench``);
   ``bench_compile``: its compiled entries.
 """

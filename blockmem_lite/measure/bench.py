@@ -20,9 +20,8 @@ Phases:
   (tokens/s of decoding, batch 1 by default). Each timed sample runs
   ``decode_burst`` steps; ``ms_per_step`` is per token step. The rounds run in
   ``DECODE_BLOCKS`` blocks, each from a fresh prefill (the same contexts, t = T on), so
-  the median spans three times the machine's time: a decoding round lasts about 0.3 s,
-  and in one class run a stretch of a second slowed dense's T = 1024 steps from 1.2 to
-  2.2 ms in 4 rounds of 5 (MoC above its roofline ceiling at 111%). ``state_bytes`` is
+  the median spans three times the machine's time (a decoding round lasts about 0.3 s,
+  and a slow second of a shared machine would otherwise hold most rounds). ``state_bytes`` is
   ``state.nbytes()`` after a prefill of exactly t tokens.
 * ``compile=True`` (``--compile``): every model of the train / decode phases is
   compiled first (``compiling.compile_training`` / ``compile_decoding``); compiled
@@ -55,22 +54,21 @@ Extra record keys: ``saved_bytes``, ``rss_peak_bytes``, ``rss_base_bytes``
 a busy machine slows multi-threaded kernels a lot, which the same-run ratios
 cancel but absolute tokens/s do not).
 
-Roofline (``roofline.py`` holds the probes and the bound, ``opcount.py`` the counted
-step): each run first measures the machine (``peak_flops_per_s``: square matmuls in the
-run's dtype; ``peak_bytes_per_s``: a large copy; ``peak_launch_s``: one small operator),
-printed in the table's header and stored in every record. Each entry's step is then run
-twice more, under the profiler and the operator counter (decode: a burst of token steps
-of its own). Records carry
-``flops_per_step`` (the analytic FLOPs per token x tokens per step: B·T for train, B for
-one decode step), what the counter saw (``counted_flops_per_step`` by torch's formulas,
-``launches_per_step``, ``bytes_per_step`` of the non-matmul operators,
-``matmul_flops_per_s``: the speed the step's own matmuls reach), the three terms
-(``compute_ms``, ``memory_ms``, ``launch_ms``), ``roofline_bound`` (the binding term),
-``roofline_ms`` (the bound per step), ``roofline_fraction`` (``roofline_ms /
-ms_per_step``), ``bound_ceiling`` (dense's bound / this one's: the ratio vs dense the
-machine allows) and ``frac_of_bound_ceiling`` (``ratio_vs_dense / bound_ceiling``; above
-about 1.05 a term is missing or a model is wrong: docs/MEASUREMENTS.md, Roofline). All
-None where a figure is missing (no FLOP model, peaks not measured, dense itself for the ceiling).
+Roofline (``roofline.py``): each run first measures the machine (``peak_flops_per_s``: a
+square matmul in the run's dtype; ``peak_bytes_per_s``: a large copy; ``peak_launch_s``:
+one tiny operator), printed in the table's header and stored in every record. Each
+entry's step then runs once more under the operator counter (decode: a burst of token
+steps of its own). Records carry ``flops_per_step`` (the analytic FLOPs per token x tokens
+per step: B·T for train, B for one decode step), what the counter saw
+(``counted_flops_per_step`` by torch's formulas, ``launches_per_step``, ``bytes_per_step``
+of the non-matmul operators, ``matmul_flops_per_s``: the speed the step's own matmuls and
+attention kernels reached), the three terms (``compute_ms``, ``memory_ms``,
+``launch_ms``), ``roofline_bound`` (the binding term), ``roofline_ms`` (the bound per
+step), ``roofline_fraction`` (``roofline_ms / ms_per_step``), ``bound_ceiling`` (dense's
+bound / this one's: the ratio vs dense the machine allows) and ``frac_of_bound_ceiling``
+(``ratio_vs_dense / bound_ceiling``; the table's notes explain a record above 1). All
+None where a figure is missing (no FLOP model, peaks not measured, dense itself for the
+ceiling).
 """
 
 from __future__ import annotations
@@ -79,15 +77,14 @@ import itertools
 import os
 import platform
 import sys
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Iterable
 
 import torch
 
 from blockmem_lite import registry
 from blockmem_lite.config import ModelConfig
-from blockmem_lite.measure import metrics, opcount, roofline
+from blockmem_lite.measure import metrics, roofline
 from blockmem_lite.measure.bench_compile import (
     boundary_span,
     compile_warmup_calls,
@@ -120,7 +117,7 @@ DEFAULT_SEQ_LENS = (256, 1024, 4096)
 RECORD_KEYS = ("arch", "variant", "phase", "seq_len", "batch", "tokens_per_s", "ms_per_step",
                "ratio_vs_dense", "flop_ceiling", "frac_of_ceiling", "memory_bytes",
                "memory_method", "state_bytes", "device", "dtype", "threads", "torch_version")
-COUNTED_CALLS = 3    # calls opcount.count_step makes: profiler, reuse distances, counter
+COUNTED_CALLS = 1    # calls of a decoding step fn the roofline's count makes
 DECODE_BLOCKS = 3    # decoding is timed in this many blocks of rounds, each from the prefill
 NO_MEMORY = {"memory_bytes": None, "memory_method": "none", "saved_bytes": None,
              "rss_peak_bytes": None, "rss_base_bytes": None}
@@ -208,7 +205,6 @@ class BenchContext:
     progress: bool
     peaks: roofline.Peaks | None = None     # the machine's measured limits (None: not measured)
     compile: bool = False
-    replays: opcount.ReplayCache = field(default_factory=opcount.ReplayCache)
 
     # --- models ---------------------------------------------------------------------------
     def entry(self, arch: str, seq_len: int, variant: str = "",
@@ -286,26 +282,13 @@ class BenchContext:
         """The roofline inputs of one step, keyword arguments for ``record``:
         ``flops_per_step`` (the analytic FLOPs per token x ``tokens``, the tokens one step
         processes; train: 3 x the forward, as recorded) and ``count`` (``step_fn`` run once
-        under ``opcount.count_step``, ``steps`` steps per call; None without peaks)."""
+        under ``roofline.count_step``, ``steps`` steps per call; None without peaks)."""
         count = None if self.peaks is None else \
-            opcount.count_step(step_fn, self.device, self.replays, steps)
+            roofline.count_step(step_fn, self.device, steps)
         return {"flops_per_step": None if flops_per_token is None else flops_per_token * tokens,
                 "count": count}
 
-    def priced(self, costs: list[dict]) -> list[dict]:
-        """``costs`` (from ``step_cost``) re-priced from the run's replay cache once every
-        entry of a phase is counted and the calls making up most of each step swept once
-        more, interleaved (``opcount.sweep``), so each bound uses the fastest replays seen."""
-        counts = [cost["count"] for cost in costs if cost["count"]]
-        if counts:
-            keys = [key for count in counts for key in count.costliest_calls(self.replays)]
-            seconds = time.perf_counter()
-            swept = opcount.sweep(self.replays, keys, self.device)
-            self.log(f"swept {swept:,} calls in {time.perf_counter() - seconds:.1f} s")
-        return [{**cost, "count": cost["count"].priced(self.replays) if cost["count"] else None}
-                for cost in costs]
-
-    def roofline_fields(self, flops_per_step, count: opcount.StepCount | None,
+    def roofline_fields(self, flops_per_step, count: roofline.StepCount | None,
                         ms_per_step: float) -> dict:
         """The roofline keys of a record (module docstring); None where a figure is missing."""
         return roofline.record_fields(count, self.peaks, self.device.type, flops_per_step,
@@ -316,7 +299,7 @@ class BenchContext:
                timing: metrics.Timing, ratio, ceiling, flops, memory: dict,
                state_bytes, model_fields: dict, params: int, overrides: dict,
                per_call: int = 1, flops_per_step: float | None = None,
-               count: opcount.StepCount | None = None,
+               count: roofline.StepCount | None = None,
                baseline_roofline_ms: float | None = None, **extra) -> dict:
         """One record with every ``RECORD_KEYS`` key, the run's settings and ``extra`` keys.
 
@@ -431,9 +414,9 @@ def bench_phase(ctx: BenchContext, entries: list[Entry], phase: str, seq_len: in
     flops = [ctx.flops(entry.cfg, seq_len, decode) for entry in entries]
     recorded_flops = [training_flops_per_token(f) if f is not None and not decode else f
                       for f in flops]
-    costs = ctx.priced([_step_cost(ctx, entry.cfg, model, phase, batch, seq_len, train_step, f)
-                        for entry, model, train_step, f in zip(entries, models, steps,
-                                                               recorded_flops, strict=True)])
+    costs = [_step_cost(ctx, entry.cfg, model, phase, batch, seq_len, train_step, f)
+             for entry, model, train_step, f in zip(entries, models, steps, recorded_flops,
+                                                    strict=True)]
     del steps
     baseline_ms = ctx.roofline_fields(costs[0]["flops_per_step"], costs[0]["count"],
                                       timings[0].ms_per_step / per_call)["roofline_ms"]
@@ -469,9 +452,9 @@ def counted_decode_tokens(ctx: BenchContext, entries: list[Entry]) -> int:
 def _step_cost(ctx: BenchContext, cfg: ModelConfig, model, phase: str, batch: int,
                seq_len: int, train_step, flops_per_token) -> dict:
     """``ctx.step_cost`` of one entry: the timed train step itself, or decoding steps after
-    a prefill of ``seq_len`` (a step fn of its own, ``COUNTED_CALLS`` calls: the timed
-    one's state is sized for the timed calls only), as many as a burst or one boundary span, whichever is
-    longer, so a block / chunk / segment boundary counts as often as it comes."""
+    a prefill of ``seq_len`` (a step fn of its own: the timed one's state is sized for the
+    timed calls only), as many as a burst or one boundary span, whichever is longer, so a
+    block / chunk / segment boundary counts as often as it comes."""
     if phase == "train":
         return ctx.step_cost(train_step, tokens=batch * seq_len, flops_per_token=flops_per_token)
     steps = counted_decode_steps(ctx, cfg)
@@ -521,7 +504,7 @@ def run_bench(archs=("dense",), seq_lens=DEFAULT_SEQ_LENS, *, batch: int | None 
               phases=None, warmup: int = 3, repeats: int = 5, decode_burst: int = 32,
               memory=("saved", "rss"), options: dict | None = None,
               progress: bool = True, compile: bool = False,
-              roofline_seconds: float | None = roofline.PROBE_SECONDS) -> list[dict]:
+              roofline_seconds: float | None = None) -> list[dict]:
     """Benchmark dense and every variant of ``archs``; one record per (arch, variant, phase, T).
 
     ``phases``: None = train, decode and the special benches of ``archs``. ``batch``
@@ -529,8 +512,9 @@ def run_bench(archs=("dense",), seq_lens=DEFAULT_SEQ_LENS, *, batch: int | None 
     or "none" (see the module docstring). ``options``: mechanism bench options by
     ``dest``, typed (``{"block_size": [64, 128]}``; defaults from the registry). ``compile``: torch.compile every model of
     the train / decode phases first (module docstring). ``roofline_seconds``: how long
-    each of the two machine probes runs (``roofline.measure_peaks``; None: no probes, the
-    roofline keys are None). Every argument is checked before any timing starts. Progress
+    each of the three machine probes runs (``roofline.measure_peaks``; the command's
+    default is ``roofline.PROBE_SECONDS``); None, the default here: no probes and no
+    operator count, the roofline keys are None (a notebook's bench shows no roofline). Every argument is checked before any timing starts. Progress
     goes to stderr.
     """
     archs = resolve_archs(archs)

@@ -185,9 +185,9 @@ def bench_inference(options: dict, bench) -> list[dict]:
     dense_tps = {seq_len: timing.tokens_per_s
                  for (seq_len, entry), timing in zip(runs, timings, strict=True)
                  if entry.arch == BASELINE}
-    costs = bench.priced([bench.step_cost(step, tokens=batch * seq_len,
-                                          flops_per_token=bench.flops(entry.cfg, seq_len))
-                          for step, (seq_len, entry) in zip(steps, runs, strict=True)])
+    costs = [bench.step_cost(step, tokens=batch * seq_len,
+                             flops_per_token=bench.flops(entry.cfg, seq_len))
+             for step, (seq_len, entry) in zip(steps, runs, strict=True)]
     dense_ms = {seq_len: bench.roofline_fields(cost["flops_per_step"], cost["count"],
                                                timing.ms_per_step)["roofline_ms"]
                 for (seq_len, entry), cost, timing in zip(runs, costs, timings, strict=True)
