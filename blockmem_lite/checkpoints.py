@@ -230,6 +230,16 @@ class RunLock:
         return RunLocked(f"{who}: process {pid} still runs. Wait for it to finish, or choose "
                          f"another output folder; if that run is gone, delete {self.path}")
 
+    def check(self) -> None:
+        """Raise ``RunLocked`` when a live run of another process holds the folder; take
+        nothing. A command reports a busy folder before any long work with it, and the fit
+        that writes into the folder takes the lock."""
+        key = str(self.folder.resolve())
+        if self.path.exists() and not self._held.get(key):
+            owner = self.owner()
+            if not self._stale(owner):
+                raise self._refusal(owner)
+
     def acquire(self) -> None:
         key = str(self.folder.resolve())
         if self._held.get(key):

@@ -83,6 +83,26 @@ def test_1_a_stale_lock_is_taken_over_and_released(tmp_path):
     assert (tmp_path / "checkpoint.pt").exists() and not (tmp_path / ck.LOCK_NAME).exists()
 
 
+def test_1_the_command_claims_its_folder_once_and_a_busy_one_before_building(tmp_path,
+                                                                              monkeypatch):
+    taken = []
+    real_acquire = ck.RunLock.acquire
+    monkeypatch.setattr(ck.RunLock, "acquire",
+                        lambda lock: taken.append(lock.folder) or real_acquire(lock))
+    assert train_main([*TINY, "--out", str(tmp_path / "run")]) == 0
+    assert taken == [tmp_path / "run"]                  # by the fit alone
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (tmp_path / "busy").mkdir()
+        (tmp_path / "busy" / ck.LOCK_NAME).write_text(json.dumps(
+            {"pid": holder.pid, "host": socket.gethostname(), "started": "now"}))
+        import blockmem_lite.tools.train_command as command
+        monkeypatch.setattr(command, "_trainer", lambda *a: pytest.fail("built a trainer"))
+        assert train_main([*TINY, "--out", str(tmp_path / "busy")]) == 2
+    finally:
+        holder.kill()
+
+
 def test_1_the_library_trainer_takes_the_lock_too(tmp_path):
     trainer = _trainer(tmp_path)
     with ck.RunLock(tmp_path):                          # nested in one process: fine

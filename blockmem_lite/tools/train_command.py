@@ -224,9 +224,8 @@ def train_main(argv: list[str] | None = None) -> int:
         out = Path(args.out or f"runs/{run_cfg.preset}_{run_cfg.model.arch}")
         run_cfg = run_cfg.replace(checkpoint_dir=str(out))
         if not world.distributed:
-            with RunLock(prepare_folder(out, name="--out")):
-                return _train_in(args, run_cfg, out, distributed.SINGLE,
-                                 _read_checkpoint(args, run_cfg, out))
+            return _train_in(args, run_cfg, out, distributed.SINGLE,
+                             _claimable_checkpoint(args, run_cfg, out))
         world = distributed.setup(run_cfg.train.device)
         try:
             return _train_ranks(args, run_cfg, out, world)
@@ -238,8 +237,10 @@ def train_main(argv: list[str] | None = None) -> int:
         return 2
 
 
-def _read_checkpoint(args, run_cfg: RunConfig, out: Path) -> dict | None:
-    """The checkpoint to resume from (None for a new run), checked against this command."""
+def _claimable_checkpoint(args, run_cfg: RunConfig, out: Path) -> dict | None:
+    """``out`` made and checked free of another live run (``Trainer.fit`` takes its lock:
+    the command claims it once), then the checkpoint to resume from, None for a new run."""
+    RunLock(prepare_folder(out, name="--out")).check()
     ckpt_path = out / CHECKPOINT_NAME
     if args.resume and not ckpt_path.is_file():
         raise ValueError(f"--resume needs {ckpt_path}, which does not exist")
@@ -258,30 +259,15 @@ def _read_checkpoint(args, run_cfg: RunConfig, out: Path) -> dict | None:
 
 
 def _train_ranks(args, run_cfg: RunConfig, out: Path, world: distributed.World) -> int:
-    """Several processes: rank 0 takes the folder and reads the checkpoint, every process
+    """Several processes: rank 0 checks the folder and reads the checkpoint, every process
     gets it (or rank 0's error), then all train together."""
-    lock = RunLock(out)
-
-    def claim():
-        prepare_folder(out, name="--out")
-        lock.acquire()
-        try:
-            return _read_checkpoint(args, run_cfg, out)
-        except BaseException:
-            lock.release()
-            raise
-
-    ckpt = world.on_main(claim)
-    try:
-        return _train_in(args, run_cfg, out, world, ckpt)
-    finally:
-        if world.is_main:
-            lock.release()
+    ckpt = world.on_main(lambda: _claimable_checkpoint(args, run_cfg, out))
+    return _train_in(args, run_cfg, out, world, ckpt)
 
 
 def _train_in(args, run_cfg: RunConfig, out: Path, world: distributed.World,
               ckpt: dict | None) -> int:
-    """The run itself, with ``out`` locked by this process (rank 0)."""
+    """The run itself; its fit takes ``out``'s lock (rank 0)."""
     say = print if world.is_main else (lambda *a, **k: None)
     try:
         trainer = _trainer(args, run_cfg, ckpt)
