@@ -1,5 +1,9 @@
-"""Reading a comparison-lab result (``lab.reproduce``): a leaf module, so that each mechanism's
-claims (``registry.Claim.kit``) can read the figures they answer without importing the lab.
+"""Reading a comparison-lab result (``lab.reproduce``): single figures (one loss, one bench
+value, recall beyond a span) and the tables notebook 10 and the report show (one row per
+model, the decoding-state curves, the tasks a partial run lacks). A leaf module, so that each
+mechanism's claims (``registry.Claim.kit``) read their figures without importing the lab;
+``lab.report`` formats the tables as text. Every reader takes a partial result too: what the
+run did not measure is None, never an error.
 
 The result is a plain dict (its JSON is ``OUT/results.json``)::
 
@@ -14,6 +18,10 @@ The result is a plain dict (its JSON is ``OUT/results.json``)::
 """
 
 from __future__ import annotations
+
+# model_table's columns (lab.report.format_model_table prints them)
+MODEL_COLUMNS = ("val loss", "train x", "decode x", "FLOPs/tok", "state KiB", "growth",
+                 "passkey", "mqar", "pretrained")
 
 
 def val_loss(results: dict, label: str, variant: str = "") -> float | None:
@@ -84,3 +92,72 @@ def best(values, pick=max) -> float | None:
     """``pick`` (max, or min) of the values that are not None (None when there is none)."""
     found = [v for v in values if v is not None]
     return pick(found) if found else None
+
+
+def trained_models(results: dict) -> list[tuple[str, str, str, str, str]]:
+    """[(name, arch, label, variant, bench variant)] per trained language model and variant,
+    in the result's order: e.g. ("cat C=16", "cat", "cat", "C=16", "C=16") for one chunk
+    size of CAT's multi-chunk model, ("dense iso-FLOP (moc)", "dense", "dense iso-FLOP (moc)",
+    "", "iso-FLOP (moc)") for a baseline (its bench records name it in their variant)."""
+    out = []
+    for key, record in results["done"].items():
+        if key.startswith("lm/"):
+            label, arch = key[3:], record["arch"]
+            own = label[len(arch):].strip()              # e.g. "iso-FLOP (moc)"
+            out += [(f"{label} {v}".strip(), arch, label, v, f"{own} {v}".strip())
+                    for v in record["val_loss"]]
+    return out
+
+
+def speed_vs_dense(results: dict, arch: str, phase: str, bench_variant: str = "") -> float | None:
+    """Same-run tokens/s over dense's at the longest benched length (dense itself: 1.0;
+    None when ``arch`` was not benched in ``phase``)."""
+    record = bench_record(results, arch, phase, variant=bench_variant)
+    if record is None:
+        return None
+    ratio = record.get("ratio_vs_dense")
+    return 1.0 if ratio is None else ratio          # only dense's own records have none
+
+
+def model_table(results: dict) -> dict[str, dict]:
+    """{model name: {column: value or None}} over ``MODEL_COLUMNS``: validation loss, training
+    and decoding speed over dense (same run), training FLOPs per token, the measured decoding
+    state after the longest t (KiB) and its growth from the shortest, mean recall beyond the
+    local span (passkey, MQAR), and whether the model started from one trained earlier."""
+    states = results["done"].get("bench/*", {}).get("state", {})
+    table = {}
+    for name, arch, label, variant, bvar in trained_models(results):
+        train = bench_record(results, arch, "train", variant=bvar)
+        state = states.get(name)
+        table[name] = {
+            "val loss": val_loss(results, label, variant),
+            "train x": speed_vs_dense(results, arch, "train", bvar),
+            "decode x": speed_vs_dense(results, arch, "decode", bvar),
+            "FLOPs/tok": train["flops_per_token"] if train else None,
+            "state KiB": state["measured"][-1] / 1024 if state else None,
+            "growth": state_growth(results, name),
+            "passkey": recall_beyond(results, label, "passkey", variant),
+            "mqar": recall_beyond(results, label, "mqar", variant),
+            "pretrained": bool(results["done"][f"lm/{label}"].get("starts_from_trained"))}
+    return table
+
+
+def missing_tasks(results: dict) -> list[str]:
+    """The tasks of the run's plan ("lm/dense", "bench/*", ...) it has not stored yet, in plan
+    order (empty for a finished run)."""
+    return [key for key in results["meta"]["plan"] if key not in results["done"]]
+
+
+def state_table(results: dict) -> dict[str, dict]:
+    """{model name: {"t", "measured", "analytic", "growth", "gap"}} from the run's state sweep:
+    the decoding state in bytes after each t, measured (prefill) and analytic (None where the
+    mechanism has no state model), the growth from the shortest t to the longest, and "gap",
+    the largest relative distance between the two (None when nothing analytic is known)."""
+    table = {}
+    for name, curve in results["done"].get("bench/*", {}).get("state", {}).items():
+        known = [(m, a) for m, a in zip(curve["measured"], curve["analytic"], strict=True) if a]
+        table[name] = {"t": curve["t"], "measured": curve["measured"],
+                       "analytic": curve["analytic"],
+                       "growth": state_growth(results, name),
+                       "gap": max((abs(m - a) / a for m, a in known), default=None)}
+    return table

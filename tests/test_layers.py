@@ -25,7 +25,7 @@ LAYERS = (
     ("measuring and training", ("checkpoints", "measure.*", "train", "train.*",
                                 "checks", "guard", "own_work", "plugged_in", "recall",
                                 "knowledge")),
-    ("lab", ("lab", "lab.run", "lab.parts", "lab.progress", "lab.verdicts", "lab.readers", "lab.report")),
+    ("lab", ("lab", "lab.run", "lab.parts", "lab.progress", "lab.verdicts", "lab.report")),
     ("viz", ("viz", "viz.*")),
     ("lessons", ("lessons", "expected")),
     ("lab figures and sweeps", ("lab.figures", "lab.recall_sweep")),

@@ -7,26 +7,23 @@ the names notebooks, tests and the command line use. The modules, one job each:
   the ``Lab`` that trains and measures each task into ``OUT/results.json``, ``reproduce``;
 * ``lab.verdicts``: the claims table, "does memory pay?" (``memory_pays``,
   ``knowledge_pays``) and the terminal summary, from a result or ``results_from``;
-* ``lab.readers``: a result read into tables (one row per model, the state curves, ...);
-* ``lab.report``: ``OUT/report.md``;
+* ``labdata`` (outside the package, a leaf the mechanisms read too): a result read into
+  figures and tables (one row per model, the state curves, ...);
+* ``lab.report``: ``OUT/report.md``, and the tables as fixed-width text;
 * ``lab.figures`` (plotly; it sits above ``viz``) and ``lab.recall_sweep`` (the ``sweep``
   command) are imported on their own: ``from blockmem_lite.lab import figures``.
 """
 
 from blockmem_lite.lab.progress import PlanProgress
-from blockmem_lite.lab.readers import (
-    MODEL_COLUMNS,
+from blockmem_lite.lab.report import (
+    PLOTS,
     format_knowledge,
     format_memory_pays,
     format_model_table,
     format_state_table,
-    missing_tasks,
-    model_table,
-    speed_vs_dense,
-    state_table,
-    trained_models,
+    report_markdown,
+    write_report,
 )
-from blockmem_lite.lab.report import PLOTS, report_markdown, write_report
 from blockmem_lite.lab.run import (
     DETERMINISTIC,
     LAB_SIZES,
@@ -50,6 +47,14 @@ from blockmem_lite.lab.verdicts import (
     memory_pays,
     results_from,
     summary,
+)
+from blockmem_lite.labdata import (
+    MODEL_COLUMNS,
+    missing_tasks,
+    model_table,
+    speed_vs_dense,
+    state_table,
+    trained_models,
 )
 
 __all__ = [

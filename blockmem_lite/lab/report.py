@@ -4,7 +4,9 @@ Language modelling, speed and memory against dense, the memory-pays tables (reca
 the span against each twin; facts in the weights against the iso-FLOP baseline) and the
 papers' claims, as markdown tables; ``PLOTS`` names the figures ``lab.figures`` writes
 beside it. The report links only the plots that are there when it is written (the command
-line writes it again once it has drawn them); without them it says how to draw them.
+line writes it again once it has drawn them); without them it says how to draw them. The
+``format_*`` functions give the same tables as fixed-width text, for notebook 10 and the
+terminal ("-": not measured).
 """
 
 from __future__ import annotations
@@ -12,9 +14,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from blockmem_lite.checkpoints import atomic_write_bytes
+from blockmem_lite.labdata import MODEL_COLUMNS
 from blockmem_lite.measure import bench
+from blockmem_lite.measure.bench_table import text_table
 from blockmem_lite.units import fmt, human_duration
 
+MODEL_FORMATS = {"val loss": ".4f", "FLOPs/tok": ".3g", "state KiB": ".1f", "growth": ".2f"}
 PLOTS = ("pareto", "state_vs_length", "recall_vs_distance",      # lab.figures writes them
          "recall_capacity", "facts_capacity")
 
@@ -132,3 +137,54 @@ def write_report(results: dict, out: Path) -> Path:
     path = Path(out) / "report.md"
     atomic_write_bytes(path, report_markdown(results, plots).encode())
     return path
+
+
+def format_model_table(table: dict[str, dict]) -> str:
+    """``model_table`` as fixed-width text, one row per model ("-": not measured)."""
+    def cell(column, value):
+        if column == "pretrained":
+            return "yes" if value else "no"
+        return fmt(value, MODEL_FORMATS.get(column, ".2f"))
+
+    return text_table(["model", *MODEL_COLUMNS],
+                      [[name] + [cell(c, row[c]) for c in MODEL_COLUMNS]
+                       for name, row in table.items()])
+
+
+def format_state_table(table: dict[str, dict]) -> str:
+    """``state_table`` as text: the measured KiB at each t, the growth, the gap to the
+    analytic model."""
+    if not table:
+        return "no state measured in this run"
+    lengths = next(iter(table.values()))["t"]
+    return text_table(["model"] + [f"t={t} KiB" for t in lengths] + ["growth", "vs analytic"],
+                      [[name] + [fmt(m / 1024, ".1f") for m in row["measured"]]
+                       + [fmt(row["growth"], ".2f"), fmt(row["gap"], ".1%")]
+                       for name, row in table.items()])
+
+
+def format_memory_pays(rows: list[dict]) -> str:
+    """``lab.memory_pays`` rows as text: recall beyond the span against the twin and dense,
+    the noise, whether it pays, the pairs it holds and the slot model's reading."""
+    if not rows:
+        return "no recall measured in this run"
+    return text_table(
+        ["model", "span", "beyond span", "band", "twin", "twin blind", "dense", "noise", "pays",
+         "holds", "slot model", "short by"],
+        [[r["entry"], str(r["local_span"]), fmt(r["recall_beyond"], ".3f"),
+          "{:.2f}-{:.2f}".format(*r["band"]), fmt(r["local_baseline"], ".3f"),
+          "yes" if r["twin_blind"] else "no", fmt(r["dense"], ".3f"), fmt(r["noise"], ".3f"),
+          "yes" if r["pays"] else "no", f"{r['holds']} pairs", fmt(r["slot_model"], ".2f"),
+          r["shortfall"] or "-"] for r in rows])
+
+
+def format_knowledge(rows: list[dict]) -> str:
+    """``lab.knowledge_pays`` rows as text: facts recalled from the weights by the mechanism
+    and by its iso-FLOP baseline, per table size."""
+    if not rows:
+        return "no facts task in this run"
+    return text_table(
+        ["model", "baseline", "facts", "recalled", "baseline", "format floor", "noise", "pays"],
+        [[r["entry"], r["baseline"], str(r["n_facts"]), f"{r['recalled']:.2f}",
+          f"{r['dense']:.2f}", f"{r['floor']:.2f}", f"{r['noise']:.2f}",
+          "yes" if r["pays"] else "no"] for r in rows])

@@ -1,6 +1,6 @@
-"""The lab's readers (``lab.readers``): a small hand-made result read into notebook 10's tables,
-every number checked against the records it comes from, and a partial result read without
-an error."""
+"""Reading a lab result (``labdata``, and ``lab.report``'s text tables): a small hand-made
+result read into notebook 10's tables, every number checked against the records it comes
+from, and a partial result read without an error."""
 
 from blockmem_lite import lab
 
