@@ -22,7 +22,7 @@ from blockmem_lite.models.base import build_model
 from blockmem_lite.runtime import seed_everything
 from blockmem_lite.train import History, Trainer
 from blockmem_lite.viz.comparison import LiveComparison, live_comparison
-from blockmem_lite.viz.live import LiveDashboard
+from blockmem_lite.viz.dashboard import LiveDashboard
 
 
 def train_live(model, cfg, train_data, val_data=None, *, title: str = "",

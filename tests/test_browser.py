@@ -52,7 +52,7 @@ from pathlib import Path
 import pytest
 
 from blockmem_lite.tools.exercises import notebooks_dir
-from blockmem_lite.viz.liveview import STATUS_CLASS
+from blockmem_lite.viz.live_base import STATUS_CLASS
 
 pytestmark = pytest.mark.browser
 

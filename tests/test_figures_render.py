@@ -21,9 +21,9 @@ go = pytest.importorskip("plotly.graph_objects")
 from blockmem_lite.lab import figures as lab_figures  # noqa: E402
 from blockmem_lite.masks import block_causal_mask, cat_mask, causal_mask  # noqa: E402
 from blockmem_lite.models.bcmt import decay_weights  # noqa: E402
-from blockmem_lite.viz import bench, charts, common, live, mechanisms, training  # noqa: E402
+from blockmem_lite.viz import bench, charts, common, dashboard, mechanisms, training  # noqa: E402
 from blockmem_lite.viz.comparison import LiveComparison, live_comparison  # noqa: E402
-from blockmem_lite.viz.live import LiveDashboard  # noqa: E402
+from blockmem_lite.viz.dashboard import LiveDashboard  # noqa: E402
 
 
 def shown(view):
@@ -444,7 +444,7 @@ def test_comparison_is_exported_like_the_dashboard():
     import blockmem_lite.viz as viz
 
     assert viz.LiveComparison is LiveComparison and viz.live_comparison is live_comparison
-    assert live.RunRecord().as_history()["step"] == []
+    assert dashboard.RunRecord().as_history()["step"] == []
 
 
 def test_the_comparison_feeds_a_real_trainer(monkeypatch, tiny_cfg):

@@ -13,9 +13,9 @@ from blockmem_lite.units import format_progress
 go = pytest.importorskip("plotly.graph_objects")
 
 from blockmem_lite import viz  # noqa: E402
-from blockmem_lite.viz import liveview  # noqa: E402
+from blockmem_lite.viz import live_base  # noqa: E402
 from blockmem_lite.viz.comparison import LiveComparison  # noqa: E402
-from blockmem_lite.viz.live import LiveDashboard, live_dashboard  # noqa: E402
+from blockmem_lite.viz.dashboard import LiveDashboard, live_dashboard  # noqa: E402
 
 
 class FakeClock:
@@ -54,7 +54,7 @@ def headless(monkeypatch):
 def test_importing_the_package_does_not_import_plotly_or_widgets():
     import subprocess
 
-    code = ("import sys, blockmem_lite, blockmem_lite.viz, blockmem_lite.viz.live, "
+    code = ("import sys, blockmem_lite, blockmem_lite.viz, blockmem_lite.viz.dashboard, "
             "blockmem_lite.viz.comparison, blockmem_lite.viz.monitor, blockmem_lite.viz.widgets; "
             "print(any(m in sys.modules for m in ('plotly', 'ipywidgets', 'IPython')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -294,14 +294,14 @@ def test_text_mode_final_line_says_interrupted(headless, capsys):
 
 
 def test_headless_wins_over_a_working_widget(headless, monkeypatch):
-    monkeypatch.setattr(liveview, "_in_notebook_kernel", lambda: True)
+    monkeypatch.setattr(live_base, "_in_notebook_kernel", lambda: True)
     assert LiveDashboard().mode == "text"
 
 
 def without_ipywidgets(monkeypatch):
     """A kernel without ipywidgets: importing it fails."""
     monkeypatch.delenv("BLOCKMEM_HEADLESS", raising=False)
-    monkeypatch.setattr(liveview, "_in_notebook_kernel", lambda: True)
+    monkeypatch.setattr(live_base, "_in_notebook_kernel", lambda: True)
     monkeypatch.setitem(sys.modules, "ipywidgets", None)
 
 
@@ -320,7 +320,7 @@ def test_auto_falls_back_to_text_without_ipywidgets(monkeypatch, capsys):
 def test_live_views_never_build_a_figurewidget(monkeypatch):
     """A FigureWidget ships its own 5 MB plotly.js with every chart and into the saved
     notebook, and draws nothing until the browser compiled it: the views draw plain
-    figures into an Output instead (liveview.FigureArea)."""
+    figures into an Output instead (live_base.FigureArea)."""
     def refused(*args, **kwargs):
         raise AssertionError("a live view built a FigureWidget")
 
@@ -353,15 +353,15 @@ def test_the_figure_area_draws_whole_figures_then_settles_as_a_plain_output(monk
     then display); at the end the last figure replaces the widget as a plain output, so a
     reopened notebook shows it without widget state. Outside a kernel nothing is shown."""
     pytest.importorskip("ipywidgets")
-    area = liveview.FigureArea()
+    area = live_base.FigureArea()
     first = viz.bar_compare({"a": 1.0})
     area.show()
     area.draw(first)                                           # outside a kernel: kept only
     area.settle()
     assert area.figure is first and not area.settled
     log = []
-    monkeypatch.setattr(liveview, "_in_notebook_kernel", lambda: True)
-    monkeypatch.setattr(liveview, "_display", lambda obj: FakeHandle(obj, log))
+    monkeypatch.setattr(live_base, "_in_notebook_kernel", lambda: True)
+    monkeypatch.setattr(live_base, "_display", lambda obj: FakeHandle(obj, log))
     monkeypatch.setattr(type(area.widget), "clear_output",
                         lambda self, wait=False: log.append(("clear", wait)))
     monkeypatch.setattr("IPython.display.display", lambda fig: log.append(("draw", fig)))
@@ -374,13 +374,13 @@ def test_the_figure_area_draws_whole_figures_then_settles_as_a_plain_output(monk
                    ("update", second._repr_mimebundle_()), ("clear", False),
                    ("update", area.widget), ("clear", True), ("draw", first)]
     assert area.widget.layout.min_height == "300px" and not area.settled
-    status = liveview.StatusLine("<b>a</b>")
+    status = live_base.StatusLine("<b>a</b>")
     status.show()
     status.update("<b>a</b>")                                  # unchanged: nothing sent
     status.update("<b>b</b>")
     shown = [obj.data for kind, obj in log[-2:]]
-    assert shown == [f'<div class="{liveview.STATUS_CLASS}"><b>a</b></div>',
-                     f'<div class="{liveview.STATUS_CLASS}"><b>b</b></div>']
+    assert shown == [f'<div class="{live_base.STATUS_CLASS}"><b>a</b></div>',
+                     f'<div class="{live_base.STATUS_CLASS}"><b>b</b></div>']
 
 
 def test_time_left_never_reads_as_a_clock_time():
@@ -464,7 +464,7 @@ def test_live_dashboard_takes_total_steps_from_a_config(headless, tiny_cfg):
 # ----------------------------------------------------------------------------- generic charts
 
 from blockmem_lite.viz import widgets  # noqa: E402
-from blockmem_lite.viz.liveview import Throttle  # noqa: E402
+from blockmem_lite.viz.live_base import Throttle  # noqa: E402
 from blockmem_lite.viz.monitor import LiveMonitor  # noqa: E402
 
 

@@ -13,9 +13,9 @@ Every figure builder returns a plotly figure and never shows it. By topic:
 * ``viz.common``: what they share (plotly, the palette ``color``, sizing).
 
 Live views, a widget in notebooks and short text lines in CI or scripts (the mode rule
-and the base they share are in ``viz.liveview``):
+and the base they share are in ``viz.live_base``):
 
-* ``viz.live``: ``LiveDashboard``, the trainer callback that follows one run;
+* ``viz.dashboard``: ``LiveDashboard``, the trainer callback that follows one run;
 * ``viz.comparison``: ``LiveComparison``, several runs overlaid in one widget
   (``live.run(name)`` is each run's callback);
 * ``viz.monitor``: ``LiveMonitor``, the same for any probe + figure builder (routing,
@@ -41,12 +41,12 @@ _HOMES = {
     "training": ("loss_curves", "run_family", "training_comparison", "training_panels",
                  "training_summary", "update_training_panels"),
     "bench": ("memory_vs_length", "throughput_vs_length"),
-    "live": ("LiveDashboard", "live_dashboard"),
+    "dashboard": ("LiveDashboard", "live_dashboard"),
     "comparison": ("LiveComparison", "live_comparison"),
     "monitor": ("LiveMonitor",),
     "widgets": ("choice", "slider", "slider_figure"),
 }
-_MODULES = ("bench", "charts", "common", "comparison", "live", "liveview", "mechanisms",
+_MODULES = ("bench", "charts", "common", "comparison", "dashboard", "live_base", "mechanisms",
             "monitor", "training", "widgets")
 _HOME_OF = {name: module for module, names in _HOMES.items() for name in names}
 

@@ -1,7 +1,7 @@
 """Several training runs trained one after another, overlaid live in one widget.
 
 ``LiveComparison`` follows the runs (notebooks 03, 05, 09, 10): the dashboard's three
-rows (``live.LiveDashboard``), one colour and one legend entry per run, the latest values
+rows (``dashboard.LiveDashboard``), one colour and one legend entry per run, the latest values
 of every run in a status table; in text mode each line starts with its run's name.
 ``live.run(name)`` is the callback of one run:
 
@@ -17,8 +17,8 @@ import html
 from collections.abc import Mapping, Sequence
 from typing import Callable
 
-from blockmem_lite.viz.live import RunRecord, _TrainingView, time_left
-from blockmem_lite.viz.liveview import _check_total_steps
+from blockmem_lite.viz.dashboard import RunRecord, _TrainingView, time_left
+from blockmem_lite.viz.live_base import _check_total_steps
 
 
 class RunFeed:

@@ -2,7 +2,7 @@
 
 ``LiveMonitor`` runs a ``probe(trainer, rec) -> data`` every ``every`` steps and draws it
 with a ``figure(data) -> go.Figure`` builder (plus an optional ``text(data) -> str`` for
-text mode), in the mode every live view follows (``liveview.resolve_mode``):
+text mode), in the mode every live view follows (``live_base.resolve_mode``):
 
     monitor = LiveMonitor(probe=lambda trainer, rec: {"norm": weight_norm(trainer.model)},
                           figure=lambda d: charts.bar_compare(d), every=10, title="norm")
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from blockmem_lite.viz.liveview import FigureArea, _LiveView, _step_text
+from blockmem_lite.viz.live_base import FigureArea, _LiveView, _step_text
 
 
 class LiveMonitor(_LiveView):

@@ -205,7 +205,7 @@ def _add_loss_traces(fig: go.Figure, name: str, history, line_color: str, x: str
 
 # ----------------------------------------------------------------------------- training panels
 # Loss, tokens/s and memory of one or several runs, stacked on one step axis: the static
-# summaries (training_summary, training_comparison) and the live widgets (viz.live,
+# summaries (training_summary, training_comparison) and the live widgets (viz.dashboard,
 # viz.comparison) are the same figure, filled by update_training_panels.
 
 TRAINING_SLOTS = ("train", "val", "tokens/s", "memory", "peak")    # traces per run, in order

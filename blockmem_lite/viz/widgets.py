@@ -5,7 +5,7 @@
 
 ``build(**values)`` returns what to show (a plotly figure, any displayable object)
 or None when it prints instead. Modes follow the rule of every live view
-(``liveview.resolve_mode``): widget mode in a Jupyter kernel unless
+(``live_base.resolve_mode``): widget mode in a Jupyter kernel unless
 ``BLOCKMEM_HEADLESS=1``; text mode otherwise, or when ipywidgets cannot be built.
 Text mode calls ``build`` once at the default values, shows the result when a
 kernel is there to show it, and prints one line naming the values.
@@ -26,7 +26,7 @@ import html
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from blockmem_lite.viz import liveview
+from blockmem_lite.viz import live_base
 
 SLIDER_WIDTH = "60%"
 SLIDER_MIN_WIDTH = "360px"
@@ -124,7 +124,7 @@ class SliderView:
         self.controls: dict = {}
         self.labels: dict = {}
         self.result = None
-        self.mode, self.fallback_reason, self._announce = liveview.resolve_mode(
+        self.mode, self.fallback_reason, self._announce = live_base.resolve_mode(
             mode, self._build_widget)
 
     def _build_widget(self) -> None:
@@ -152,7 +152,7 @@ class SliderView:
     def show_text(self) -> None:
         """Text mode: build once at the defaults; show it when a kernel can; one line."""
         self.result = self.build(**self.values)
-        if self.result is not None and liveview._in_notebook_kernel():
+        if self.result is not None and live_base._in_notebook_kernel():
             from IPython.display import display
 
             display(self.result)
@@ -178,7 +178,7 @@ def slider_figure(build: Callable, title: str = "", mode: str = "auto", **slider
     specs = {name: _as_slider(name, spec) for name, spec in sliders.items()}
     view = SliderView(build, specs, title or getattr(build, "__name__", "figure"), mode)
     if view.mode == "widget":
-        if liveview._in_notebook_kernel():
+        if live_base._in_notebook_kernel():
             from IPython.display import display
 
             display(view.widget)

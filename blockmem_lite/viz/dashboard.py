@@ -1,10 +1,10 @@
-"""The live training dashboard: a widget in notebooks, short text lines elsewhere.
+"""The live training dashboard of one run: a widget in notebooks, short text lines elsewhere.
 
     dash = LiveDashboard(total_steps=cfg.train.steps, title="dense")
     history = Trainer(model, cfg, train_data, val_data, callbacks=[dash]).fit()
     dash.figure()            # the static summary of the run (loss, tokens/s, memory)
 
-Modes (the rule every live view follows, ``liveview.resolve_mode``):
+Modes (the rule every live view follows, ``live_base.resolve_mode``):
 
 * ``widget``: an ipywidgets box, shown where the dashboard is made, with a status line
   (step, time left, elapsed, loss, val loss, tokens/s, peak memory and how it was read)
@@ -12,7 +12,7 @@ Modes (the rule every live view follows, ``liveview.resolve_mode``):
   loss; tokens/s; memory in MiB with the reading method on the axis
   ("MiB (model tensors)" on a CPU, "MiB (CUDA peak)"), the axis spanning the readings (not from
   zero, so growth shows) and the peak dotted. The title carries step/total and
-  the time left. Redrawn whole (``liveview.FigureArea``) at most ``max_updates_per_s``
+  the time left. Redrawn whole (``live_base.FigureArea``) at most ``max_updates_per_s``
   times a second (points are buffered in between) and always on evaluation and at
   the end, when the last figure stays as a plain output (it shows again when the
   notebook reopens).
@@ -41,7 +41,7 @@ from blockmem_lite.units import (
     human_rate,
     time_left,
 )
-from blockmem_lite.viz.liveview import (
+from blockmem_lite.viz.live_base import (
     FigureArea,
     StatusLine,
     _check_total_steps,
@@ -202,7 +202,7 @@ class _TrainingView(_LiveView):
     """What the dashboard and the comparison share: run records fed by trainer callbacks,
     one figure of ``training.training_panels`` (loss, tokens/s, memory on one step axis)
     under a status line, filled by ``training.update_training_panels`` and redrawn whole
-    into a ``liveview.FigureArea``, which settles as a plain figure once every run ended."""
+    into a ``live_base.FigureArea``, which settles as a plain figure once every run ended."""
 
     single = True                 # one run (its own colours per series) or several
 
