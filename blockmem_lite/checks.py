@@ -16,7 +16,9 @@ argument (a negative tolerance, a str where a bool is needed) is a ValueError
 
 An exercise's first check, that the answer does not call the kit's own version of it
 (``check_own_work``), is in ``own_work.py``; a learner's layer plugged into a kit model and
-trained beside it (``check_plugged_in``, ``swap_modules``) in ``plugged_in.py``.
+trained beside it (``check_plugged_in``, ``swap_modules``) in ``plugged_in.py``. Such checks,
+which word their own verdicts, build on five public pieces of this module: ``print_ok``,
+``failure``, ``agrees`` (a verdict without a word), ``not_allowed`` and ``require_text``.
 """
 
 from __future__ import annotations
@@ -62,14 +64,14 @@ def _install_in_ipython() -> None:
 ACTIVE_GUARDS: list = []     # guard.Guard objects watching the learner's code (check_own_work)
 
 
-def _ok(text: str) -> None:
+def print_ok(text: str) -> None:
     """Print the check's OK, unless a guard saw the learner's code reach a switched-off piece."""
     for guard in list(ACTIVE_GUARDS):
         guard.verdict()
     print(f"OK {text}")
 
 
-def _failure(name: str, problem: str, *details: str) -> CheckFailed:
+def failure(name: str, problem: str, *details: str) -> CheckFailed:
     """The exception to raise: ``name: problem`` then one indented line per detail (and the
     notes of the guards watching the learner's code, e.g. an input changed in place)."""
     details += tuple(note for guard in ACTIVE_GUARDS for note in guard.notes)
@@ -110,14 +112,14 @@ def _kind(value) -> str:
         else f"{type(value).__name__} {text}"
 
 
-def _not_allowed(arg: str, value, expected: str) -> ValueError:
+def not_allowed(arg: str, value, expected: str) -> ValueError:
     """The kit's error for a bad argument: ``arg=value is not allowed: expected ...``."""
     return ValueError(f"{arg}={_describe(value)} is not allowed: expected {expected}")
 
 
-def _require_text(arg: str, value, empty_ok: bool = False) -> None:
+def require_text(arg: str, value, empty_ok: bool = False) -> None:
     if not isinstance(value, str) or not (value or empty_ok):
-        raise _not_allowed(arg, value, "a string" if empty_ok else "a non-empty string")
+        raise not_allowed(arg, value, "a string" if empty_ok else "a non-empty string")
 
 
 def _is_int(value) -> bool:
@@ -129,7 +131,7 @@ def _tolerance(arg: str, value, positive: bool = False) -> float:
     ok = (isinstance(value, numbers.Real) and not isinstance(value, bool)
           and math.isfinite(value) and (value > 0 if positive else value >= 0))
     if not ok:
-        raise _not_allowed(arg, value, f"a finite number {'> 0' if positive else '>= 0'}")
+        raise not_allowed(arg, value, f"a finite number {'> 0' if positive else '>= 0'}")
     return float(value)
 
 
@@ -137,23 +139,23 @@ def _as_tensor(value, name: str, role: str) -> torch.Tensor:
     """A detached CPU tensor from a tensor, array, number or nested list; CheckFailed otherwise."""
     got = "got" if role == "got" else "the expected value is"
     if value is None:
-        raise _failure(name, f"{got} None, not {NEEDS_NUMBERS}",
+        raise failure(name, f"{got} None, not {NEEDS_NUMBERS}",
                        "did the cell forget to return or assign the result?")
     if isinstance(value, torch.Tensor):
         if value.is_meta:
-            raise _failure(name, f"{got} a meta tensor, which holds no values",
+            raise failure(name, f"{got} a meta tensor, which holds no values",
                            "build it on a real device (cpu or cuda), not 'meta'")
         with torch._C.DisableTorchFunctionSubclass():   # a subclass's own ==, allclose: not used
             return value.detach().cpu().as_subclass(torch.Tensor)
     if isinstance(value, (str, bytes, dict, set)):
-        raise _failure(name, f"{got} {_kind(value)}, not {NEEDS_NUMBERS}")
+        raise failure(name, f"{got} {_kind(value)}, not {NEEDS_NUMBERS}")
     try:
         if _is_array(value):
             return torch.as_tensor(numpy.array(value))
         return torch.as_tensor(value, dtype=torch.float64) if _holds_python_floats(value) \
             else torch.as_tensor(value)
     except (TypeError, ValueError, RuntimeError) as err:
-        raise _failure(name, f"{got} {_kind(value)}, which cannot be read as numbers",
+        raise failure(name, f"{got} {_kind(value)}, which cannot be read as numbers",
                        f"expected {NEEDS_NUMBERS}; {str(err).splitlines()[0]}") from None
 
 
@@ -183,35 +185,35 @@ def _expected_shape(expected) -> tuple:
         expected = (expected,)
     rule = "a tuple of sizes, each an integer >= 0 or None / -1 for 'any size'"
     if not isinstance(expected, (tuple, list, torch.Size)):
-        raise _not_allowed("expected", expected, rule)
+        raise not_allowed("expected", expected, rule)
     if not all(d is None or (_is_int(d) and d >= -1) for d in expected):
-        raise _not_allowed("expected", tuple(expected), rule)
+        raise not_allowed("expected", tuple(expected), rule)
     return tuple(None if d is None else int(d) for d in expected)
 
 
 def check_shape(x, expected: Sequence[int | None], name: str = "tensor") -> None:
     """``x.shape`` equals ``expected``; ``None`` or ``-1`` in ``expected`` match any size."""
     expected = _expected_shape(expected)
-    _require_text("name", name)
+    require_text("name", name)
     if x is None:
-        raise _failure(name, "got None, expected a tensor of shape " + _shape_text(expected),
+        raise failure(name, "got None, expected a tensor of shape " + _shape_text(expected),
               "did the cell forget to return or assign the result?")
     if not _is_array(x):
-        raise _failure(name, f"got an object of type {type(x).__name__}, which has no shape",
+        raise failure(name, f"got an object of type {type(x).__name__}, which has no shape",
               f"expected a tensor of shape {_shape_text(expected)}")
     got = tuple(int(d) for d in x.shape)
     if len(got) != len(expected):
-        raise _failure(name, "wrong number of dimensions",
+        raise failure(name, "wrong number of dimensions",
               f"expected {len(expected)} dims: {_shape_text(expected)}",
               f"got      {len(got)} dims: {_shape_text(got)}")
     wrong = [i for i, (g, e) in enumerate(zip(got, expected, strict=True))
              if e not in (None, -1) and g != e]
     if wrong:
-        raise _failure(name, "wrong shape",
+        raise failure(name, "wrong shape",
               f"expected {_shape_text(expected)}",
               f"got      {_shape_text(got)}",
               *(f"dim {i}: expected {expected[i]}, got {got[i]}" for i in wrong))
-    _ok(f"{name}: shape {_shape_text(got)}")
+    print_ok(f"{name}: shape {_shape_text(got)}")
 
 
 # The defaults of torch.testing.assert_close, per dtype: (rtol, atol). A comparison of two
@@ -264,18 +266,18 @@ def check_close(got, expected, name: str = "values", atol: float | None = None,
         _tolerance("atol", atol)
     if rtol is not None:
         _tolerance("rtol", rtol)
-    _require_text("name", name)
+    require_text("name", name)
     g = _as_tensor(got, name, "got")
     e = _as_tensor(expected, name, "expected")
     atol, rtol = _tolerances(g, e, atol, rtol)
     dtypes = f"dtypes: got {str(g.dtype).replace('torch.', '')}, " \
              f"expected {str(e.dtype).replace('torch.', '')}"
     if g.shape != e.shape:
-        raise _failure(name, "shapes differ, so the values cannot be compared",
+        raise failure(name, "shapes differ, so the values cannot be compared",
               f"expected shape {_shape_text(e.shape)}", f"got shape      {_shape_text(g.shape)}",
               dtypes)
     if g.numel() == 0:
-        _ok(f"{name}: close (empty, shape {_shape_text(g.shape)})")
+        print_ok(f"{name}: close (empty, shape {_shape_text(g.shape)})")
         return
     wide = torch.complex128 if g.is_complex() or e.is_complex() else torch.float64
     g64, e64 = g.to(wide), e.to(wide)
@@ -287,12 +289,12 @@ def check_close(got, expected, name: str = "values", atol: float | None = None,
     max_diff = diff.flatten()[worst].item()
     if not _all_close(g, e, atol, rtol):
         n_bad = max(int((~close).sum()), 1)
-        raise _failure(name, f"{n_bad} of {g.numel()} values differ by more than "
+        raise failure(name, f"{n_bad} of {g.numel()} values differ by more than "
                     f"atol={atol:g} + rtol={rtol:g} * |expected|",
               f"max abs diff {max_diff:.3g} at index {_index_text(worst, g.shape)}: "
               f"got {g64.flatten()[worst].item():.6g}, expected {e64.flatten()[worst].item():.6g}",
               f"shape {_shape_text(g.shape)}; {dtypes}")
-    _ok(f"{name}: close, max abs diff {max_diff:.2g} (atol={atol:g}, rtol={rtol:g}), "
+    print_ok(f"{name}: close, max abs diff {max_diff:.2g} (atol={atol:g}, rtol={rtol:g}), "
         f"shape {_shape_text(g.shape)}")
 
 
@@ -301,15 +303,15 @@ def _check_equal_tensors(got, expected, name: str) -> None:
     g = _as_tensor(got, name, "got")
     e = _as_tensor(expected, name, "expected")
     if g.shape != e.shape:
-        raise _failure(name, "shapes differ", f"expected shape {_shape_text(e.shape)}",
+        raise failure(name, "shapes differ", f"expected shape {_shape_text(e.shape)}",
               f"got shape      {_shape_text(g.shape)}")
     differ = ((g != e) & ~(g.isnan() & e.isnan())).flatten()
     if bool(differ.any()):
         first = int(differ.nonzero()[0])
-        raise _failure(name, f"{int(differ.sum())} of {g.numel()} elements differ",
+        raise failure(name, f"{int(differ.sum())} of {g.numel()} elements differ",
               f"first at index {_index_text(first, g.shape)}: got "
               f"{g.flatten()[first].item()!r}, expected {e.flatten()[first].item()!r}")
-    _ok(f"{name}: equal, shape {_shape_text(g.shape)}")
+    print_ok(f"{name}: equal, shape {_shape_text(g.shape)}")
 
 
 def _notebook_object(value, depth: int = 3):
@@ -330,27 +332,44 @@ def _plain_equal(got, expected, name: str) -> bool:
         return True
     own = _notebook_object(got)
     if own is not None and _notebook_object(expected) is None:        # its own __eq__ decides
-        raise _failure(name, f"got an object of the notebook's own class {type(own).__name__}",
+        raise failure(name, f"got an object of the notebook's own class {type(own).__name__}",
                        f"expected {_kind(expected)}: return the values themselves")
     try:
         return bool(got == expected)
     except (TypeError, ValueError, RuntimeError) as err:
-        raise _failure(name, f"cannot compare got {_kind(got)} with expected {_kind(expected)}",
+        raise failure(name, f"cannot compare got {_kind(got)} with expected {_kind(expected)}",
                        f"{str(err).splitlines()[0]}; pass tensors or arrays to compare them "
                        "element by element") from None
 
 
+def agrees(got, expected, name: str, atol: float | None = None,
+           rtol: float | None = None) -> bool:
+    """The verdict ``check_close`` (tensors, arrays, floats: same shape, within the
+    tolerances) or ``check_equal`` (anything else) would give, without a word printed;
+    CheckFailed when the two cannot be compared. For checks that word their own verdict."""
+    if _is_array(got) or _is_array(expected) or _reals_with_a_float(got, expected):
+        g, e = _as_tensor(got, name, "got"), _as_tensor(expected, name, "expected")
+        return g.shape == e.shape and _all_close(g, e, *_tolerances(g, e, atol, rtol))
+    return _plain_equal(got, expected, name)
+
+
+def _reals_with_a_float(*values) -> bool:
+    """Real numbers (not bools), one of them a float: compared within a tolerance."""
+    real = all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in values)
+    return real and any(isinstance(v, float) for v in values)
+
+
 def check_equal(got, expected, name: str = "value") -> None:
     """Exact equality: tensors and numpy arrays (same shape, every element) or plain values."""
-    _require_text("name", name)
+    require_text("name", name)
     if _is_array(got) or _is_array(expected):
         _check_equal_tensors(got, expected, name)
         return
     if not _plain_equal(got, expected, name):
         hint = ["did the cell forget to return or assign the result?"] if got is None else []
-        raise _failure(name, "not equal", f"expected {_short(expected)}", f"got      {_short(got)}",
+        raise failure(name, "not equal", f"expected {_short(expected)}", f"got      {_short(got)}",
                        *hint)
-    _ok(f"{name}: equal to {_short(expected, 60)}")
+    print_ok(f"{name}: equal to {_short(expected, 60)}")
 
 
 def _truth(condition) -> bool:
@@ -359,22 +378,22 @@ def _truth(condition) -> bool:
         return condition
     if _is_array(condition) and str(condition.dtype) in ("torch.bool", "bool"):
         if math.prod(condition.shape) != 1:
-            raise _not_allowed("condition", condition, "a bool or a one-element tensor "
+            raise not_allowed("condition", condition, "a bool or a one-element tensor "
                                "(use .all() or .any())")
         return bool(condition)
     hint = "; did the expression forget to return a value?" if condition is None else ""
-    raise _not_allowed("condition", condition,
+    raise not_allowed("condition", condition,
                        f"a bool such as a comparison (loss < 1.0) or bool((x == 0).all()){hint}")
 
 
 def check_true(condition, message: str, detail: str = "") -> None:
     """``condition`` (a bool or a one-element bool tensor / array) holds; ``message`` says what
     it means (printed after ``OK``)."""
-    _require_text("message", message)
-    _require_text("detail", detail, empty_ok=True)
+    require_text("message", message)
+    require_text("detail", detail, empty_ok=True)
     if not _truth(condition):
-        raise _failure("check", f"expected: {message}", *([detail] if detail else []))
-    _ok(message)
+        raise failure("check", f"expected: {message}", *([detail] if detail else []))
+    print_ok(message)
 
 
 # --- causality ------------------------------------------------------------------------------
@@ -397,7 +416,7 @@ def _int_list(arg: str, value, minimum: int) -> list[int]:
     values = [value] if _is_int(value) else value
     if not isinstance(values, (list, tuple, range)) or \
             not all(_is_int(v) and v >= minimum for v in values):
-        raise _not_allowed(arg, value, f"an integer >= {minimum} or a list of them")
+        raise not_allowed(arg, value, f"an integer >= {minimum} or a list of them")
     return [int(v) for v in values]
 
 
@@ -408,17 +427,17 @@ def _as_tokens(tokens) -> torch.Tensor:
         try:
             tokens = torch.as_tensor(numpy.array(tokens))
         except (TypeError, ValueError, RuntimeError):
-            raise _not_allowed("tokens", tokens, rule) from None
+            raise not_allowed("tokens", tokens, rule) from None
     if not isinstance(tokens, torch.Tensor) or tokens.dim() < 2 or tokens.dtype == torch.bool \
             or tokens.is_complex():
-        raise _not_allowed("tokens", tokens, rule)
+        raise not_allowed("tokens", tokens, rule)
     return tokens
 
 
 def default_probes(seq_len: int, block_sizes: Iterable[int] = ()) -> list[int]:
     """Probe positions: 0, T/4, T/2, T-2, and L-1, L, 2L-1 for each block size L."""
     if not _is_int(seq_len) or seq_len < 2:
-        raise _not_allowed("seq_len", seq_len, "an integer >= 2 (a probe needs a later token)")
+        raise not_allowed("seq_len", seq_len, "an integer >= 2 (a probe needs a later token)")
     block_sizes = _int_list("block_sizes", list(block_sizes or ()), 1)
     probes = {0, seq_len // 4, seq_len // 2, seq_len - 2}
     for size in block_sizes:
@@ -470,12 +489,12 @@ def check_causal(model_or_fn: Callable, tokens: torch.Tensor,
     Runs in eval mode under ``no_grad``; the training flag is restored.
     """
     if not callable(model_or_fn):
-        raise _not_allowed("model_or_fn", model_or_fn, "a model or a function mapping tokens "
+        raise not_allowed("model_or_fn", model_or_fn, "a model or a function mapping tokens "
                            "(B, T) to outputs (B, T, ...)")
     tokens = _as_tokens(tokens)
     atol = _tolerance("atol", atol, positive=True)
     if vocab_size is not None and not (_is_int(vocab_size) and vocab_size >= 2):
-        raise _not_allowed("vocab_size", vocab_size, "an integer >= 2 (or None: from the model)")
+        raise not_allowed("vocab_size", vocab_size, "an integer >= 2 (or None: from the model)")
     seq_len = tokens.shape[1]
     if seq_len < 2:
         raise ValueError(f"tokens with T={seq_len} are not allowed: check_causal needs T >= 2")
@@ -486,7 +505,7 @@ def check_causal(model_or_fn: Callable, tokens: torch.Tensor,
     probes = sorted(set(_int_list("positions", positions, 0))) if positions is not None else \
         default_probes(seq_len, _block_sizes(model_or_fn, block_sizes))
     if not probes or probes[-1] > seq_len - 2:
-        raise _not_allowed("positions", positions, in_range)
+        raise not_allowed("positions", positions, in_range)
     module = model_or_fn if isinstance(model_or_fn, torch.nn.Module) else None
     if module is not None:
         params = next(module.parameters(), None)
@@ -519,7 +538,7 @@ def _refuse_nan(base: torch.Tensor) -> None:
     nan_at = base.float().isnan().transpose(0, 1).reshape(base.shape[1], -1).any(dim=1)
     if bool(nan_at.any()):
         first = int(nan_at.nonzero()[0])
-        raise _failure("causality", f"the outputs are NaN at position {first} before any input "
+        raise failure("causality", f"the outputs are NaN at position {first} before any input "
                        "was changed", "expected finite outputs; fix the NaN first, then the "
                        "check can tell whether a later input leaks")
 
@@ -533,7 +552,7 @@ def _judge_causality(probes: list[int], moved: list[torch.Tensor], atol: float,
         leaking = (past >= atol) | past.isnan()
         if bool(leaking.any()):
             i = int(leaking.nonzero()[0])
-            failure = _failure(
+            error = failure(
                 "causality",
                 f"output at position {i} changed by {past[i].item():.3g} when only the inputs "
                 f"after position {p} were changed",
@@ -541,10 +560,10 @@ def _judge_causality(probes: list[int], moved: list[torch.Tensor], atol: float,
                 f"got: {int(leaking.sum())} of these {p + 1} positions changed; the earliest is "
                 f"{i}, so position {i} sees an input from its future",
                 f"probe positions: {probes}")
-            failure.leak = (i, p)      # (position, probe): for a caller that explains it
-            raise failure
+            error.leak = (i, p)     # (position, probe): for a caller that explains it
+            raise error
         if require_teeth and not future.max().item() > 10 * atol:
-            raise _failure(
+            raise failure(
                 "causality",
                 f"the check has no teeth: changing every input after position {p} moved no "
                 f"later output by more than 10*atol={10 * atol:g} "
@@ -553,7 +572,7 @@ def _judge_causality(probes: list[int], moved: list[torch.Tensor], atol: float,
                 "pass require_teeth=False only if that is intended")
         worst_past = max(worst_past, past.max().item())
         least_future = min(least_future, future.max().item())
-    _ok(f"causal: outputs at positions <= p unchanged when inputs after p change "
+    print_ok(f"causal: outputs at positions <= p unchanged when inputs after p change "
         f"(probes {probes}; max change {worst_past:.2g} < atol={atol:g}; "
         f"later outputs moved by >= {least_future:.2g})")
 

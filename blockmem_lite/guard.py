@@ -166,7 +166,7 @@ class Guard:
             raise self._failure(self.refusals[0])
 
     def _failure(self, what: str) -> checks.CheckFailed:
-        return checks._failure(self.label, what,
+        return checks.failure(self.label, what,
                                "this exercise asks you to write that piece yourself; while its "
                                "check runs the kit's version is switched off inside your code, "
                                "whatever route reaches it (getattr, eval, a dict, a default "

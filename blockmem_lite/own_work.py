@@ -16,7 +16,6 @@ import builtins
 import dis
 import functools
 import inspect
-import numbers
 import os
 import random
 
@@ -25,16 +24,12 @@ import torch
 from blockmem_lite import guard as _guard
 from blockmem_lite.checks import (
     CheckFailed,
-    _all_close,
-    _as_tensor,
-    _failure,
-    _is_array,
-    _not_allowed,
-    _ok,
-    _plain_equal,
-    _require_text,
-    _tolerances,
+    agrees,
     check_close,
+    failure,
+    not_allowed,
+    print_ok,
+    require_text,
 )
 
 
@@ -43,7 +38,7 @@ def _library_names(library) -> dict[int, str]:
     named = {}
     for piece in library:
         if not callable(piece):
-            raise _not_allowed("library", piece, "functions or classes of blockmem_lite")
+            raise not_allowed("library", piece, "functions or classes of blockmem_lite")
         module = getattr(piece, "__module__", "") or ""
         named[id(piece)] = f"{module}.{getattr(piece, '__qualname__', repr(piece))}"
     return named
@@ -245,12 +240,12 @@ def check_own_work(piece, *library, name: str | None = None) -> _guard.Guard:
     Returns the guard.
     """
     if not callable(piece):
-        raise _not_allowed("piece", piece, "the function or class the exercise asks for")
+        raise not_allowed("piece", piece, "the function or class the exercise asks for")
     if not library:
         raise ValueError("library=() is not allowed: expected the library pieces the exercise "
                          "asks the learner to write")
     if name is not None:
-        _require_text("name", name)
+        require_text("name", name)
     label = name or getattr(piece, "__name__", "your answer")
     named = _library_names(library)
     # attribute names to refuse: functions and classes; a method's name (forward, read) is
@@ -258,43 +253,37 @@ def check_own_work(piece, *library, name: str | None = None) -> _guard.Guard:
     by_name = {p.__name__: named[id(p)] for p in library
                if hasattr(p, "__name__") and "." not in getattr(p, "__qualname__", "")}
     if still_a_stub(piece):          # no "OK ... your own code" for an answer not written
-        raise _failure(label, "not written yet",
+        raise failure(label, "not written yet",
                        "it still raises the exercise's NotImplementedError: write your answer "
                        "in its place, run that cell, then this check")
     used = _calls_into(piece, named, by_name, set())
     functions = _learner_functions(piece)
     peeked = _introspection(functions)
     if peeked is not None:
-        raise _failure(label, f"uses {peeked}",
+        raise failure(label, f"uses {peeked}",
                        "an answer may not look into the check: its frames and globals, code "
                        "objects, its profiler, or code run from strings (eval, exec)",
                        "write it from torch operations")
     copied = _recompiled(functions, library)
     if copied is not None:
-        raise _failure(label, f"is the kit's own {copied}, compiled again from its source",
+        raise failure(label, f"is the kit's own {copied}, compiled again from its source",
                        "this exercise asks you to write that piece yourself",
                        "write it from torch operations, in a notebook cell")
     if used is not None:
         short = used.rsplit(".", 1)[-1]
         whose = "the kit's own " if used.startswith("blockmem_lite.") else ""
-        raise _failure(label, f"uses {whose}{used}",
+        raise failure(label, f"uses {whose}{used}",
                        "this exercise asks you to write that piece yourself; the checks below "
                        "compare your answer with the kit's, so calling it would pass without "
                        "testing anything",
                        f"write it from torch operations ({short} may still be used after "
                        "this exercise, to check or to compare)")
-    _ok(f"{label}: your own code (it does not call the kit's "
+    print_ok(f"{label}: your own code (it does not call the kit's "
         f"{', '.join(sorted(n.rsplit('.', 1)[-1] for n in named.values()))})")
     guard = _guard.Guard(_guard.learner_codes(functions), _switched_off(library, named),
                          label, entries={f.__code__ for f in _functions_of(piece)}).install()
     _guard.end_with_the_cell(guard, inspect.currentframe().f_back)
     return guard
-
-
-def _floats(*values) -> bool:
-    """Real numbers (not bools), one of them a float: compared within a tolerance."""
-    real = all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in values)
-    return real and any(isinstance(v, float) for v in values)
 
 
 def check_prediction(predicted, actual, name: str = "your prediction", hint: str = "",
@@ -303,23 +292,18 @@ def check_prediction(predicted, actual, name: str = "your prediction", hint: str
     wrong prediction is told so without the right value: it is the learner's to reason out,
     and a check that printed it would answer the exercise. Tensors and arrays compare within
     the dtype's tolerance (or ``atol`` / ``rtol``), everything else exactly."""
-    _require_text("name", name)
-    _require_text("hint", hint, empty_ok=True)
-    if _is_array(predicted) or _is_array(actual) or _floats(predicted, actual):
-        got, want = _as_tensor(predicted, name, "got"), _as_tensor(actual, name, "expected")
-        right = got.shape == want.shape and _all_close(got, want, *_tolerances(got, want, atol,
-                                                                               rtol))
-    else:
-        try:
-            right = _plain_equal(predicted, actual, name)
-        except CheckFailed:            # its message would describe the right value
-            right = False
+    require_text("name", name)
+    require_text("hint", hint, empty_ok=True)
+    try:
+        right = agrees(predicted, actual, name, atol, rtol)
+    except CheckFailed:                # its message would describe the right value
+        right = False
     if not right:
-        raise _failure(name, "does not match what the code does",
+        raise failure(name, "does not match what the code does",
                        "the right value is not shown: a prediction is yours to reason out",
                        *([hint] if hint else []),
                        "think it through again, change your prediction, then run this check")
-    _ok(f"{name}: your prediction matches what the code does")
+    print_ok(f"{name}: your prediction matches what the code does")
 
 
 _SYSTEM_RANDOM = random.SystemRandom()
@@ -344,7 +328,7 @@ def fresh_int(low: int, high: int) -> int:
 def _as_outputs(value, name: str) -> tuple:
     outputs = value if isinstance(value, (tuple, list)) else (value,)
     if not outputs or not all(isinstance(o, torch.Tensor) for o in outputs):
-        raise _not_allowed(name, value, "a tensor or a tuple of tensors")
+        raise not_allowed(name, value, "a tensor or a tuple of tensors")
     return tuple(outputs)
 
 
@@ -354,21 +338,21 @@ def check_gradients(yours, kit, inputs, name: str = "your function", names=None,
     tensor of ``inputs``: what the forward values cannot show, e.g. a stop-gradient
     (``.detach()``) the task asks for. Each output is weighted by fresh random numbers (the
     same for both) before summing, so no gradient cancels out. ``names``: one per input."""
-    _require_text("name", name)
+    require_text("name", name)
     inputs = tuple(inputs)
     names = tuple(names) if names is not None else tuple(f"input {i}" for i in range(len(inputs)))
     if not inputs or not all(isinstance(x, torch.Tensor) and x.is_floating_point()
                              for x in inputs):
-        raise _not_allowed("inputs", inputs, "floating-point tensors")
+        raise not_allowed("inputs", inputs, "floating-point tensors")
     if len(names) != len(inputs):
-        raise _not_allowed("names", names, f"{len(inputs)} names, one per input")
+        raise not_allowed("names", names, f"{len(inputs)} names, one per input")
     runs = []
     for fn, role in ((yours, name), (kit, "the kit's version")):
         leaves = [x.detach().clone().requires_grad_() for x in inputs]
         runs.append((leaves, _as_outputs(fn(*leaves), role)))
     (_, mine), (_, theirs) = runs
     if len(mine) != len(theirs):
-        raise _failure(name, f"returns {len(mine)} outputs", f"the kit's version returns "
+        raise failure(name, f"returns {len(mine)} outputs", f"the kit's version returns "
                                                             f"{len(theirs)}")
     gen = fresh_generator()
     weights = [torch.randn(o.shape, generator=gen, dtype=torch.float64) for o in mine]

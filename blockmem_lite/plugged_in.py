@@ -20,16 +20,16 @@ import torch
 
 from blockmem_lite.checks import (
     CheckFailed,
-    _failure,
     _is_int,
-    _not_allowed,
     _perturb_after,
-    _require_text,
     _tolerance,
     _tolerances,
     check_causal,
     check_close,
     check_true,
+    failure,
+    not_allowed,
+    require_text,
 )
 
 
@@ -39,12 +39,12 @@ def swap_modules(model: torch.nn.Module, library_cls: type, make_yours: Callable
     many were replaced. A weight name or shape the new module lacks is a CheckFailed naming it.
     """
     if not isinstance(library_cls, type):
-        raise _not_allowed("library_cls", library_cls, "a torch.nn.Module class of the kit")
+        raise not_allowed("library_cls", library_cls, "a torch.nn.Module class of the kit")
     targets = [(name, m) for name, m in model.named_modules() if type(m) is library_cls]
     for name, old in targets:
         new = make_yours(old)
         if not isinstance(new, torch.nn.Module):
-            raise _not_allowed("make_yours", new, "a function returning your torch.nn.Module")
+            raise not_allowed("make_yours", new, "a function returning your torch.nn.Module")
         like = next(old.parameters(), None)
         if like is not None:                      # the kit's device and dtype (float64 too)
             new = new.to(device=like.device, dtype=like.dtype)
@@ -61,7 +61,7 @@ def _load_same_weights(new: torch.nn.Module, old: torch.nn.Module, where: str) -
     extra = sorted(set(mine) - set(theirs))
     wrong = sorted(k for k in set(mine) & set(theirs) if mine[k].shape != theirs[k].shape)
     if missing or extra or wrong:
-        raise _failure(f"your {type(new).__name__} at {where}",
+        raise failure(f"your {type(new).__name__} at {where}",
                        "its weights do not match the kit's layer, so they cannot be shared",
                        *([f"missing: {', '.join(missing)}"] if missing else []),
                        *([f"not in the kit's layer: {', '.join(extra)}"] if extra else []),
@@ -213,18 +213,18 @@ def judge_plugged_in(yours: Plugged, make_model: Callable, batches, name: str = 
                      ) -> tuple[list[float], list[float]]:
     """``check_plugged_in``'s verdict on ``yours``, however it was obtained (in the notebook,
     or from a graded kernel): the kit's side is computed here."""
-    _require_text("name", name)
+    require_text("name", name)
     lr = _tolerance("lr", lr, positive=True)
     curve_rtol = _tolerance("curve_rtol", curve_rtol)
     batches = list(batches)
     if len(batches) < 2:
-        raise _not_allowed("batches", batches, "two or more (tokens, targets) pairs")
+        raise not_allowed("batches", batches, "two or more (tokens, targets) pairs")
     if not _is_int(yours.replaced) or yours.replaced < 1:
-        raise _failure(name, f"plug_in replaced {yours.replaced!r} pieces of the model",
+        raise failure(name, f"plug_in replaced {yours.replaced!r} pieces of the model",
                        "expected it to put your piece in at least one place (it returns how "
                        "many it replaced)")
     if yours.apart is not None:
-        raise _failure(name, "the weights are not shared with the kit's model",
+        raise failure(name, "the weights are not shared with the kit's model",
                        f"first difference at {yours.apart}; plug_in must copy the kit's weights "
                        "into your piece (swap_modules does)")
     tokens = batches[0][0]

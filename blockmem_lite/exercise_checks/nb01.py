@@ -8,12 +8,12 @@ import torch.nn.functional as F
 from blockmem_lite import registry
 from blockmem_lite.checks import (
     CheckFailed,
-    _failure,
     check_causal,
     check_close,
     check_equal,
     check_shape,
     check_true,
+    failure,
 )
 from blockmem_lite.config import ModelConfig
 from blockmem_lite.exercise_checks import exercise_check
@@ -127,7 +127,7 @@ def decode_step_check(t):
     check_shape(caches, (steps, *keys_values.shape), f"the cache after each of {steps} steps")
     wrong = first_wrong_step(stepped, caches, full, keys_values)
     if wrong is not None:
-        raise _failure(f"{steps} decode steps", *wrong)
+        raise failure(f"{steps} decode steps", *wrong)
     check_close(stepped, full, f"{steps} decode steps vs the full causal forward")
     check_close(caches[-1], keys_values, "the cache holds every key and value after the last step")
 
