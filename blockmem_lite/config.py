@@ -402,8 +402,8 @@ def notebook_config(preset_name: str = "class", *, fast: dict | None = None,
     return cfg
 
 
-# A training step reaches 0.5-1.1 of a bare matmul's rate on a 2-core CPU (class preset:
-# dense and BCMT about 0.5, CAT and MoC about 1.0): the slower share bounds the time.
+# A training step on a 2-core CPU runs at about half (dense, BCMT) to all (CAT, MoC) of a
+# bare matmul's rate at the class preset: the estimate gives the time at both ends.
 CPU_STEP_EFFICIENCY = (0.5, 1.0)
 GPU_SIZED_PRESETS = ("gpu",)
 

@@ -349,12 +349,12 @@ def current() -> World:
 def shutdown() -> None:
     """Wait for every process, then leave the process group ``setup`` joined (a no-op
     otherwise). The wait matters: a Gloo process that leaves while a peer is still working
-    can abort at exit (measured on CPU: 3 of 18 two-process runs without it, 0 of 25 with)."""
+    can abort at exit."""
     global _current, _started_here
     if _started_here and dist.is_initialized():
         # DDP objects of finished Trainers go now, while the interpreter is whole: Gloo work
-        # they hold, freed during interpreter teardown, can abort a process at exit (seen
-        # once in CI: "terminate called without an active exception" after a finished run)
+        # they hold, freed during interpreter teardown, can abort a process at exit
+        # ("terminate called without an active exception" after a finished run)
         gc.collect()
         try:
             _current.barrier()

@@ -406,15 +406,16 @@ def keep_freed_memory() -> bool:
 
     glibc serves a large allocation (a tensor over 128 KiB to 32 MiB, by its own moving
     threshold) with a fresh ``mmap`` and unmaps it when freed, so the next step's tensor of
-    that size page-faults on every 4 KiB it writes. Measured on the class models (d=128,
-    T=256, 16 sequences, 2 cores): 1,300-32,000 faults a training step at about 1 us each,
-    varying from step to step with the allocator's state, so dense's step swung between
-    about 220 and 250 ms. With every allocation from the heap (``M_MMAP_MAX`` 0) and up to
-    ``KEPT_HEAP_BYTES`` of it kept free (``M_TRIM_THRESHOLD``), no step after the first
-    faults. The price: the process's resident memory stays at its peak. CUDA tensors are
-    untouched (their caching allocator already keeps memory). The bench's timed processes
-    call it; training never does, so a notebook kernel keeps the system's allocator. Set the
-    environment variable ``BLOCKMEM_KEEP_FREED_MEMORY=0`` to leave the allocator alone.
+    that size page-faults on every 4 KiB it writes. At the class models' sizes that is
+    thousands of faults a training step, their number varying from step to step with the
+    allocator's state, so the step time wanders by up to about a tenth. With every allocation
+    from the heap (``M_MMAP_MAX`` 0) and up to ``KEPT_HEAP_BYTES`` of it kept free
+    (``M_TRIM_THRESHOLD``), no step after the first faults. The price: the process's
+    resident memory stays at its peak. CUDA tensors are untouched (their caching allocator
+    already keeps memory). Processes that only train and measure call it (the bench's timed
+    processes, ``reproduce``, the lab's workers); a notebook kernel keeps the system's
+    allocator. Set the environment variable ``BLOCKMEM_KEEP_FREED_MEMORY=0`` to leave the
+    allocator alone.
     """
     global _kept_freed_memory
     if _kept_freed_memory is None:

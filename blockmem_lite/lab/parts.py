@@ -4,28 +4,21 @@ The recall experiment trains many small independent models (every entry, seed an
 at the recall recipe's sizes: d=64, T=64, batch 32). A step of such a model spends about
 half its time in small element-wise kernels and copies that a second thread does not
 speed up, so two models trained at once, one thread each, finish sooner than the same
-two one after the other on two threads. Measured on the 2-core class machine with
-``OMP_WAIT_POLICY=PASSIVE``, as the Makefile and the site run everything (ms per step):
-
-=====================  ==========  ==========  ===================================
-recall model           2 threads   1 thread    two at once, 1 thread each
-=====================  ==========  ==========  ===================================
-dense                  33.5        27.7        28 each: 2.4x the throughput
-CAT (multi-chunk)      100         127         136 each: 1.5x
-=====================  ==========  ==========  ===================================
+two one after the other on two threads: on a 2-core CPU (with ``OMP_WAIT_POLICY=PASSIVE``,
+as the Makefile and the site run everything) that is more than twice the throughput for
+a small dense model and about one and a half times for the multi-chunk CAT.
 
 One thread sums in another order than two, so a model trained here is not equal to the
-last bit to the same model trained on two threads: the whole class run moved each dense,
-BCMT, CAT and twin figure by at most 0.01, but ARMT's curriculum amplifies rounding (its
-seed 0 ended at 0.56 beyond the span instead of 0.73; seeds 1 and 2 within 0.02; the
-verdicts held). On one thread everywhere (the tests) the results are equal bit for bit.
+last bit to the same model trained on two threads: dense, BCMT, CAT and twin figures
+differ in the second decimal at most, but ARMT's curriculum amplifies rounding, so one of
+its seeds can end visibly apart. On one thread everywhere (the tests) the results are
+equal bit for bit.
 
 The class language models (d=128, T=256, batch 16) are matmul-bound and do scale with
-threads (dense 215 ms a step on 2 threads, 380 on 1, 420 each two at once: nothing to
-gain), so the lab trains those in its own process on every thread. The facts models
-have the same width at half the length (T=128, batch 16, optimizer step included): MoC's
-took 155 ms a step on 2 threads, 220 on 1 and 243-248 each two at once, 1.27x the
-throughput, so they join the recall models on the workers (``FactsJob``), where they
+threads (two at once, one thread each, gain nothing), so the lab trains those in its own
+process on every thread. The facts models have the same width at half the length
+(T=128, batch 16, optimizer step included) and still gain about a quarter in throughput
+two at once, so they join the recall models on the workers (``FactsJob``), where they
 also fill the gap the last long recall model leaves.
 
 ``recall_part`` and ``facts_part`` train and measure one model, in the lab's process or
@@ -241,9 +234,9 @@ def _start_worker(reports, threads: int, plugins: tuple[str, ...]) -> None:
     and the plugin files the jobs need.
 
     A worker's Trainer must not catch the SIGTERM: its stop button takes over any signal
-    still at its default handler, so a training under way stopped cleanly, handed back its
-    result and the worker waited for the next job, while the lab's process waited for it
-    to end (a CI run hung there: ``test_lab_parts``'s stop test)."""
+    still at its default handler, so a training under way would stop cleanly, hand back its
+    result and the worker wait for the next job, while the lab's process waits for it to
+    end: the stop would hang (``test_lab_parts``'s stop test covers it)."""
     global _reports
     _reports = reports
     keep_freed_memory()               # a process of its own, only training: no fresh-page faults
@@ -296,8 +289,8 @@ def train_in_workers(jobs: list, workers: int, on_result: Callable,
                      live_for: Callable | None = None) -> None:
     """Train ``jobs`` on ``workers`` processes, the costliest first (``RecallJob.cost``: a
     long job handed out last leaves the other workers idle at the end; by steps alone,
-    CAT's jobs went last and one worker of the class run idled for 2.5 minutes, by cost
-    the two end within half a minute of each other); ``on_result(job, measured)``
+    CAT's costly jobs would go last and one worker would idle for minutes, by cost the
+    workers end close together); ``on_result(job, measured)``
     as each one ends, ``on_progress(share of the work, text)`` as they train (``done_share``),
     ``live_for(name, recipe)`` gives each watched stage's live view (a callback with
     ``record(step, accuracy, total_steps)``, e.g. ``lab.figures.recall_monitor``).
@@ -349,9 +342,8 @@ def _worker_context():
 
 def done_share(jobs: list, done_steps: dict[int, int]) -> float:
     """The share of the jobs' work done: each job's steps done, weighted by its ``cost``
-    per step. By steps alone the class run's bar read 1% after two minutes (CAT's four
-    recall models, a fifth of the steps and over a third of the work, go first) and its
-    ETA an hour and a quarter, for a part that took 16 minutes."""
+    per step. By steps alone the bar and its ETA would be far off at the start: CAT's four
+    recall models, a fifth of the steps and over a third of the work, go first."""
     total = sum(job.cost for job in jobs)
     if not total:
         return sum(done_steps.values()) / max(1, sum(job.steps for job in jobs))

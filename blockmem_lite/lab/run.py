@@ -536,8 +536,8 @@ class Lab:
 
 TASKS = ("lm", "recall", "facts", "bench")
 BENCH_WEIGHT = {"train": 4, "decode": 1, "state": 1}   # the bench's parts, as the progress
-                                                       # bar counts them (class: about 100,
-                                                       # 25 and 24 s)
+                                                       # bar counts them (about their shares
+                                                       # of a class bench's time)
 
 
 def _only(plan: list[tuple[str, str]], tasks) -> list[tuple[str, str]]:

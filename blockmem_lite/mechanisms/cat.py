@@ -142,8 +142,8 @@ def _set_chunk_size(model, overrides: dict) -> None:
 def _bench_at_its_chunk_size(model, cfg) -> None:
     """A multi-chunk model trains at a chunk size drawn per call; the bench pins it to the
     record's C, so a ``C=32`` training record times and measures C = 32 (unpinned, every
-    C of one model timed the same random mix, and its saved-tensor figure was whichever C
-    the measuring call drew: 452 MiB at C=16 but 621 MiB at C=32 in one class report)."""
+    C of one model would time the same random mix, and its saved-tensor figure would be
+    that of whichever C the measuring call drew)."""
     if cfg.chunk_sizes:
         model.pin_training_chunk_size(cfg.chunk_size)
 

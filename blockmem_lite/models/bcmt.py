@@ -30,16 +30,16 @@ SwiGLU MLP; padding the tail to a multiple of L with the padded tokens masked
 out of the summary softmax; W_p initialised to zero, so a fresh BCMT computes
 exactly what HOnly computes and the memory is learned in (with the usual
 N(0, 0.02) init the injected G * P is larger than the token states at step 0
-and the model trained worse than HOnly at kit scale). Tests and notebooks that
+and the model trains worse than HOnly at kit scale). Tests and notebooks that
 must exercise the memory path re-randomise W_p first.
 
 Generation keeps, per layer, a KV cache of at most one block, the (num, den)
 memory state and the open block's U (B, L, D), so the decoding state is constant
 in the context length. It does not stream the summary (running max, normaliser,
 weighted sum), which would store no tokens: the streaming softmax
-cost about ten small operators per token and layer, and at batch 1 a CPU decoding
-step is bound by operator dispatch (BCMT decoded at 0.80x HOnly's speed with it,
-0.85-0.88x without; the issue-15 target is 0.9x). Keeping U costs L*D more state
+costs about ten small operators per token and layer, and at batch 1 a CPU decoding
+step is bound by operator dispatch, so streaming would cost BCMT a visible share of its
+decoding speed against HOnly. Keeping U instead costs L*D more state
 per layer (1.0 -> 1.5 MiB at L=128, d=256) and the summary is then computed when
 the block closes by the training formula itself (``BCMTLayer.summarise``).
 

@@ -15,7 +15,7 @@ imports only what it runs (torch, numpy, the kit); every other package is looked
 installed metadata (``importlib.metadata``, ``importlib.util.find_spec``), and whether the
 live widgets can draw in JupyterLab is read from the installed packages and JupyterLab
 extensions rather than by building one (importing jupyterlab, datasets and
-ipywidgets took seconds to tens of seconds).
+ipywidgets takes seconds to tens of seconds).
 
 The ``lock`` item compares every installed package with ``requirements.lock``, the
 versions ``make test`` passed with, and names each difference ("transformers 5.24.0,

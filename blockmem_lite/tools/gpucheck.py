@@ -40,9 +40,9 @@ Steps (sizes for one GPU; ``--tiny``: small sizes, the logic on a CPU in seconds
    CPU (no FlexAttention backward there) the agreement is checked forward only, in
    eager mode, without timing.
 
-Time: the budgets add up to about 4.5 minutes on one H100-class GPU (an estimate:
-no GPU has run it yet; the flex rows' compilation is the least certain part); the
-whole run is meant to finish in under 5 minutes.
+Time: the budgets add up to about 4.5 minutes on one H100-class GPU (an estimate;
+the flex rows' compilation is the least certain part); the whole run is meant to
+finish in under 5 minutes.
 ``--tiny`` on a 2-core CPU takes well under a minute.
 """
 

@@ -54,7 +54,7 @@ PLOTLY_ASSET = "assets/plotly.min.js"
 MATHJAX_ASSET = "assets/mathjax/MathJax.js?config=TeX-AMS-MML_HTMLorMML-full,Safe"  # the configs it ships
 MATHJAX_CDN = "https://cdnjs.cloudflare.com/ajax/libs/mathjax/2.7.7/MathJax.js?config=TeX-AMS_CHTML-full,Safe"
 # jupyter-server-mathjax ships MathJax 2 with the STIX-Web fonts only: its default TeX fonts
-# are missing (so \begin{cases}, primes and more failed with "[Math Processing Error]").
+# are missing (so \begin{cases}, primes and more fail with "[Math Processing Error]").
 # MathJax_Blank, its font-loading probe, points at about:blank, which a file:// page
 # refuses; an empty data: URL fails the same harmless way. The hidden MathML copy of each
 # formula (for screen readers) would load TeX fonts for \mathbb and the like: it needs none.
