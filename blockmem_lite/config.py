@@ -26,7 +26,7 @@ gpu       d=384, 8 layers, T=1024,     one GPU: a free Colab T4 (15 GiB) holds
 ========  ===========================  =========================================
 
 The ``gpu`` preset per mechanism (parameters; training memory at batch 16 under bf16 or
-fp16 autocast, as ``measure.memory_estimate`` finds it with CPU autocast standing in):
+fp16 autocast, as ``train.memory`` finds it with CPU autocast standing in):
 
 ======  =======  ========  ==============================================================
 arch    params   memory    why

@@ -10,9 +10,9 @@ import torch
 from torch.utils.data import TensorDataset
 
 from blockmem_lite import build_model, config, preset
-from blockmem_lite.measure import memory_estimate as me
 from blockmem_lite.runtime import grad_scaler, resolve_precision
 from blockmem_lite.train import Trainer, loop, make_optimizer
+from blockmem_lite.train import memory as me
 from blockmem_lite.train.optim import count_parameters
 
 SEQ = 32

@@ -2,7 +2,8 @@
 
 - ``flops``: the dense FLOP pieces every mechanism's model builds on (settings layer:
   the registrations import it, so this package file imports nothing).
-- ``metrics``: FLOPs per token via the registry, parameters, peak memory, saved tensors.
+- ``metrics``: FLOPs per token via the registry, parameters, peak memory, saved tensors
+  (a training run's own memory estimate is ``train.memory``).
 - ``flopcount``: the analytic FLOP models checked against torch's ``FlopCounterMode``.
 - ``roofline``: the machine probes (matmul, copy, launch), one step's operator count and
   the bound they set.

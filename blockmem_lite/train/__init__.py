@@ -7,6 +7,8 @@ The package, one job per module (read ``loop`` first):
 * ``loop``: the ``Trainer`` (its fit / step loop and public methods);
 * ``optim``: ``make_optimizer`` and ``lr_at`` (``simple``'s, with a model's lr scales
   and a TrainConfig), and the memory a model's training needs (``check_fits_in_memory``);
+* ``memory``: that memory estimated before a run starts (weights, gradients, AdamW's
+  state, the activations of two dry runs) and the check that it fits;
 * ``data``: the batch stream a checkpoint can resume, and ``evaluate``;
 * ``resume``: checkpoints, resuming and RNG states, ``load_model``;
 * ``stopping``: the stop button (SIGINT, SIGTERM, SIGHUP) and the run's clock;

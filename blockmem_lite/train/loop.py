@@ -13,7 +13,7 @@ need; each piece has its own module beside this one:
   ``runtime.resolve_precision``'s dtype: bf16 on cards with fast bf16 (Ampere and later),
   else fp16 with a GradScaler (scale the loss, unscale before clipping, step, update; a
   step whose scaled gradients overflow is skipped, not failed).
-* Memory: before the first step, ``measure.memory_estimate`` estimates what the run needs
+* Memory: before the first step, ``train.memory`` estimates what the run needs
   (weights, gradients, AdamW moments, activations from two small dry runs) and refuses a
   run that does not fit the device, naming the largest batch that does (``check_memory``).
 * Several processes (``torchrun``, ``distributed.setup``): the model trains inside DDP;
@@ -44,12 +44,6 @@ from blockmem_lite.checkpoints import (
 )
 from blockmem_lite.compiling import compile_training
 from blockmem_lite.config import RunConfig, TrainConfig
-from blockmem_lite.measure.memory_estimate import (
-    MemoryEstimate,
-    check_fits,
-    estimate_training_memory,
-    memory_for_run,
-)
 from blockmem_lite.models.base import IGNORE_INDEX, build_model, check_output, model_name
 from blockmem_lite.registry import PRESET_NAMES
 from blockmem_lite.runtime import (
@@ -67,6 +61,12 @@ from blockmem_lite.runtime import (
 from blockmem_lite.train import resume
 from blockmem_lite.train.callbacks import History, PrintProgress, check_callbacks, emit
 from blockmem_lite.train.data import BatchStream, as_dataset, evaluate, first_examples
+from blockmem_lite.train.memory import (
+    MemoryEstimate,
+    check_fits,
+    estimate_training_memory,
+    memory_for_run,
+)
 from blockmem_lite.train.optim import lr_at, make_optimizer
 from blockmem_lite.train.resume import CheckpointNotSaved
 from blockmem_lite.train.stopping import Clock, StopButton, agreed_stop

@@ -10,9 +10,9 @@ from __future__ import annotations
 import torch
 
 from blockmem_lite.config import TrainConfig
-from blockmem_lite.measure.memory_estimate import parameter_bytes
 from blockmem_lite.models.base import LanguageModel, build_model
 from blockmem_lite.runtime import available_memory_bytes
+from blockmem_lite.train.memory import parameter_bytes
 from blockmem_lite.train.simple import adamw, cosine_lr
 from blockmem_lite.units import human_bytes
 
@@ -60,7 +60,7 @@ def check_fits_in_memory(cfg, device) -> int:
     """Refuse (ValueError) a model whose weights, gradients and AdamW state alone exceed the
     memory available on ``device``, before it is built (counted on the meta device); returns
     that estimate in bytes. The Trainer then checks the whole run, activations included
-    (``measure.memory_estimate``)."""
+    (``train.memory``)."""
     with torch.device("meta"):
         model = build_model(cfg)
     params = model.num_params()
