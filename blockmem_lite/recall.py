@@ -58,7 +58,7 @@ EVAL_SEEDS = {"passkey": 10_000, "mqar": 20_000, "beyond": 30_000, "blind": 40_0
 @dataclass(frozen=True)
 class RecallRecipe:
     """The model and task sizes of the recall experiment (searched on a 2-core CPU; the
-    search table is in docs/MEASUREMENTS.md, "the recall recipe")."""
+    search is summarised in docs/MEASUREMENTS.md, "The recall recipe")."""
 
     seq_len: int = 64
     vocab_size: int = 68          # 64 content ids: 32 keys, 32 values (+ 4 special)

@@ -1,5 +1,5 @@
 """The package's import graph, read from its own source with ``ast``: imports only go down the
-documented layer order (README "The kit"), there are no cycles (imports inside functions
+documented layer order (docs/KIT.md, "The layers"), there are no cycles (imports inside functions
 count), and the core never names a mechanism."""
 
 import ast
@@ -63,7 +63,7 @@ def matches(name: str, pattern: str) -> bool:
 
 def layer_of(name: str) -> int:
     hits = [i for i, (_, patterns) in enumerate(LAYERS) for p in patterns if matches(name, p)]
-    assert hits, f"blockmem_lite.{name} has no layer: add it to LAYERS and the README"
+    assert hits, f"blockmem_lite.{name} has no layer: add it to LAYERS and docs/KIT.md"
     return min(hits)
 
 

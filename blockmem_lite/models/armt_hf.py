@@ -44,7 +44,7 @@ def _hf_cache_keyword(layer: nn.Module) -> str:
             return name
     raise ValueError(f"hf_model's decoder layer {type(layer).__name__} takes none of "
                      f"{_HF_CACHE_KEYWORDS} as its cache argument: this transformers version "
-                     "is not supported (see the README for the tested ones)")
+                     "is not supported (see docs/INSTALL.md for the tested ones)")
 
 
 class _HFBlock(nn.Module):

@@ -223,7 +223,7 @@ def torch_install_hint(lock: Path | None = None) -> str:
     lock = default_lock() if lock is None else lock
     version = read_lock(lock).get("torch") if lock.is_file() else None
     spec = f"torch=={version.split('+')[0]}" if version else "torch"
-    return f"install {spec} first (the CPU wheel, see the README)"
+    return f"install {spec} first (the CPU wheel, see docs/INSTALL.md)"
 
 
 def _torch() -> Item:

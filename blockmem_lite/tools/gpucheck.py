@@ -36,7 +36,7 @@ Steps (sizes for one GPU; ``--tiny``: small sizes, the logic on a CPU in seconds
    on the same q, k, v (B=4, 4 heads of 64, T=4096, bf16): the outputs agree
    (``FLEX_TOLERANCE``, relative to 1 + |sdpa|) and forward + backward are timed
    interleaved (3 warm-up calls: the compilation; 10 timed); the figure says
-   which is faster. A measurement only: the models keep SDPA (see the README). On a
+   which is faster. A measurement only: the models keep SDPA (see docs/LAB.md). On a
    CPU (no FlexAttention backward there) the agreement is checked forward only, in
    eager mode, without timing.
 

@@ -34,7 +34,7 @@ def python_problem(version=None, system=None, machine=None):
         return ("blockmem_lite does not run on an Intel Mac: PyTorch stopped publishing macOS "
                 "x86_64 wheels after 2.2, and the kit needs PyTorch 2.4.1 or newer. Use a Mac "
                 "with Apple silicon, a Linux or Windows machine, or a hosted notebook such as "
-                "Colab (README: 'Colab and other hosted notebooks').")
+                "Colab (docs/INSTALL.md: 'Colab and other hosted notebooks').")
     if version[:2] < MIN_PYTHON:
         found = ".".join(str(part) for part in version)
         wanted = ".".join(str(part) for part in MIN_PYTHON)

@@ -40,11 +40,12 @@ MIN_REGION_CHARS = 12          # shorter answers (``y = 42``) are too common to 
 NOTICE = """\
 # blockmem_lite, student edition
 
-This is the kit without its worked answers. Start with `make lab` (or the README's
-commands without make), open `notebooks/`, and do the exercises in `notebooks/exercises/`:
-each check cell tells you what is right and what is not. Your teacher holds the solutions
-and grades with `python -m blockmem_lite exercises grade`. The README's `make test` needs
-the teacher's repository (its tests and solutions are not part of this edition).
+This is the kit without its worked answers. Start with `make lab` (or the commands
+without make in docs/INSTALL.md), open `notebooks/`, and do the exercises in
+`notebooks/exercises/`: each check cell tells you what is right and what is not. Your
+teacher holds the solutions and grades with `python -m blockmem_lite exercises grade`. The
+README's `make test` needs the teacher's repository (its tests and solutions are not part
+of this edition).
 """
 
 
