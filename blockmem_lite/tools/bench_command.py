@@ -62,8 +62,9 @@ def bench_parser() -> argparse.ArgumentParser:
     parser.add_argument("--json", default=None, metavar="PATH",
                         help="write the records as a JSON list to PATH")
     parser.add_argument("--roofline-seconds", type=float, default=roofline.PROBE_SECONDS,
-                        metavar="S", help="seconds of each machine probe (matmul FLOP/s, copy "
-                                          "bandwidth) for the roofline (default %(default)s)")
+                        metavar="S", help="seconds of each of the roofline's three machine "
+                                          "probes: matmul FLOP/s, copy bandwidth, launch time "
+                                          "(default %(default)s)")
     parser.add_argument("--plugin", action="append", default=[], metavar="FILE", help=PLUGIN_HELP)
     for opt, users in registry.shared_bench_options().values():
         parser.add_argument(opt.flag, default=None, metavar="TEXT",
