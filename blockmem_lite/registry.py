@@ -96,7 +96,8 @@ class Knob:
     * ``presets``: {preset name: value}, its size per preset (``config.preset``);
     * ``span``: its value is the local span (a block, segment or chunk: how far back a
       token sees exactly); the recall experiment sets it and ``check_causal`` probes it;
-    * ``boundary``: a length whose boundaries ``check_causal`` probes (``span`` is one).
+    * ``boundary``: a length whose boundaries ``check_causal`` probes (``span`` is one);
+    * ``recall_sweep``: the values the memory-size sweep (``sweep --knob``) trains by default.
     """
 
     symbol: str | None = None
@@ -104,18 +105,16 @@ class Knob:
     presets: Mapping[str, object] = field(default_factory=dict)
     span: bool = False
     boundary: bool = False
+    recall_sweep: tuple = ()
 
 
 def knob(default=dataclasses.MISSING, *, help: str, symbol: str | None = None,  # noqa: A002
          sweep=(), presets: Mapping[str, object] | None = None, span: bool = False,
-         boundary: bool = False):
+         boundary: bool = False, recall_sweep=()):
     """An ``Options`` field with its help and the ``Knob`` metadata the registry derives the
-    bench flag, variants, presets, boundaries and local span from::
-
-        block_size: int = knob(64, help="L: tokens per block", symbol="L", sweep=(64, 128),
-                               presets={"tiny": 8, "fast": 16}, span=True)
-    """
-    meta = Knob(symbol, tuple(sweep), dict(presets or {}), span, boundary or span)
+    bench flag, variants, presets, boundaries and local span from (the module's example)."""
+    meta = Knob(symbol, tuple(sweep), dict(presets or {}), span, boundary or span,
+                tuple(recall_sweep))
     return field(default=default, metadata={"help": help, "knob": meta})
 
 

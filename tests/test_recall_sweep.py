@@ -2,10 +2,11 @@
 sweep resumes from, the slot model beside each point, the command line and its figure."""
 
 import json
+import textwrap
 
 import pytest
 
-from blockmem_lite import recall
+from blockmem_lite import recall, registry
 from blockmem_lite.lab import figures as lab_figures
 from blockmem_lite.lab import recall_sweep
 
@@ -18,17 +19,52 @@ def test_each_value_sets_its_knob_and_nothing_else():
     assert {p.cfg.segment_size for p in armt} == {CLASS.span}
     cat = recall_sweep.points("cat", "chunk_size", (4, 16), CLASS)
     assert [(p.cfg.chunk_size, p.cfg.chunk_sizes) for p in cat] == [(4, ()), (16, ())]
-    bcmt = recall_sweep.points("bcmt", "span", (8, 16), CLASS)
-    assert [(p.cfg.block_size, p.recipe.span) for p in bcmt] == [(8, 8), (16, 16)]
+    bcmt = recall_sweep.points("bcmt", "block_size", (8, 16), CLASS)
+    assert [p.cfg.block_size for p in bcmt] == [8, 16]
     alpha = recall_sweep.points("bcmt", "alpha", (0.2,), CLASS)
     assert alpha[0].cfg.alpha == 0.2 and isinstance(alpha[0].cfg.alpha, float)
+    assert alpha[0].cfg.block_size == CLASS.span                # the recipe's span otherwise
+
+
+def test_the_default_sweeps_come_from_the_knobs():
+    assert recall_sweep.default_sweeps() == {
+        ("bcmt", "block_size"): (8, 16), ("bcmt", "alpha"): (0.2, 0.8, 0.95),
+        ("cat", "chunk_size"): (4, 8, 16),
+        ("armt", "n_mem_tokens"): (1, 2, 4, 8), ("armt", "d_mem"): (1, 2, 16)}
+
+
+def test_a_plugins_knob_is_swept_like_a_built_in_one(tmp_path):
+    plugin = tmp_path / "wide_swa.py"
+    plugin.write_text(textwrap.dedent("""
+        from dataclasses import dataclass
+        from blockmem_lite import registry
+        from blockmem_lite.mechanisms.moc import flops_per_token, state_bytes
+        from blockmem_lite.models.moc import MoCLM, MoCOptions
+
+        @dataclass
+        class Options(MoCOptions):
+            top_k: int = registry.knob(2, help="routed chapters", recall_sweep=(1, 3))
+
+        registry.register(registry.Mechanism(
+            name="moc_sweepable", model=MoCLM, options=Options, flops=flops_per_token,
+            state_bytes=state_bytes, summary="MoC with a swept top_k"))
+    """))
+    try:
+        registry.load_plugin(plugin)
+        assert recall_sweep.default_sweeps()["moc_sweepable", "top_k"] == (1, 3)
+        swept = recall_sweep.points("moc_sweepable", "top_k", (1, 3), CLASS)
+        assert [p.cfg.top_k for p in swept] == [1, 3]
+    finally:
+        registry.unregister("moc_sweepable")
 
 
 @pytest.mark.parametrize("arch, knob, values, message", [
     ("nope", "d_mem", (1,), "--arch='nope' is not allowed"),
-    ("armt", "alpha", (1,), "--knob='alpha' is not allowed: expected one of d_mem, n_mem_tokens"),
+    ("armt", "alpha", (1,), "--knob='alpha' is not allowed: expected one of d_mem, "),
     ("cat", "chunk_size", (128,), "chunk_size=128 is not allowed: must be between 1 and"),
-    ("bcmt", "span", (32,), "seq_len=64 is not allowed with span=32"),
+    ("bcmt", "block_size", (128,), "block_size=128 is not allowed: must be between 1 and"),
+    ("dense", "d_mem", (1,), "--arch='dense' is not allowed: has no numeric option to sweep"),
+    ("armt", "detach_every", (), "--values=.* has no default sweep; give the values"),
 ])
 def test_a_bad_sweep_is_refused_before_anything_trains(arch, knob, values, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(")):
@@ -36,11 +72,11 @@ def test_a_bad_sweep_is_refused_before_anything_trains(arch, knob, values, messa
 
 
 def _fake_training(calls):
-    def train_point(point, seed, callbacks=()):
+    def train_point(point, recipe, seed, callbacks=()):
         calls.append((point.value, seed))
         accuracy = min(1.0, point.cfg.n_mem_tokens / 4)
         curve = [{"n_pairs": n, "accuracy": accuracy, "n_answers": 10}
-                 for n in range(1, point.recipe.n_pairs + 1)]
+                 for n in range(1, recipe.n_pairs + 1)]
         return {"capacity": curve, "beyond": {"accuracy": accuracy, "n_answers": 10}}
     return train_point
 
@@ -87,7 +123,11 @@ def test_the_command_line_names_a_bad_value(capsys):
     assert recall_sweep.main(["--arch", "bcmt", "--knob", "alpha", "--values", "x"]) == 2
     assert "--values='x' is not allowed" in capsys.readouterr().err
     assert recall_sweep.main(["--arch", "armt", "--knob", "block_size"]) == 2
-    assert "expected one of d_mem, n_mem_tokens" in capsys.readouterr().err
+    assert "--knob='block_size' is not allowed: expected one of d_mem" in capsys.readouterr().err
+    assert recall_sweep.main(["--arch", "armt", "--knob", "d_mem", "--values", "1.5"]) == 2
+    assert "expected comma-separated ints" in capsys.readouterr().err
+    assert recall_sweep.main(["--arch", "x", "--knob", "y", "--plugin", "nope.py"]) == 2
+    assert "plugin='nope.py' is not allowed" in capsys.readouterr().err
 
 
 
@@ -107,10 +147,10 @@ def test_a_stop_while_training_stores_no_half_trained_point(tmp_path, monkeypatc
 
 
 def test_the_shipped_sweeps_are_found_and_hold_every_default_value():
-    for arch, knob in recall_sweep.SWEEPS:
+    for (arch, knob), values in recall_sweep.default_sweeps().items():
         record = recall_sweep.shipped(arch, knob)
         assert record is not None, f"data/reproduce/class_cpu/sweeps/{arch}-{knob}.json is missing"
         assert record["format"] == recall_sweep.SWEEP_FORMAT and record["preset"] == "class"
         assert [float(v) for v in record["points"]] == \
-            [float(v) for v in recall_sweep.SWEEPS[arch, knob]]
+            [float(v) for v in values]
     assert recall_sweep.shipped("armt", "no_such_knob") is None

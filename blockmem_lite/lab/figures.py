@@ -279,7 +279,7 @@ def memory_sweep(record: dict):
     spread = max(values) / min(values) if min(values) > 0 else 1
     fig = charts.line_chart(series, title=title, x_title=knob,
                             y_title="accuracy beyond the span", y_range=(0, 1.05),
-                            log_x=spread >= 4 and knob != "alpha",
+                            log_x=spread >= 4 and all(float(v).is_integer() for v in values),
                             hlines={"chance": record["chance"]})
     return _label_styled_lines(fig, {": slot model": "slot model"},
                                "solid: measured, dashed: slot model")

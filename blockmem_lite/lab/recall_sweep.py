@@ -4,9 +4,10 @@ pairs, beside the slot model of its capacity (``recall.slot_curve``). Zoology dr
 accuracy against model dimension; here it is against the size of each memory, so "not
 learned" becomes "this memory holds about N pairs" or "it could hold them and did not".
 
-``python -m blockmem_lite sweep --arch armt --knob n_mem_tokens`` (values default to
-``SWEEPS``); OUT/<arch>-<knob>.json keeps every finished point, so a stopped sweep goes on
-where it stopped, and OUT/<arch>-<knob>.html draws it (``lab.figures.memory_sweep``;
+``python -m blockmem_lite sweep --arch armt --knob n_mem_tokens`` sweeps any numeric option
+of a mechanism, a plugin's too; its values default to the option's ``knob(...,
+recall_sweep=...)``. OUT/<arch>-<knob>.json keeps every finished point, so a stopped sweep
+goes on where it stopped, and OUT/<arch>-<knob>.html draws it (``lab.figures.memory_sweep``;
 plotly.js beside it, so it opens offline).
 """
 
@@ -32,49 +33,50 @@ from blockmem_lite.validation import check_choice, fail, parse_int_list
 
 SWEEP_FORMAT = "blockmem_lite.recall_sweep/1"
 
-# (arch, knob): the values swept at the class recipe. "span" is the recipe's span (BCMT's
-# block size, which every recall row is laid out by); the others are option fields.
-SWEEPS = {
-    ("armt", "n_mem_tokens"): (1, 2, 4, 8),     # M writes per segment: the slots
-    ("armt", "d_mem"): (1, 2, 16),              # K = 6 d_mem DPFP keys: room for 6 ... 96
-    ("bcmt", "alpha"): (0.2, 0.8, 0.95),        # how much of the first block survives
-    ("bcmt", "span"): (8, 16),                  # the block the pairs share
-    ("cat", "chunk_size"): (4, 8, 16),          # one fixed-C model each: pairs per chunk
-}
+def default_sweeps() -> dict[tuple[str, str], tuple]:
+    """{(arch, option): values} of every registered mechanism's knobs declared with
+    ``knob(..., recall_sweep=...)``: what ``sweep`` trains when no ``--values`` are given."""
+    return {(arch, name): meta.recall_sweep for arch in registry.names()
+            for name, meta in registry.knobs_of(registry.get(arch).options).items()
+            if meta.recall_sweep}
+
+
+def sweepable(arch: str) -> dict[str, type]:
+    """{option: its type} of the numeric options of ``arch``: any of them can be swept."""
+    fields = dataclasses.fields(registry.get(arch).options)
+    return {f.name: type(f.default) for f in fields
+            if type(f.default) in (int, float)}
 
 
 @dataclasses.dataclass(frozen=True)
 class SweepPoint:
-    """One value of the knob: the config trained and the recipe its rows follow."""
+    """One value of the knob and the config trained at it."""
 
     value: float
     cfg: ModelConfig
-    recipe: recall.RecallRecipe
 
 
 def points(arch: str, knob: str, values, recipe: recall.RecallRecipe) -> list[SweepPoint]:
-    """The configs of a sweep, checked before anything trains."""
-    check_choice("--arch", arch, sorted({a for a, _ in SWEEPS}))
-    knobs = sorted(k for a, k in SWEEPS if a == arch)
-    check_choice("--knob", knob, knobs)
-    spec = registry.lab_spec(arch)
-    base = preset("tiny", arch=arch).model
-    base = spec.config(base) if spec.config else base
-    out = []
-    for value in values:
-        at = dataclasses.replace(recipe, span=int(value)) if knob == "span" else recipe
-        cfg = at.model_config(base)
-        if knob == "chunk_size":                      # a fixed-C model, not the multi-chunk one
-            cfg = dataclasses.replace(cfg, chunk_sizes=(), chunk_size=int(value))
-        elif knob != "span":
-            cfg = dataclasses.replace(cfg, **{knob: type(getattr(cfg, knob))(value)})
-        out.append(SweepPoint(value, cfg, at))
-    return out
+    """The configs of a sweep, checked before anything trains: the mechanism's own model
+    (its default options, not the lab's variant of it) at the recipe's sizes and span, with
+    ``knob`` at each value. Rows keep the recipe's layout, so sweeping a span knob (BCMT's
+    block, CAT's chunk) puts the same pairs in more or fewer spans."""
+    check_choice("--arch", arch, registry.names())
+    kinds = sweepable(arch)
+    if not kinds:
+        fail("--arch", arch, "has no numeric option to sweep")
+    check_choice("--knob", knob, sorted(kinds))
+    if not values:
+        fail("--values", values, f"{arch} {knob} has no default sweep; give the values, "
+                                 "e.g. --values 1,2,4")
+    base = recipe.model_config(preset("tiny", arch=arch).model)
+    return [SweepPoint(value, dataclasses.replace(base, **{knob: kinds[knob](value)}))
+            for value in values]
 
 
-def train_point(point: SweepPoint, seed: int, callbacks=()) -> dict:
+def train_point(point: SweepPoint, recipe: recall.RecallRecipe, seed: int,
+                callbacks=()) -> dict:
     """Train one recall model of ``point`` at ``seed`` and measure its capacity curve."""
-    recipe = point.recipe
     run = preset("tiny", arch=point.cfg.arch)
     seed_everything(seed)
     model = build_model(point.cfg)
@@ -95,7 +97,7 @@ def run_sweep(arch: str, knob: str, values=None, preset_name: str = "class", see
     (one entry per value: the capacity curve over seeds, the slot model, the minutes)."""
     check_choice("--preset", preset_name, tuple(recall.RECALL_SIZES))
     recipe = recall.RECALL_SIZES[preset_name]
-    values = tuple(values or SWEEPS.get((arch, knob), ()))
+    values = tuple(values or default_sweeps().get((arch, knob), ()))
     sweep = points(arch, knob, values, recipe)
     seeds = tuple(seeds or recipe.seeds[:1])
     path = prepare_folder(out, name="--out") / f"{arch}-{knob}.json"
@@ -115,9 +117,9 @@ def run_sweep(arch: str, knob: str, values=None, preset_name: str = "class", see
             print(f"[{i}/{len(sweep)}] {arch} {knob}={point.value}: training "
                   f"{len(seeds)} seed(s)", file=sys.stderr, flush=True)
         start = time.perf_counter()
-        curves = [train_point(point, seed)["capacity"] for seed in seeds]
+        curves = [train_point(point, recipe, seed)["capacity"] for seed in seeds]
         record["points"][key] = {"value": point.value, "capacity": recall.combine_curve(curves),
-                                 "slot_model": recall.slot_curve(point.cfg, point.recipe),
+                                 "slot_model": recall.slot_curve(point.cfg, recipe),
                                  "minutes": (time.perf_counter() - start) / 60}
         atomic_write_bytes(path, json.dumps(record, indent=1).encode())
     return record
@@ -158,12 +160,14 @@ def parser() -> argparse.ArgumentParser:
         description="Train one recall model per value of a memory's size knob and draw its "
                     "beyond-span accuracy against the number of pairs beside the slot model "
                     "of that memory's capacity. Stopped, it goes on where it stopped.",
-        epilog="sweeps (arch knob: default values):\n" + "\n".join(
-            f"  {a} {k}: {','.join(map(str, v))}" for (a, k), v in SWEEPS.items()))
-    p.add_argument("--arch", required=True, help="mechanism: " + ", ".join(
-        sorted({a for a, _ in SWEEPS})))
-    p.add_argument("--knob", required=True, help="its size knob (see below)")
+        epilog="default sweeps (arch knob: values; any numeric option of a mechanism, a "
+               "plugin's too, sweeps with --values):\n" + "\n".join(
+            f"  {a} {k}: {','.join(map(str, v))}" for (a, k), v in default_sweeps().items()))
+    p.add_argument("--arch", required=True, help="mechanism (--plugin FILE adds yours)")
+    p.add_argument("--knob", required=True, help="a numeric option of it, e.g. n_mem_tokens")
     p.add_argument("--values", default=None, help="comma-separated (default: below)")
+    p.add_argument("--plugin", action="append", default=[], metavar="FILE",
+                   help="a Python file that registers a mechanism (repeatable)")
     p.add_argument("--preset", default="class", help="recall recipe: "
                                                      + ", ".join(recall.RECALL_SIZES))
     p.add_argument("--seeds", default=None, help="comma-separated (default: the recipe's first)")
@@ -171,13 +175,14 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def _values(knob: str, text: str | None):
+def _values(arch: str, knob: str, text: str | None):
     if text is None:
         return None
+    kind = sweepable(arch).get(knob, float) if arch in registry.names() else float
     try:
-        return [float(v) if knob == "alpha" else int(v) for v in text.split(",")]
+        return [kind(v) for v in text.split(",")]
     except ValueError:
-        fail("--values", text, "expected comma-separated numbers, e.g. 1,2,4,8")
+        fail("--values", text, f"expected comma-separated {kind.__name__}s, e.g. 1,2,4,8")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -185,9 +190,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     out = Path(args.out)
     try:
+        for plugin in args.plugin:
+            registry.load_plugin(plugin)
         seeds = parse_int_list("--seeds", args.seeds) if args.seeds else None
-        record = run_sweep(args.arch, args.knob, _values(args.knob, args.values), args.preset,
-                           seeds, out)
+        record = run_sweep(args.arch, args.knob, _values(args.arch, args.knob, args.values),
+                           args.preset, seeds, out)
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -123,10 +123,10 @@ class ARMTOptions(Options):
         "help": "arch of the wrapped model when ARMT is built from a config (dense; hf by wrap)"})
     segment_size: int = knob(64, help="S: tokens per segment", symbol="S", sweep=(128, 256),
                              span=True, presets={"tiny": 8, "fast": 16, "class": 64, "gpu": 256})
-    n_mem_tokens: int = field(default=8, metadata={
-        "help": "M: memory (write) tokens appended to each segment"})
-    d_mem: int = field(default=16, metadata={
-        "help": "associative key width before DPFP (keep <= d_model / 4)"})
+    n_mem_tokens: int = knob(8, help="M: memory (write) tokens appended to each segment",
+                             recall_sweep=(1, 2, 4, 8))          # the slots
+    d_mem: int = knob(16, help="associative key width before DPFP (keep <= d_model / 4)",
+                      recall_sweep=(1, 2, 16))     # K = 6 d_mem DPFP keys: room for 6 ... 96
     normalize_phi: bool = field(default=True, metadata={
         "help": "L2-normalised DPFP features (False: the 2024 paper's form)"})
     correction: bool = field(default=True, metadata={

@@ -67,13 +67,18 @@ from blockmem_lite.validation import check_bool, check_float, check_int, fail
 
 # --- options ---------------------------------------------------------------------------
 
+def _block_size(recall_sweep=()):
+    """The block-size knob (BCMT adds the memory-size sweep's values)."""
+    return knob(64, help="L: tokens per block (the tail is padded)", symbol="L",
+                sweep=(64, 128), span=True, recall_sweep=recall_sweep,
+                presets={"tiny": 8, "fast": 16, "class": 64, "gpu": 128})
+
+
 @dataclass
 class HOnlyOptions(Options):
     """The block-local model: dense causal attention inside blocks, nothing between them."""
 
-    block_size: int = knob(64, help="L: tokens per block (the tail is padded)", symbol="L",
-                           sweep=(64, 128), span=True,
-                           presets={"tiny": 8, "fast": 16, "class": 64, "gpu": 128})
+    block_size: int = _block_size()
 
     def validate(self, cfg) -> None:
         check_int("block_size", self.block_size, 1)
@@ -86,8 +91,9 @@ class HOnlyOptions(Options):
 class BCMTOptions(HOnlyOptions):
     """HOnly's blocks plus the normalised exponential-decay block memory."""
 
-    alpha: float = field(default=0.8, metadata={
-        "help": "decay of the exponential block memory (the paper fixes 0.8)"})
+    block_size: int = _block_size(recall_sweep=(8, 16))
+    alpha: float = knob(0.8, help="decay of the exponential block memory (the paper fixes 0.8)",
+                        recall_sweep=(0.2, 0.8, 0.95))
     memory: bool = field(default=True, metadata={
         "help": "False = the HOnly ablation inside a BCMT model (no block memory)"})
     learn_alpha: bool = field(default=False, metadata={

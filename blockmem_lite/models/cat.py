@@ -216,7 +216,8 @@ class CATOptions(Options):
     """CAT's fields: the chunk size knob, the multi-chunk sizes, decoder width, compressor depth."""
 
     chunk_size: int = knob(16, help="C: tokens per compressed chunk (the multi-chunk model's "
-                           "default knob)", symbol="C", sweep=(4, 8, 16, 32), span=True)
+                           "default knob)", symbol="C", sweep=(4, 8, 16, 32), span=True,
+                           recall_sweep=(4, 8, 16))
     chunk_sizes: tuple = knob((), help="() = a fixed-C model; else the multi-chunk model's "
                               "sizes, e.g. 4,8,16,32", boundary=True)
     decoder_width: int = knob(2, help="decoder width = decoder_width x d_model (the paper: 2)",
