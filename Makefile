@@ -8,8 +8,8 @@
 # Two installs, both from requirements.lock (made by uv, `make lock`): `make lab` installs the
 # kit with its `notebooks` extra, what the notebooks import and nothing more; `make setup` (and
 # every maintainer target) installs `dev`: that plus `datasets` (WikiText), transformers (the
-# Hugging Face adapter) and the test toolchain (pytest, nbval, ruff, playwright, kaleido). A
-# .venv that already holds the maintainer install is used as it is by `make lab`.
+# Hugging Face adapter) and the test toolchain (pytest, pytest-xdist, nbval, ruff, playwright,
+# kaleido). A .venv that already holds the maintainer install is used as it is by `make lab`.
 #
 # PyTorch comes first: TORCH_SPEC (TORCH_VERSION, the tested one), from the source TORCH_BUILD
 # names, which blockmem_lite/tools/platforms.py chooses: `cpu` on Linux without an NVIDIA GPU
@@ -141,15 +141,19 @@ lab: setup-lab
 	$(BIN)/python -m blockmem_lite envcheck
 	$(BIN)/jupyter lab --notebook-dir=notebooks --port=$(PORT) $(LAB_ROOT_FLAG) $(LAB_QUIET) $(LAB_ARGS)
 
-# The suite, with the python of $(1): lint, exercises, pytest + every notebook.
+# The suite, with the python of $(1): lint, exercises, pytest + every notebook, on
+# TEST_WORKERS pytest-xdist workers (each test module and each notebook stays on one worker,
+# its cells in order: --dist loadscope; TEST_WORKERS=0 runs in one process). The tests run
+# torch on one thread and wait on kernels and subprocesses, so two workers fill 2 cores.
 # The solution notebooks are not run a second time by nbval:
 # tests/test_mutants.py already runs every cell of each one in a kernel, with the answers in
 # place up to each check and the cells after the last, and the whole suite must stay under
-# 25 minutes on 2 cores.
+# 20 minutes on 2 cores.
+TEST_WORKERS ?= 2
 define run_suite
 	$(1)/python -m ruff check blockmem_lite tests notebooks
 	$(1)/python -m blockmem_lite exercises check
-	$(TEST_ENV) $(1)/python -m pytest tests --durations=25 \
+	$(TEST_ENV) $(1)/python -m pytest tests --durations=25 -n $(TEST_WORKERS) --dist loadscope \
 		--nbval-lax --nbval-current-env --nbval-cell-timeout=600 notebooks/*.ipynb
 endef
 

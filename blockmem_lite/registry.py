@@ -27,10 +27,8 @@ when imported, or an installed package exposing the entry point group
 ``blockmem_lite.mechanisms`` (its object is a ``Mechanism``, a function that
 registers, or a module that registers when imported).
 
-This module sits below ``config`` (``ModelConfig`` builds and validates each
-mechanism's options through it), so it imports nothing of the kit but
-``validation``. The built-in mechanisms register when ``blockmem_lite.mechanisms``
-is imported (one module per mechanism), which ``import blockmem_lite`` always does first.
+It sits below ``config`` and imports nothing of the kit but ``validation``; the built-in
+mechanisms register when ``import blockmem_lite`` imports ``blockmem_lite.mechanisms``.
 """
 
 from __future__ import annotations
@@ -456,12 +454,17 @@ _entry_points_loaded = False
 
 
 def _source_of(mechanism: Mechanism) -> str:
+    """The file that rebuilds the model ("": this session, e.g. the kit's class via a test)."""
     if _loading:
         return _loading[-1]
     module = sys.modules.get(getattr(mechanism.model, "__module__", ""), None)
     name = getattr(module, "__name__", "")
-    if name == "blockmem_lite" or name.startswith("blockmem_lite."):
-        return BUILTIN
+    if name.split(".")[0] == "blockmem_lite":
+        caller = sys._getframe(1)
+        while caller.f_back is not None and caller.f_globals.get("__name__") == __name__:
+            caller = caller.f_back
+        return BUILTIN if caller.f_globals.get("__name__", "").split(".")[0] == "blockmem_lite" \
+            else ""
     path = getattr(module, "__file__", None)
     return str(Path(path).resolve()) if path and name != "__main__" else ""
 

@@ -40,6 +40,20 @@ def mutant_summary(request):
     return request.config.stash.setdefault(_MUTANT_SUMMARY, [])
 
 
+def pytest_sessionfinish(session):
+    """Under pytest-xdist a worker hands its notebooks' rows to the controller, which prints."""
+    if hasattr(session.config, "workeroutput"):
+        session.config.workeroutput["mutant_summary"] = \
+            session.config.stash.get(_MUTANT_SUMMARY, [])
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """The controller's side of ``pytest_sessionfinish`` (pytest-xdist's hook)."""
+    rows = getattr(node, "workeroutput", {}).get("mutant_summary", [])
+    node.config.stash.setdefault(_MUTANT_SUMMARY, []).extend(rows)
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     notebooks = config.stash.get(_MUTANT_SUMMARY, [])
     if not notebooks:

@@ -153,7 +153,7 @@ def test_a_student_install_passes_quietly(tmp_path):
     assert "FAIL" not in done.stdout and "all required items OK" in done.stdout
     lines = {line.split()[1]: line for line in done.stdout.splitlines() if line.strip()}
     assert lines["test"].startswith("--   test tools         not installed (only `make test` "
-                                    "needs them): pytest, nbval,")
+                                    "needs them): pytest, pytest-xdist, nbval,")
     assert "not installed (only the WikiText corpora need it: pip install 'blockmem_lite[data]')" \
         in lines["datasets"]
     assert "pip install 'blockmem_lite[hf]'" in lines["transformers"]

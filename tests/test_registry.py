@@ -68,3 +68,15 @@ def test_the_python_bench_api_takes_typed_values(value, message):
     with pytest.raises(ValueError, match=message):
         registry.checked_bench_options({"block_size": value})
     assert registry.checked_bench_options({"block_size": 16})["block_size"] == [16]
+
+
+def test_the_kits_own_class_registered_by_a_test_is_not_built_in():
+    """A name a test registers for DenseLM is of this session: unregister forgets it, so no
+    later test (or lab run) sees it; the built-ins stay built in."""
+    from blockmem_lite.models.dense import DenseLM
+
+    registry.register(registry.Mechanism(name="dense_again", model=DenseLM, summary="x"))
+    assert registry.source("dense_again") == "" and registry.source("dense") == registry.BUILTIN
+    registry.unregister("dense_again")
+    registry.unregister("dense")                             # a built-in is never forgotten
+    assert "dense_again" not in registry.names() and "dense" in registry.names()

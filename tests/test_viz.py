@@ -353,6 +353,9 @@ def test_the_figure_area_draws_whole_figures_then_settles_as_a_plain_output(monk
     then display); at the end the last figure replaces the widget as a plain output, so a
     reopened notebook shows it without widget state. Outside a kernel nothing is shown."""
     pytest.importorskip("ipywidgets")
+    import plotly.io as pio
+
+    monkeypatch.setattr(pio.renderers, "default", "json")     # a bundle without random div ids
     area = live_base.FigureArea()
     first = viz.bar_compare({"a": 1.0})
     area.show()

@@ -42,7 +42,9 @@ from blockmem_lite.__main__ import program
 MIN_PYTHON = (3, 10)
 CORE = ("python", "torch", "numpy", "kit")
 NOTEBOOK_EXTRAS = ("plotly", "ipywidgets", "jupyterlab", "ipykernel")
-TEST_TOOLS = ("pytest", "nbval", "nbformat", "nbclient", "ruff", "kaleido", "playwright", "build")
+MODULE_OF = {"pytest-xdist": "xdist"}          # distributions whose module has another name
+TEST_TOOLS = ("pytest", "pytest-xdist", "nbval", "nbformat", "nbclient", "ruff", "kaleido",
+              "playwright", "build")
 OPTIONAL = ("datasets", "transformers", "test tools", "psutil", "live widgets", "lock",
             "BLOCKMEM_FAST", "BLOCKMEM_HEADLESS")
 NOTEBOOKS_HINT = "pip install 'blockmem_lite[notebooks]', or make lab"
@@ -68,7 +70,7 @@ def installed(name: str) -> str | None:
         version = metadata.version(name)
     except metadata.PackageNotFoundError:
         return None
-    return version if importlib.util.find_spec(name) is not None else None
+    return version if importlib.util.find_spec(MODULE_OF.get(name, name)) is not None else None
 
 
 def hosted_notebook() -> str | None:
