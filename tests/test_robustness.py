@@ -320,8 +320,11 @@ def test_9_two_identical_cli_runs_give_identical_histories(tmp_path):
 
 
 def test_9_an_interrupted_and_resumed_cli_run_equals_an_uninterrupted_one(tmp_path):
-    base = ["--preset", "tiny", "--steps", "40", "--set", "log_every=1"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    # 300 steps (about 2 s) and unbuffered lines: the stop lands mid-run even when a busy
+    # machine (two test workers) is slow to read the first line and send the signal
+    steps = 300
+    base = ["--preset", "tiny", "--steps", str(steps), "--set", "log_every=1"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     whole = subprocess.run([sys.executable, "-m", "blockmem_lite", "train", *base, "--out",
                             str(tmp_path / "whole")], cwd=ROOT, env=env, capture_output=True,
                            text=True, timeout=240)
@@ -336,13 +339,13 @@ def test_9_an_interrupted_and_resumed_cli_run_equals_an_uninterrupted_one(tmp_pa
     proc.communicate(timeout=120)
     assert proc.returncode == 130
     stopped = json.loads((tmp_path / "split" / "history.json").read_text())["step"][-1]
-    assert stopped < 40
+    assert stopped < steps
     resumed = subprocess.run([sys.executable, "-m", "blockmem_lite", "train", *base, "--out",
                               str(tmp_path / "split"), "--resume"], cwd=ROOT, env=env,
                              capture_output=True, text=True, timeout=240)
     assert resumed.returncode == 0, resumed.stderr
     a, b = (json.loads((tmp_path / n / "history.json").read_text()) for n in ("whole", "split"))
-    assert a["step"] == b["step"] == list(range(1, 41))
+    assert a["step"] == b["step"] == list(range(1, steps + 1))
     assert a["loss"] == b["loss"] and a["val_loss"] == b["val_loss"]
 
 
