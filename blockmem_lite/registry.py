@@ -455,7 +455,7 @@ _entry_points_loaded = False
 
 def _source_of(mechanism: Mechanism) -> str:
     """The file that rebuilds the model ("": this session, e.g. the kit's class via a test)."""
-    if _loading:
+    if _loading:                                          # a plugin file being imported
         return _loading[-1]
     module = sys.modules.get(getattr(mechanism.model, "__module__", ""), None)
     name = getattr(module, "__name__", "")
@@ -463,8 +463,8 @@ def _source_of(mechanism: Mechanism) -> str:
         caller = sys._getframe(1)
         while caller.f_back is not None and caller.f_globals.get("__name__") == __name__:
             caller = caller.f_back
-        return BUILTIN if caller.f_globals.get("__name__", "").split(".")[0] == "blockmem_lite" \
-            else ""
+        caller_module = caller.f_globals.get("__name__", "")
+        return BUILTIN if caller_module.split(".")[0] == "blockmem_lite" else ""
     path = getattr(module, "__file__", None)
     return str(Path(path).resolve()) if path and name != "__main__" else ""
 
@@ -491,12 +491,9 @@ def _check_free(mechanism: Mechanism, origin: str) -> None:
 
 
 def register(mechanism: Mechanism) -> Mechanism:
-    """Make the kit know ``mechanism`` by its name; returns it.
-
-    A name is taken once: registering it again is refused, naming both sources, unless it is
-    the same model class from the same source (a re-run notebook cell), which replaces it.
-    ``source(name)`` says where it came from.
-    """
+    """Make the kit know ``mechanism`` by its name; returns it. A name is taken once: again
+    is refused, naming both sources, unless it is the same model class from the same source
+    (a re-run notebook cell), which replaces it. ``source(name)`` says where it came from."""
     if not isinstance(mechanism, Mechanism):
         fail("mechanism", mechanism, "expected a registry.Mechanism(...)")
     origin = _source_of(mechanism)

@@ -1,9 +1,8 @@
 """CAT: Compress & Attend Transformer (Prakash, Puli, Ranganath; arXiv 2511.05313).
 
-A compressor turns each chunk of C tokens into one vector; a decoder reads its
-own chunk's tokens plus every earlier chunk vector, never earlier raw tokens.
-Attention work falls from O(T^2) to O(T (C + T/C)) and the decoding cache from
-t slots to t/C + C slots (at decoder width).
+A compressor turns each chunk of C tokens into one vector; a decoder reads its own chunk's
+tokens plus every earlier chunk vector, never earlier raw tokens. Attention work falls from
+O(T^2) to O(T (C + T/C)), the decoding cache from t slots to t/C + C (at decoder width).
 
 The decoder reads one interleaved sequence (docs/PAPERS.md, CAT equations). With K
 chunks of C tokens, group k is ``[g_k, (SEP,) x_kC .. x_kC+C-1]``: g_0 is a
@@ -216,7 +215,7 @@ class CATOptions(Options):
     """CAT's fields: the chunk size knob, the multi-chunk sizes, decoder width, compressor depth."""
 
     chunk_size: int = knob(16, help="C: tokens per compressed chunk (the multi-chunk model's "
-                           "default knob)", symbol="C", sweep=(4, 8, 16, 32), span=True,
+                           "default)", symbol="C", sweep=(4, 8, 16, 32), span=True,
                            recall_sweep=(4, 8, 16))
     chunk_sizes: tuple = knob((), help="() = a fixed-C model; else the multi-chunk model's "
                               "sizes, e.g. 4,8,16,32", boundary=True)
