@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from blockmem_lite import ModelConfig, build_model, preset
-from blockmem_lite.measure import bench, metrics
+from blockmem_lite.measure import bench, bench_steps, metrics
 from blockmem_lite.mechanisms import armt
 from blockmem_lite.models.armt import ARMTState
 from blockmem_lite.models.dense import DenseState
@@ -91,9 +91,9 @@ def test_stream_rejects_empty_input_and_a_state_of_another_batch():
 def test_make_infer_step_streams_armt_and_prefills_dense():
     armt = build_model(preset("tiny", arch="armt", segment_size=S).model)
     dense = build_model(preset("tiny").model)
-    state = metrics.make_infer_step(armt, 1, 3 * S + 1)()
+    state = bench_steps.make_infer_step(armt, 1, 3 * S + 1)()
     assert isinstance(state, ARMTState) and state.position == 3 * S + 1
-    dense_state = metrics.make_infer_step(dense, 1, 3 * S + 1)()
+    dense_state = bench_steps.make_infer_step(dense, 1, 3 * S + 1)()
     assert isinstance(dense_state, DenseState) and dense_state.position == 3 * S + 1
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from blockmem_lite import ModelConfig, registry
-from blockmem_lite.measure import bench, metrics, roofline
+from blockmem_lite.measure import bench, bench_steps, metrics, roofline
 from blockmem_lite.measure.flops import flop_ceiling
 from blockmem_lite.models.dense import DenseLM
 from blockmem_lite.tools.bench_command import bench_main, bench_options_of, bench_parser
@@ -127,13 +127,13 @@ def test_train_flops_are_three_forwards(dense_records):
 
 def test_variants_are_interleaved_with_dense_and_get_ratios(twin_arch, monkeypatch):
     counts = []
-    real = metrics.time_interleaved
+    real = bench_steps.time_interleaved
 
     def spy(step_fns, **kw):
         counts.append(len(step_fns))
         return real(step_fns, **kw)
 
-    monkeypatch.setattr(metrics, "time_interleaved", spy)
+    monkeypatch.setattr(bench_steps, "time_interleaved", spy)
     records = bench.run_bench(["twin"], [32], memory=("none",), **TINY)
     # dense + L=8 + L=16 together: train in one timing run, decode in one per block
     assert counts == [3] * (1 + bench.DECODE_BLOCKS)
@@ -245,8 +245,8 @@ def test_decoding_is_timed_in_blocks_from_a_fresh_prefill(dense_records, monkeyp
         blocks = bench.DECODE_BLOCKS if r["phase"] == "decode" else 1
         assert len(r["step_times_ms"]) == blocks
     prefills = []
-    real = metrics.prefill_state
-    monkeypatch.setattr(metrics, "prefill_state",
+    real = bench_steps.prefill_state
+    monkeypatch.setattr(bench_steps, "prefill_state",
                         lambda model, batch, t, **kw: prefills.append(t) or real(model, batch,
                                                                                t, **kw))
     bench.run_bench(["dense"], [16], phases=("decode",), memory=("none",),

@@ -62,7 +62,7 @@ def test_a_multi_chunk_model_is_benched_at_each_records_chunk_size():
     import dataclasses
 
     from blockmem_lite import preset
-    from blockmem_lite.measure import metrics
+    from blockmem_lite.measure import bench_steps, metrics
     from blockmem_lite.models.base import build_model
 
     base = dataclasses.replace(preset("fast", arch="cat").model, d_model=32, n_layer=2,
@@ -70,9 +70,9 @@ def test_a_multi_chunk_model_is_benched_at_each_records_chunk_size():
     saved = []
     for c in (4, 8, 16, 32):
         cfg = dataclasses.replace(base, chunk_size=c)
-        model = metrics.prepared_for_bench(build_model(cfg), cfg)
+        model = bench_steps.prepared_for_bench(build_model(cfg), cfg)
         assert model.training_chunk_size == c
-        forward = metrics.make_train_forward(model, 2, 128)
+        forward = bench_steps.make_train_forward(model, 2, 128)
         readings = {metrics.saved_tensor_bytes(forward, exclude=model.parameters())
                     for _ in range(3)}
         assert len(readings) == 1, (c, readings)           # no chunk size drawn per call

@@ -72,14 +72,14 @@ def test_compiled_step_still_checks_token_ids():
 
 def test_bench_compile_marks_its_records_and_warms_up_across_a_block(monkeypatch):
     compiles_while_timed = []                  # frames compiled during each timed block
-    time_interleaved = bench.metrics.time_interleaved
+    time_interleaved = bench.bench_steps.time_interleaved
 
     def timed(fns, **kwargs):
         before = _compiles()
         out = time_interleaved(fns, **kwargs)
         compiles_while_timed.append(_compiles() - before)
         return out
-    monkeypatch.setattr(bench.metrics, "time_interleaved", timed)
+    monkeypatch.setattr(bench.bench_steps, "time_interleaved", timed)
     records = bench.run_bench(["bcmt"], [16], d_model=32, n_layer=1, n_head=2, batch=1,
                               threads=1, phases=("decode",), warmup=1, repeats=1,
                               decode_burst=4, memory=("none",), options={"block_size": [8]},

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from blockmem_lite import ModelConfig, build_model
+from blockmem_lite.measure import bench_steps
 from blockmem_lite.measure import metrics as M
 from blockmem_lite.measure.flops import (
     dense_decode_layer_flops,
@@ -164,14 +165,14 @@ def test_iso_flop_dense_config_works_for_any_mechanism_with_a_flop_model():
 def test_time_interleaved_alternates_and_counts():
     calls = []
     fns = [lambda: calls.append("A"), lambda: calls.append("B")]
-    times = M.time_interleaved(fns, warmup=2, repeats=3)
+    times = bench_steps.time_interleaved(fns, warmup=2, repeats=3)
     assert calls == ["A", "B"] * 5
     assert [len(t) for t in times] == [3, 3]
     assert all(t >= 0 for row in times for t in row)
 
 
 def test_summarize_times_uses_the_median():
-    timing = M.summarize_times([1.0, 2.0, 100.0], tokens_per_step=10)
+    timing = bench_steps.summarize_times([1.0, 2.0, 100.0], tokens_per_step=10)
     assert timing.tokens_per_s == 5.0
     assert timing.ms_per_step == 2000.0
 
@@ -179,7 +180,7 @@ def test_summarize_times_uses_the_median():
 def test_measure_tokens_per_s_pins_and_restores_threads():
     before = torch.get_num_threads()
     seen = []
-    timing = M.measure_tokens_per_s(lambda: seen.append(torch.get_num_threads()), 100,
+    timing = bench_steps.measure_tokens_per_s(lambda: seen.append(torch.get_num_threads()), 100,
                                     warmup=1, repeats=5, threads=1)
     assert seen == [1] * 6
     assert torch.get_num_threads() == before
@@ -188,11 +189,11 @@ def test_measure_tokens_per_s_pins_and_restores_threads():
 
 def test_timing_rejects_bad_counts():
     with pytest.raises(ValueError, match="repeats=0"):
-        M.time_interleaved([lambda: None], warmup=1, repeats=0)
+        bench_steps.time_interleaved([lambda: None], warmup=1, repeats=0)
     with pytest.raises(ValueError, match="warmup=-1"):
-        M.time_interleaved([lambda: None], warmup=-1, repeats=1)
+        bench_steps.time_interleaved([lambda: None], warmup=-1, repeats=1)
     with pytest.raises(ValueError, match="threads=0"):
-        with M.pinned_threads(0):
+        with bench_steps.pinned_threads(0):
             pass
 
 
@@ -206,14 +207,14 @@ def test_train_step_makes_and_clears_gradients():
     model = tiny_model()
     grads = []
     model.head.weight.register_hook(lambda g: grads.append(g.abs().sum().item()))
-    M.make_train_step(model, batch=2, seq_len=16)()
+    bench_steps.make_train_step(model, batch=2, seq_len=16)()
     assert grads and grads[0] > 0
     assert all(p.grad is None for p in model.parameters())
 
 
 def test_decode_step_state_is_sized_for_the_timed_calls():
     model = tiny_model()
-    step = M.make_decode_step(model, batch=1, context_len=16, n_calls=3, burst=2)
+    step = bench_steps.make_decode_step(model, batch=1, context_len=16, n_calls=3, burst=2)
     for _ in range(3):
         step()
     with pytest.raises(ValueError, match="KV cache is full"):
@@ -235,7 +236,7 @@ def test_saved_tensor_bytes_is_deterministic_and_linear_in_t_for_dense():
     model = tiny_model(seq_len=128)
     sizes = {}
     for t in (32, 64, 128):
-        forward = M.make_train_forward(model, batch=2, seq_len=t)
+        forward = bench_steps.make_train_forward(model, batch=2, seq_len=t)
         first = M.saved_tensor_bytes(forward, exclude=model.parameters())
         assert M.saved_tensor_bytes(forward, exclude=model.parameters()) == first
         sizes[t] = first

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from blockmem_lite import ModelConfig
-from blockmem_lite.measure import bench, metrics
+from blockmem_lite.measure import bench, bench_steps, metrics
 from blockmem_lite.mechanisms import moc
 from blockmem_lite.models.moc import MemoryRead
 from blockmem_lite.tools.bench_command import bench_main, bench_parser
@@ -91,13 +91,13 @@ def test_bad_bank_options_are_clear_errors(bank_tokens, top_k, message):
 
 def test_read_timing_interleaves_routed_reads_then_whole_bank_reads(monkeypatch):
     counts = []
-    real = metrics.time_interleaved
+    real = bench_steps.time_interleaved
 
     def spy(step_fns, **kw):
         counts.append(len(step_fns))
         return real(step_fns, **kw)
 
-    monkeypatch.setattr(metrics, "time_interleaved", spy)
+    monkeypatch.setattr(bench_steps, "time_interleaved", spy)
     reads = bench.run_bench(["moc"], [8], phases=("read",),
                             options={"bank_tokens": [64, 128], "top_k": [1, 2]}, **TINY)
     assert counts == [4, 2]                      # routed reads (2 k x 2 banks), then full reads

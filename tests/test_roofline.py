@@ -75,12 +75,12 @@ def test_on_an_accelerator_launches_overlap_the_devices_work():
 def test_a_missing_figure_gives_no_bound():
     assert roofline.bound(None, PEAKS, "cpu") is None
     assert roofline.bound(count(), None, "cpu") is None
-    fields = roofline.record_fields(None, PEAKS, "cpu", 1e6, 2.0)
+    fields = bench_table.record_fields(None, PEAKS, "cpu", 1e6, 2.0)
     assert fields["roofline_ms"] is None and fields["roofline_bound"] is None
 
 
 def test_a_records_fields_carry_the_terms_and_the_steps_own_matmul_speed():
-    fields = roofline.record_fields(count(launches=100, flops=2e6, bytes=1e5, matmul_s=0.004),
+    fields = bench_table.record_fields(count(launches=100, flops=2e6, bytes=1e5, matmul_s=0.004),
                                     PEAKS, "cpu", 2.1e6, ms_per_step=8.0)
     assert fields["roofline_ms"] == pytest.approx(4.0) and fields["roofline_fraction"] == 0.5
     assert fields["matmul_flops_per_s"] == pytest.approx(5e8)
@@ -96,10 +96,10 @@ def test_the_probes_measure_each_limit():
 
 
 def test_the_bound_ceiling_fields():
-    assert roofline.bound_ceiling_fields(0.9, 2.0, 4.0) == {
+    assert bench_table.bound_ceiling_fields(0.9, 2.0, 4.0) == {
         "bound_ceiling": 0.5, "frac_of_bound_ceiling": 1.8}
-    assert roofline.bound_ceiling_fields(None, 2.0, 4.0)["bound_ceiling"] is None     # dense
-    assert roofline.bound_ceiling_fields(0.9, None, 4.0)["frac_of_bound_ceiling"] is None
+    assert bench_table.bound_ceiling_fields(None, 2.0, 4.0)["bound_ceiling"] is None     # dense
+    assert bench_table.bound_ceiling_fields(0.9, None, 4.0)["frac_of_bound_ceiling"] is None
 
 
 def _record(arch, frac, bound="compute", speed=None, ratio=1.0):

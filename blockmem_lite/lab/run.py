@@ -60,7 +60,7 @@ from blockmem_lite.lab.parts import FactsJob, RecallJob, facts_part, finished, r
 from blockmem_lite.lab.progress import PlanProgress
 from blockmem_lite.lab.report import write_report
 from blockmem_lite.lab.verdicts import claims_table, knowledge_pays, memory_pays
-from blockmem_lite.measure import bench, metrics, roofline
+from blockmem_lite.measure import bench, bench_steps, metrics, roofline
 from blockmem_lite.models.base import build_model
 from blockmem_lite.runtime import pick_device, seed_everything
 from blockmem_lite.train import Trainer
@@ -526,7 +526,7 @@ class Lab:
                                               **overrides)
                     seed_everything(0)
                     model = build_model(cfg)
-                    measured.append(int(metrics.prefill_state(model, 1, t).nbytes()))
+                    measured.append(int(bench_steps.prefill_state(model, 1, t).nbytes()))
                     analytic.append(mechanism.state_bytes(cfg, t) if mechanism.state_bytes
                                     else None)
                 curves[label] = {"t": list(self.sizes["state_lens"]), "measured": measured,

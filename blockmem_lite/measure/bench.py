@@ -84,7 +84,7 @@ import torch
 
 from blockmem_lite import registry
 from blockmem_lite.config import ModelConfig
-from blockmem_lite.measure import metrics, roofline
+from blockmem_lite.measure import bench_steps, bench_table, metrics, roofline
 from blockmem_lite.measure.bench_compile import (
     boundary_span,
     compile_warmup_calls,
@@ -226,11 +226,11 @@ class BenchContext:
 
     def build(self, cfg: ModelConfig):
         seed_everything(0)
-        return metrics.prepared_for_bench(build_model(cfg), cfg).to(self.device)
+        return bench_steps.prepared_for_bench(build_model(cfg), cfg).to(self.device)
 
     # --- timing, memory, FLOPs ------------------------------------------------------------
     def time(self, step_fns: list[Callable[[], object]], tokens_per_call,
-             blocks: Iterable[list[Callable[[], object]]] = ()) -> list[metrics.Timing]:
+             blocks: Iterable[list[Callable[[], object]]] = ()) -> list[bench_steps.Timing]:
         """Time the functions interleaved (A B A B …); ``tokens_per_call``: int or one per fn.
         ``blocks``: further sets of the same functions (fresh ones: a decoding step's
         state restarts at its prefill), each timed interleaved in turn after ``step_fns``;
@@ -239,11 +239,11 @@ class BenchContext:
             else [tokens_per_call] * len(step_fns)
         times: list[list[float]] = [[] for _ in step_fns]
         for fns in itertools.chain([step_fns], blocks):
-            block = metrics.time_interleaved(fns, warmup=self.warmup, repeats=self.repeats,
+            block = bench_steps.time_interleaved(fns, warmup=self.warmup, repeats=self.repeats,
                                              device=self.device)
             for seconds, more in zip(times, block, strict=True):
                 seconds += more
-        return [metrics.summarize_times(t, n) for t, n in zip(times, counts, strict=True)]
+        return [bench_steps.summarize_times(t, n) for t, n in zip(times, counts, strict=True)]
 
     def rss(self, cfg: ModelConfig, phase: str, batch: int, seq_len: int, steps: int = 2) -> dict:
         """Peak RSS of a fresh process running ``phase`` (memory fields of a record)."""
@@ -256,12 +256,12 @@ class BenchContext:
                 "rss_peak_bytes": reading.peak_bytes, "rss_base_bytes": reading.base_bytes}
 
     def infer_memory(self, cfg: ModelConfig, batch: int, seq_len: int) -> dict:
-        """Peak memory of one inference call (``metrics.make_infer_step``), no other model built."""
+        """Peak memory of one inference call (``bench_steps.make_infer_step``), no other model built."""
         if "none" in self.memory:
             return dict(NO_MEMORY)
         if self.device.type == "cuda":
             model = self.build(cfg)
-            step = metrics.make_infer_step(model, batch, seq_len, precision=self.precision)
+            step = bench_steps.make_infer_step(model, batch, seq_len, precision=self.precision)
             return {**NO_MEMORY, "memory_bytes": metrics.cuda_peak_bytes(step, self.device),
                     "memory_method": "cuda_max_allocated"}
         if "rss" in self.memory:
@@ -269,7 +269,7 @@ class BenchContext:
         return dict(NO_MEMORY)
 
     def infer_step(self, model, batch: int, seq_len: int) -> Callable[[], object]:
-        return metrics.make_infer_step(model, batch, seq_len, precision=self.precision)
+        return bench_steps.make_infer_step(model, batch, seq_len, precision=self.precision)
 
     def flops(self, cfg: ModelConfig, seq_len: int, decode: bool = False) -> float | None:
         return metrics.flops_per_token(cfg, seq_len, decode=decode)
@@ -291,12 +291,12 @@ class BenchContext:
     def roofline_fields(self, flops_per_step, count: roofline.StepCount | None,
                         ms_per_step: float) -> dict:
         """The roofline keys of a record (module docstring); None where a figure is missing."""
-        return roofline.record_fields(count, self.peaks, self.device.type, flops_per_step,
+        return bench_table.record_fields(count, self.peaks, self.device.type, flops_per_step,
                                       ms_per_step)
 
     # --- records --------------------------------------------------------------------------
     def record(self, *, arch: str, variant: str, phase: str, seq_len: int, batch: int,
-               timing: metrics.Timing, ratio, ceiling, flops, memory: dict,
+               timing: bench_steps.Timing, ratio, ceiling, flops, memory: dict,
                state_bytes, model_fields: dict, params: int, overrides: dict,
                per_call: int = 1, flops_per_step: float | None = None,
                count: roofline.StepCount | None = None,
@@ -318,7 +318,7 @@ class BenchContext:
             "device": self.device.type, "dtype": self.precision, "threads": self.threads,
             "torch_version": torch.__version__, "machine": machine(self.device),
             "flops_per_token": flops, **roof,
-            **roofline.bound_ceiling_fields(ratio, baseline_roofline_ms, roof["roofline_ms"]),
+            **bench_table.bound_ceiling_fields(ratio, baseline_roofline_ms, roof["roofline_ms"]),
             "step_times_ms": [1000.0 * t / per_call for t in timing.times_s],
             **model_fields, "params": params, "overrides": overrides,
             "warmup": self.warmup, "repeats": self.repeats, "load_avg_1m": load_average(),
@@ -356,14 +356,14 @@ def _memory(ctx: BenchContext, entry: Entry, model, phase: str, batch: int,
     if "none" in ctx.memory:
         return out
     if "saved" in ctx.memory and phase == "train":
-        forward = metrics.make_train_forward(model, batch, seq_len, precision=ctx.precision)
+        forward = bench_steps.make_train_forward(model, batch, seq_len, precision=ctx.precision)
         out["saved_bytes"] = metrics.saved_tensor_bytes(forward, exclude=model.parameters())
     if ctx.device.type == "cuda":
         if phase == "train":
-            fn = metrics.make_train_step(model, batch, seq_len, precision=ctx.precision)
+            fn = bench_steps.make_train_step(model, batch, seq_len, precision=ctx.precision)
         else:
             def fn():
-                metrics.make_decode_step(model, batch, seq_len, n_calls=1, burst=ctx.burst,
+                bench_steps.make_decode_step(model, batch, seq_len, n_calls=1, burst=ctx.burst,
                                          precision=ctx.precision)()
         out.update(memory_bytes=metrics.cuda_peak_bytes(fn, ctx.device),
                    memory_method="cuda_max_allocated")
@@ -376,7 +376,7 @@ def _memory(ctx: BenchContext, entry: Entry, model, phase: str, batch: int,
 
 def _state_bytes(model, batch: int, seq_len: int, precision: str) -> int:
     """``state.nbytes()`` after a prefill of exactly ``seq_len`` tokens."""
-    return int(metrics.prefill_state(model, batch, seq_len, precision=precision).nbytes())
+    return int(bench_steps.prefill_state(model, batch, seq_len, precision=precision).nbytes())
 
 
 def bench_phase(ctx: BenchContext, entries: list[Entry], phase: str, seq_len: int,
@@ -392,12 +392,12 @@ def bench_phase(ctx: BenchContext, entries: list[Entry], phase: str, seq_len: in
     extra = compile_warmup_calls(ctx, entries) if phase == "decode" else 0
     runners = [compiled(ctx, m, phase) for m in models]     # compiled once (if at all)
     if phase == "train":
-        steps = [metrics.make_train_step(runner, batch, seq_len, precision=ctx.precision)
+        steps = [bench_steps.make_train_step(runner, batch, seq_len, precision=ctx.precision)
                  for runner in runners]
         tokens_per_call, per_call = batch * seq_len, 1
     else:
         def decode_steps():
-            return [metrics.make_decode_step(runner, batch, seq_len,
+            return [bench_steps.make_decode_step(runner, batch, seq_len,
                                              n_calls=ctx.warmup + ctx.repeats + extra,
                                              burst=ctx.burst, precision=ctx.precision)
                     for runner in runners]
@@ -458,7 +458,7 @@ def _step_cost(ctx: BenchContext, cfg: ModelConfig, model, phase: str, batch: in
     if phase == "train":
         return ctx.step_cost(train_step, tokens=batch * seq_len, flops_per_token=flops_per_token)
     steps = counted_decode_steps(ctx, cfg)
-    step = metrics.make_decode_step(model, batch, seq_len, n_calls=COUNTED_CALLS, burst=steps,
+    step = bench_steps.make_decode_step(model, batch, seq_len, n_calls=COUNTED_CALLS, burst=steps,
                                     precision=ctx.precision) if ctx.peaks is not None else None
     return ctx.step_cost(step, tokens=batch, flops_per_token=flops_per_token, steps=steps)
 
@@ -492,7 +492,7 @@ def _check_run(seq_lens, batch, warmup: int, repeats: int, decode_burst: int) ->
         fail("seq_lens", seq_lens, "expected integers >= 1")
     if batch is not None and (isinstance(batch, bool) or not isinstance(batch, int) or batch < 1):
         fail("batch", batch, "expected an integer >= 1 or None")
-    metrics.check_timing_counts(warmup, repeats)
+    bench_steps.check_timing_counts(warmup, repeats)
     if isinstance(decode_burst, bool) or not isinstance(decode_burst, int) or decode_burst < 1:
         fail("decode_burst", decode_burst, "expected an integer >= 1")
     return seq_lens
@@ -527,7 +527,7 @@ def run_bench(archs=("dense",), seq_lens=DEFAULT_SEQ_LENS, *, batch: int | None 
     precision = resolve_dtype(dtype, dev)
     opts = registry.checked_bench_options(options)
     base = dict(d_model=d_model, n_layer=n_layer, n_head=n_head, vocab_size=vocab_size)
-    with metrics.pinned_threads(threads) as n_threads:
+    with bench_steps.pinned_threads(threads) as n_threads:
         ctx = BenchContext(base, seq_lens, batch, dev, precision, n_threads, warmup, repeats,
                            decode_burst, memory, progress, compile=compile)
         plan = _plan(ctx, archs, phases, opts)          # configs built (and checked) up front

@@ -1,7 +1,8 @@
-"""The bench's output: its fixed-width tables (train / decode records with the roofline
-columns, one table per special benchmark) and its JSON file. ``bench`` re-exports
-``text_table``, ``rss_delta`` and ``write_json``, and its ``format_table`` calls
-``format_records`` with the protocol's phases (this module imports nothing of ``bench``)."""
+"""The bench's output: a record's roofline keys, the fixed-width tables (train / decode
+records with the roofline columns, one table per special benchmark) and the JSON file.
+``bench`` re-exports ``text_table``, ``rss_delta`` and ``write_json``, and its
+``format_table`` calls ``format_records`` with the protocol's phases (this module imports
+nothing of ``bench``)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,35 @@ def text_table(header: list[str], rows: list[list[str]], left_columns: int = 1) 
 def rss_delta(record: dict):
     peak = record.get("rss_peak_bytes")
     return peak - record["rss_base_bytes"] if peak is not None else None
+
+
+def record_fields(count: roofline.StepCount | None, peaks: roofline.Peaks | None,
+                  device_type: str, flops_per_step, ms_per_step: float) -> dict:
+    """A bench record's roofline keys (``bench.py``'s docstring); None where missing."""
+    limit = roofline.bound(count, peaks, device_type)
+    ms = None if limit is None else 1000.0 * limit.seconds
+    return {"peak_flops_per_s": peaks.flops_per_s if peaks else None,
+            "peak_bytes_per_s": peaks.bytes_per_s if peaks else None,
+            "peak_launch_s": peaks.launch_s if peaks else None,
+            "flops_per_step": flops_per_step,
+            "counted_flops_per_step": count.flops if count else None,
+            "launches_per_step": count.launches if count else None,
+            "bytes_per_step": count.bytes if count else None,
+            "matmul_flops_per_s": count.flops / count.matmul_s
+            if count and count.matmul_s else None,
+            **{f"{term}_ms": None if limit is None else 1000.0 * getattr(limit, f"{term}_s")
+               for term in roofline.TERMS},
+            "roofline_bound": None if limit is None else limit.binding, "roofline_ms": ms,
+            "roofline_fraction": None if ms is None or not ms_per_step else ms / ms_per_step}
+
+
+def bound_ceiling_fields(ratio, baseline_roofline_ms, roofline_ms) -> dict:
+    """``bound_ceiling``: dense's bound / this record's, the ratio vs dense the machine
+    allows; ``frac_of_bound_ceiling``: ``ratio`` / that. None for dense and where missing."""
+    if ratio is None or not baseline_roofline_ms or not roofline_ms:
+        return {"bound_ceiling": None, "frac_of_bound_ceiling": None}
+    ceiling = baseline_roofline_ms / roofline_ms
+    return {"bound_ceiling": ceiling, "frac_of_bound_ceiling": ratio / ceiling}
 
 
 PHASE_COLUMNS = (

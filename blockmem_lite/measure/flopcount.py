@@ -24,7 +24,7 @@ import torch
 from torch.utils import flop_counter
 
 from blockmem_lite.config import ModelConfig
-from blockmem_lite.measure import metrics
+from blockmem_lite.measure import bench_steps, metrics
 from blockmem_lite.measure.bench_compile import boundary_span
 from blockmem_lite.measure.flops import training_flops_per_token
 from blockmem_lite.models.base import build_model
@@ -96,11 +96,11 @@ def flop_model_gap(cfg: ModelConfig, phase: str, seq_len: int | None = None) -> 
     if decode:
         span = max(1, boundary_span(cfg))
         model = _built(dataclasses.replace(cfg, seq_len=max(cfg.seq_len, seq_len + span + 1)))
-        step = metrics.make_decode_step(model, 1, seq_len, n_calls=1, burst=span)
+        step = bench_steps.make_decode_step(model, 1, seq_len, n_calls=1, burst=span)
         counted = counted_flops(step) / span
     else:
         model = _built(dataclasses.replace(cfg, seq_len=max(cfg.seq_len, seq_len)))
-        forward = metrics.make_train_forward(model, 1, seq_len)
+        forward = bench_steps.make_train_forward(model, 1, seq_len)
         counted = counted_flops(lambda: forward().backward()) / seq_len
         analytic = training_flops_per_token(analytic)
     return FlopGap(cfg.arch, phase, seq_len, analytic, counted)

@@ -151,7 +151,7 @@ def bench_inference(options: dict, bench) -> list[dict]:
     """Read prompts of growing total length: ARMT (``stream``) vs dense (``prefill``).
 
     Forward only, no grad, random (batch, T) prompts; one call = one whole prompt
-    (``metrics.make_infer_step``). Dense (while T <= ``--infer-dense-max``) and
+    (``bench_steps.make_infer_step``). Dense (while T <= ``--infer-dense-max``) and
     ARMT with every segment size, at every length, are timed interleaved in one
     loop, so ratios across models *and lengths* are same-run ratios. Memory per
     entry: on CUDA the peak allocated over one call with only that model built

@@ -66,7 +66,7 @@ import torch
 from blockmem_lite import registry
 from blockmem_lite.config import preset
 from blockmem_lite.corpora import load_corpus, make_loaders
-from blockmem_lite.measure import bench, metrics
+from blockmem_lite.measure import bench, bench_steps
 from blockmem_lite.models.base import build_model
 from blockmem_lite.nn import attention
 from blockmem_lite.runtime import (
@@ -190,7 +190,7 @@ def check_autocast(arch: str, device: torch.device, sizes: Sizes) -> list[tuple[
     cfg = _model_cfg(arch, sizes)
     seed_everything(0)
     model = build_model(cfg).to(device)
-    tokens = metrics.random_tokens(sizes.batch, cfg.seq_len + 1, cfg.vocab_size, device)
+    tokens = bench_steps.random_tokens(sizes.batch, cfg.seq_len + 1, cfg.vocab_size, device)
     x, y = tokens[:, :-1], tokens[:, 1:]                                   # (B, T) each
     model.train()
     with torch.no_grad():
@@ -240,7 +240,7 @@ def check_cached(arch: str, device: torch.device, sizes: Sizes) -> list[tuple[st
     seed_everything(0)
     model = build_model(cfg).to(device).eval()
     t, prompt = cfg.seq_len, cfg.seq_len // 2 - 3
-    x = metrics.random_tokens(2, t, cfg.vocab_size, device)               # (2, T)
+    x = bench_steps.random_tokens(2, t, cfg.vocab_size, device)               # (2, T)
     with torch.no_grad(), _highest_matmul_precision():
         for p in model.parameters():
             p.add_(0.02 * torch.randn_like(p))
@@ -428,7 +428,7 @@ def check_flex(name: str, device: torch.device, sizes: Sizes) -> list[tuple[str,
                 t.grad = None
         return run
 
-    sdpa_t, flex_t = metrics.time_interleaved(
+    sdpa_t, flex_t = bench_steps.time_interleaved(
         [step(sdpa), step(lambda a, b_, c: flex(a, b_, c, block_mask=block_mask))],
         warmup=3, repeats=10, device=device)
     sdpa_ms, flex_ms = 1000 * statistics.median(sdpa_t), 1000 * statistics.median(flex_t)
