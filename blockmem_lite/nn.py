@@ -12,6 +12,7 @@ Two attention paths compute the same function:
 
 from __future__ import annotations
 
+import hashlib
 import math
 
 import torch
@@ -279,10 +280,31 @@ class Block(nn.Module):
         return x + self.drop(self.mlp(self.norm2(x)))
 
 
-def init_weights(module: nn.Module, std: float, n_layer: int) -> None:
-    """GPT-2 style init: N(0, std) everywhere, residual outputs scaled by 1/sqrt(2L)."""
+def keyed_normal_(param: torch.Tensor, std: float, key: str) -> torch.Tensor:
+    """Fill ``param`` with N(0, std) from a generator keyed by torch's seed and ``key``.
+
+    The values depend on ``torch.initial_seed()`` (what ``seed_everything`` set) and the key
+    only, not on what was built or drawn before: two models built under one seed share every
+    parameter they both name, so a mechanism and its memory-less twin start from the same
+    backbone, bit for bit, on any device. Drawn on the CPU in fp32, then copied in.
+    """
+    if param.is_meta:
+        return param
+    digest = hashlib.sha256(f"{torch.initial_seed()}/{key}".encode()).digest()
+    generator = torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
+    values = torch.randn(param.shape, generator=generator, device="cpu") * std
+    with torch.no_grad():
+        param.copy_(values)
+    return param
+
+
+def init_weights(module: nn.Module, std: float, n_layer: int, prefix: str = "") -> None:
+    """GPT-2 style init: every matrix N(0, std), residual outputs scaled by 1/sqrt(2L), every
+    bias zero; norms keep their ones. Each matrix is drawn by ``keyed_normal_`` under its
+    name (``prefix`` + the name in ``module``)."""
     for name, p in module.named_parameters():
-        if p.dim() < 2:
-            continue
-        scale = 1.0 / math.sqrt(2 * n_layer) if name.endswith(("attn.out.weight", "mlp.down.weight")) else 1.0
-        nn.init.normal_(p, mean=0.0, std=std * scale)
+        if name.endswith("bias"):
+            nn.init.zeros_(p)
+        elif p.dim() >= 2:
+            residual = name.endswith(("attn.out.weight", "mlp.down.weight"))
+            keyed_normal_(p, std / math.sqrt(2 * n_layer) if residual else std, prefix + name)

@@ -25,7 +25,7 @@ Measured on held-out seeds (below 2**31, which training never draws):
 * ``capacity``: the same with 1 ... ``n_pairs`` pairs: how many pairs the memory holds;
 * ``length``: the same at 1, 2, 4 and 8 times the trained length (length generalisation);
 * ``slot_curve``: the same curve from the memory's analytic capacity (``slot_accuracy``:
-  addressable slots, each a bag of values), drawn beside the measured one;
+  addressable slots, each a bag of values, repeats counted), drawn beside the measured one;
 * ``blindness``: how far a model's answer logits move when every token before
   ``queries_from`` (only earlier spans) is replaced. The memory-less twin must not move
   (it cannot see there), the mechanism must (that is where its answers come from).
@@ -48,6 +48,7 @@ import torch
 
 from blockmem_lite import registry, tasks
 from blockmem_lite.config import ModelConfig, TrainConfig
+from blockmem_lite.validation import check_int
 
 TARGET = 0.9             # beyond-span accuracy at which a memory "holds" the pairs
 
@@ -308,17 +309,60 @@ def length_curve(model, recipe: RecallRecipe, factors=LENGTH_FACTORS) -> list[di
     return out
 
 
-def slot_accuracy(n_pairs: int, slots: int, chance_accuracy: float) -> float:
+def slot_accuracy(n_pairs: int, slots: int, chance_accuracy: float,
+                  n_values: int | None = None) -> float:
     """The slot model of a memory's capacity: ``slots`` slots a query can address by its
     key, each a *bag*: it tells which values it holds, not which key each belongs to. A
-    query finds its slot and guesses among that slot's values, so the k queries of a slot
-    holding k pairs are right once between them (k times 1/k): min(slots, n_pairs) right
-    answers of ``n_pairs``. With no slot a query can only guess (``chance_accuracy``). A
-    memory that binds keys to values inside a slot beats this line; one with room it has
-    not learned to use falls below it."""
+    query finds its slot and answers the value the bag holds most often, so the queries of
+    a slot are right as often as that value occurs. With all values different (``n_values``
+    None) that is once per slot: min(slots, n_pairs) right answers of ``n_pairs``. MQAR
+    draws values with repeats from ``n_values``, so a bag of k values is right
+    ``expected_top_count(k, n_values)`` times; the pairs fill the used slots evenly. With
+    no slot a query can only guess (``chance_accuracy``). A memory that binds keys to
+    values inside a slot beats this line; one with room it has not learned to use falls
+    below it."""
     if slots <= 0:
         return chance_accuracy
-    return min(slots, n_pairs) / n_pairs
+    used = min(slots, n_pairs)
+    if n_values is None:
+        return used / n_pairs
+    size, bigger = divmod(n_pairs, used)                    # ``bigger`` slots hold one more
+    return (bigger * expected_top_count(size + 1, n_values)
+            + (used - bigger) * expected_top_count(size, n_values)) / n_pairs
+
+
+@functools.lru_cache(maxsize=1024)
+def expected_top_count(k: int, n_values: int) -> float:
+    """E[how often the most frequent value occurs] among ``k`` values drawn uniformly, with
+    repeats, from ``n_values``: the sum over m of P(some value occurs more than m times).
+    The draws whose counts all stay <= m number k! [x^k] (sum_{j<=m} x^j / j!)^n_values."""
+    check_int("k", k, 1)
+    check_int("n_values", n_values, 1)
+    total = 0.0
+    for m in range(1, k):
+        truncated = [1.0 / math.factorial(j) for j in range(m + 1)]
+        all_at_most_m = math.factorial(k) * _power_coefficient(truncated, n_values, k)
+        total += 1.0 - all_at_most_m / n_values ** k
+    return 1.0 + total                                       # the top count is at least 1
+
+
+def _power_coefficient(poly: list[float], power: int, degree: int) -> float:
+    """The coefficient of x^degree in poly(x)^power (by squaring, truncated at degree)."""
+    def times(a, b):
+        out = [0.0] * (degree + 1)
+        for i, x in enumerate(a):
+            if x:
+                for j, y in enumerate(b[:degree + 1 - i]):
+                    out[i + j] += x * y
+        return out
+
+    result, base = [1.0] + [0.0] * degree, (poly + [0.0] * degree)[:degree + 1]
+    while power:
+        if power & 1:
+            result = times(result, base)
+        base = times(base, base)
+        power >>= 1
+    return result[degree]
 
 
 def slot_curve(cfg: ModelConfig, recipe: RecallRecipe) -> list[dict] | None:
@@ -332,7 +376,8 @@ def slot_curve(cfg: ModelConfig, recipe: RecallRecipe) -> list[dict] | None:
     for n in range(1, recipe.n_pairs + 1):
         slots = slots_of(cfg, n)
         out.append({"n_pairs": n, "slots": slots,
-                    "accuracy": slot_accuracy(n, slots, chance(recipe))})
+                    "accuracy": slot_accuracy(n, slots, chance(recipe),
+                                              tasks.mqar_value_count(recipe.vocab_size))})
     return out
 
 

@@ -154,7 +154,7 @@ def mqar(n: int, seq_len: int, n_pairs: int, *, n_queries: int | None = None,
     """
     _check_common(n, seq_len, seed)
     check_int("n_pairs", n_pairs, 1)
-    n_keys = content_vocab(vocab_size) // 2
+    n_keys = content_vocab(vocab_size) - mqar_value_count(vocab_size)
     if n_pairs > n_keys:
         raise ValueError(f"n_pairs={n_pairs} is not allowed with vocab_size={vocab_size}: keys "
                          f"must be distinct; expected n_pairs <= {n_keys}")
@@ -201,6 +201,11 @@ def mqar(n: int, seq_len: int, n_pairs: int, *, n_queries: int | None = None,
             "queries_from": queries_from, "vocab_size": vocab_size, "seed": seed}
     return _task_batch(seq, positions, positions - 2 * asked, meta,
                        answers=values.gather(1, asked))
+
+
+def mqar_value_count(vocab_size: int) -> int:
+    """How many values MQAR draws from (with repeats): the upper half of the content ids."""
+    return content_vocab(vocab_size) - content_vocab(vocab_size) // 2
 
 
 def _first_query(seq_len: int, n_pairs: int, queries_from: int | None) -> int:

@@ -244,9 +244,30 @@ def test_learnable_alpha_gets_a_gradient():
 
 def test_fresh_bcmt_equals_honly_and_learns_its_memory():
     bcmt = build_model(preset("tiny", arch="bcmt")).double()
-    honly = build_model(preset("tiny", arch="honly")).double()
-    honly.load_state_dict(bcmt.state_dict(), strict=False)
+    honly = build_model(preset("tiny", arch="honly")).double()   # the same draws, by name
     x = torch.randint(0, 256, (2, 32))
     assert torch.equal(bcmt(x).logits, honly(x).logits)   # W_p = 0: no memory yet
     bcmt(x, x).loss.backward()
     assert bcmt.blocks[0].memory_proj.weight.grad.abs().max() > 0   # but W_p learns
+
+
+def test_the_memory_path_learns_at_its_own_rate():
+    """W_p, the gate and the summary's score and norm get ``memory_lr_scale`` x lr; the
+    backbone, and HOnly, the full rate."""
+    from blockmem_lite.train import make_optimizer
+
+    run = preset("tiny", arch="bcmt")
+    model = build_model(run)
+    scales = model.lr_scales()
+    assert {"blocks.0.memory_proj.weight", "blocks.0.gate.bias", "blocks.0.score.weight",
+            "blocks.1.summary_norm.weight"} <= set(scales)
+    assert set(scales.values()) == {0.1}
+    assert not any(part in name for name in scales for part in ("attn", "mlp", "norm1"))
+    rates = {id(p): group["lr"] for group in make_optimizer(model, run.train).param_groups
+             for p in group["params"]}
+    params = dict(model.named_parameters())
+    assert rates[id(params["blocks.0.memory_proj.weight"])] == pytest.approx(0.1 * run.train.lr)
+    assert rates[id(params["blocks.0.attn.qkv.weight"])] == pytest.approx(run.train.lr)
+    assert build_model(preset("tiny", arch="honly")).lr_scales() == {}
+    with pytest.raises(ValueError, match="memory_lr_scale=-1"):
+        preset("tiny", arch="bcmt", memory_lr_scale=-1.0)

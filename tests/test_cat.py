@@ -261,13 +261,11 @@ def test_the_decoder_attention_is_a_module_a_learner_can_swap_in(multi):
     check_causal(swapped, tokens)
 
 
-def test_cat_attention_draws_no_random_numbers_and_is_self_attention_without_a_layout():
-    torch.manual_seed(0)
+def test_cat_attention_is_self_attention_without_a_layout():
+    """A decoder block holds a plain Block's parameter names (so the keyed init draws it the
+    same weights) and, without a CAT layout, computes the same function."""
     block = cat._decoder_block(16, 2, 8 / 3, 10000.0, 1e-5, 0.0)
-    after_ours = torch.rand(4)
-    torch.manual_seed(0)
     plain = Block(16, 2, 8 / 3, 10000.0, 1e-5, 0.0)
-    assert torch.equal(after_ours, torch.rand(4))
     assert list(block.state_dict()) == list(plain.state_dict())
     plain.load_state_dict(block.state_dict())
     x, positions = torch.randn(2, 7, 16), torch.arange(7)

@@ -74,7 +74,8 @@ def test_each_mechanism_owns_its_options():
 
     cfg = ModelConfig(arch="bcmt", seq_len=64, block_size=16, alpha=0.5)
     assert isinstance(cfg.options, BCMTOptions) and cfg.block_size == 16 and cfg.alpha == 0.5
-    assert cfg.option_names == ("block_size", "alpha", "memory", "learn_alpha")
+    assert cfg.option_names == ("block_size", "alpha", "memory", "learn_alpha",
+                                "memory_lr_scale")
     assert not hasattr(ModelConfig(), "block_size")                 # dense has no blocks
     honly = dataclasses.replace(cfg, arch="honly")                  # shared names carry over
     assert honly.block_size == 16 and not hasattr(honly, "alpha")

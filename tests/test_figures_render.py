@@ -178,7 +178,7 @@ CASES = {
                          "slot_model": [{"n_pairs": 1, "slots": m, "accuracy": 1.0}]}
                 for m in (1, 8)}}), ["scatter"] * 2, lambda f: f.layout.xaxis.type == "log"),
         "claims_overview": (lambda: lab_figures.claims_overview(
-            [{"arch": "bcmt", "verdict": "reproduced"}]), ["bar"] * 3, None),
+            [{"arch": "bcmt", "verdict": "reproduced"}]), ["bar"] * 4, None),
         "training_curves": (lambda: lab_figures.training_curves(lab_results()),
                             ["scatter"] * 5, lambda f: len(f.layout.annotations) == 2),
     },

@@ -10,6 +10,7 @@ import pytest
 from blockmem_lite import lab, registry
 from blockmem_lite.corpora import load_corpus
 from blockmem_lite.lab import parts as lab_parts
+from blockmem_lite.lab import verdicts as lab_verdicts
 from blockmem_lite.tools.reproduce_command import reproduce_main
 
 DETERMINISTIC_DROP = ("seconds",)          # wall-clock fields differ between runs
@@ -55,7 +56,8 @@ def test_the_json_has_its_keys(fast_run):
     pays = {r["entry"]: r for r in results["memory_pays"]}
     assert set(pays) == {"bcmt", "armt", "cat C=4", "cat C=8"}
     assert all(r["twin_blind"] for r in pays.values()), pays
-    assert pays["bcmt"]["slot_model"] == pays["cat C=4"]["slot_model"] == 0.5   # 2 pairs, 1 bag
+    assert pays["bcmt"]["slot_model"] == pays["cat C=4"]["slot_model"] == (1 + 1 / 32) / 2
+    # 2 pairs in 1 bag of MQAR's 32 values: right once, twice when the two values agree
     assert all(r["shortfall"] in {None, "capacity", "training"} for r in pays.values())
     assert results["done"]["recall/dense"]["beyond"][""]["mean"] > 2 * recall["chance"]["mqar"]
     state = results["done"]["bench/*"]["state"]["dense"]
@@ -69,7 +71,7 @@ def test_the_claims_table_has_a_row_and_a_verdict_for_every_registered_claim(fas
     rows = {r["key"]: r for r in results["claims"]}
     assert set(rows) == claims and len(claims) >= 12
     for row in rows.values():
-        assert row["verdict"] in ("reproduced", "not reproduced", "not comparable"), row
+        assert row["verdict"] in lab_verdicts.VERDICTS, row
         assert row["reason"] and row["paper"] and row["where"]
     assert rows["armt.babilong"]["verdict"] == "not comparable"
     assert rows["bcmt.train_speed"]["kit_value"] is not None
@@ -91,12 +93,37 @@ def test_a_verdict_follows_the_claim(fast_run):
     _, results = fast_run
     claim = next(c for c in registry.lab_spec("bcmt").claims if c.key == "bcmt.honly_worse")
     faked = json.loads(json.dumps(results))
+    for label in ("bcmt", "honly"):                     # no training accident to hold it
+        faked["done"][f"lm/{label}"]["loss_curve"] = [5.5, 3.0]
     faked["done"]["lm/honly"]["val_loss"][""] = faked["done"]["lm/bcmt"]["val_loss"][""] + 0.1
     assert lab.claim_row("bcmt", claim, faked)["verdict"] == "reproduced"
     faked["done"]["lm/honly"]["val_loss"][""] = faked["done"]["lm/bcmt"]["val_loss"][""] - 0.1
     assert lab.claim_row("bcmt", claim, faked)["verdict"] == "not reproduced"
     del faked["done"]["lm/honly"]
     assert lab.claim_row("bcmt", claim, faked)["verdict"] == "not comparable"
+
+
+def test_a_claim_on_a_run_with_a_training_accident_is_not_judged(fast_run):
+    """A language model whose training loss rose above where it started is an accident: the
+    claims that read it get no verdict; the claims that read other runs keep theirs."""
+    _, results = fast_run
+    claims = {c.key: c for c in registry.lab_spec("bcmt").claims}
+    faked = json.loads(json.dumps(results))
+    for label in ("bcmt", "honly", "dense"):
+        faked["done"][f"lm/{label}"]["loss_curve"] = [5.5, 4.0, 3.0]
+    assert lab.claim_row("bcmt", claims["bcmt.honly_worse"], faked)["verdict"] != "not judged"
+    faked["done"]["lm/bcmt"]["loss_curve"] = [5.5, 4.0, 6.1, 3.0]
+    row = lab.claim_row("bcmt", claims["bcmt.honly_worse"], faked)
+    assert row["verdict"] == "not judged" and "bcmt" in row["reason"] and "step 3" in row["reason"]
+    assert row["kit_value"] is not None                     # measured, just not judged
+    assert lab.claim_row("bcmt", claims["bcmt.train_speed"], faked)["verdict"] != "not judged"
+
+
+def test_a_run_from_trained_weights_is_held_to_an_untrained_models_loss():
+    wrapped = {"loss_curve": [1.4, 1.6, 1.3], "starts_from_trained": True}
+    assert lab_verdicts.accident(wrapped, untrained=5.5) is None        # batch noise
+    assert lab_verdicts.accident({**wrapped, "loss_curve": [1.4, 5.8]}, untrained=5.5)
+    assert lab_verdicts.accident({"loss_curve": [1.4, 1.6]}) is not None   # from scratch: its own
 
 
 def _deterministic(results: dict) -> dict:

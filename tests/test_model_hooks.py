@@ -28,7 +28,7 @@ def test_default_stream_is_the_prefill_and_continues_step_by_step():
     torch.testing.assert_close(tail, full[:, -1], atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("arch,own", [("dense", {"decode_tokens"}), ("bcmt", {"decode_tokens"}),
+@pytest.mark.parametrize("arch,own", [("dense", {"decode_tokens"}), ("bcmt", {"decode_tokens", "lr_scales"}),
                                       ("armt", {"decode_tokens", "stream"}),
                                       ("moc", {"decode_tokens", "lr_scales"}), ("cat", set())])
 def test_has_own_names_exactly_the_overridden_hooks(arch, own):

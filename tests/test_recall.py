@@ -235,6 +235,48 @@ def test_the_slot_model_gives_one_over_the_pairs_sharing_a_slot():
     assert recall.slot_accuracy(4, 0, 0.03) == 0.03         # no memory: chance
 
 
+def test_the_top_count_of_a_bag_is_exact_where_it_can_be_counted():
+    assert recall.expected_top_count(1, 32) == 1.0
+    assert recall.expected_top_count(2, 32) == pytest.approx(1 + 1 / 32, abs=1e-12)
+    assert recall.expected_top_count(3, 1) == pytest.approx(3.0)         # one value, 3 times
+    # three draws of three values: 6 of 27 all differ, 3 of 27 all alike, the rest a pair
+    assert recall.expected_top_count(3, 3) == pytest.approx((6 + 18 * 2 + 3 * 3) / 27)
+    with pytest.raises(ValueError, match="n_values=0"):
+        recall.expected_top_count(4, 0)
+
+
+def _bag_answers_on_mqar_rows(n_pairs: int, slots: int, rows: int = 20_000) -> float:
+    """A memory that keeps only the bags of MQAR's values (the pairs spread evenly over
+    ``slots``) and answers a query with its slot's most frequent value."""
+    batch = tasks.mqar(rows, 64, n_pairs, vocab_size=68, seed=5)
+    values = batch.inputs[:, 1:2 * n_pairs:2]                                   # (N, P)
+    used = min(slots, n_pairs)
+    slot_of = torch.arange(n_pairs) * used // n_pairs                           # even split
+    right = 0.0
+    for s in range(used):
+        bag = values[:, slot_of == s]                                           # (N, k)
+        right += (bag[:, :, None] == bag[:, None, :]).sum(-1).max(-1).values.float().sum()
+    return (right / (rows * n_pairs)).item()
+
+
+@pytest.mark.parametrize("n_pairs, slots", [(4, 1), (6, 1), (4, 2), (5, 2), (6, 4)])
+def test_the_slot_model_counts_repeated_values_like_the_bag_does(n_pairs, slots):
+    n_values = tasks.mqar_value_count(68)
+    line = recall.slot_accuracy(n_pairs, slots, 0.03, n_values)
+    assert line == pytest.approx(_bag_answers_on_mqar_rows(n_pairs, slots), abs=0.01)
+    if n_pairs > slots:                          # repeats lift the line over one per slot
+        assert line > recall.slot_accuracy(n_pairs, slots, 0.03) + 0.01
+
+
+def test_the_lab_draws_the_slot_model_with_repeats():
+    recipe = recall.RECALL_SIZES["class"]
+    cfg = dataclasses.replace(preset("tiny", arch="bcmt").model, vocab_size=recipe.vocab_size)
+    curve = recall.slot_curve(cfg, recipe)
+    n_values = tasks.mqar_value_count(recipe.vocab_size)
+    assert [p["accuracy"] for p in curve] == [
+        recall.expected_top_count(p["n_pairs"], n_values) / p["n_pairs"] for p in curve]
+
+
 def _slots(arch: str, n_pairs: int, twin: bool = False, **overrides) -> int:
     spec = registry.lab_spec(arch)
     run = preset("tiny", arch=arch)

@@ -24,6 +24,7 @@ from blockmem_lite.train import (
     evaluate,
     lr_at,
 )
+from blockmem_lite.train.callbacks import GradientGroups
 from blockmem_lite.units import format_progress
 
 SEQ = 16
@@ -134,6 +135,21 @@ def test_grad_clipping_bounds_the_global_norm():
     make_trainer(run_cfg(steps=4, grad_clip=0.0), callbacks=[free]).fit()
     assert free.used == pytest.approx(free.reported, rel=1e-5)
     assert max(free.used) > clip
+
+
+@pytest.mark.parametrize("clip", [0.05, 0.0])
+def test_gradient_groups_split_the_global_norm_before_clipping(clip):
+    cfg = run_cfg(arch="bcmt", steps=3, grad_clip=clip)
+    torch.manual_seed(0)
+    model = build_model(cfg)
+    groups = GradientGroups(model, clip)
+    history = Trainer(model, cfg, random_data(), callbacks=[groups]).fit()
+    assert {"memory_proj.weight", "gate.bias", "attn.qkv.weight", "embed.weight"} <= set(groups.norms)
+    assert all(len(norms) == 3 for norms in groups.norms.values())
+    total = [math.sqrt(sum(norms[i] ** 2 for norms in groups.norms.values())) for i in range(3)]
+    assert total == pytest.approx(history.grad_norm, rel=1e-4)      # before clipping
+    if clip:
+        assert min(history.grad_norm) > clip                         # the clip had work to do
 
 
 def test_the_memory_reading_measures_the_model_not_the_process():

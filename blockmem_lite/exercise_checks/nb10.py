@@ -13,7 +13,7 @@ import unittest.mock
 import torch
 
 from blockmem_lite import lab, labdata, recall
-from blockmem_lite.checks import CheckFailed, check_close, check_equal
+from blockmem_lite.checks import CheckFailed, check_close, check_equal, check_true
 from blockmem_lite.exercise_checks import exercise_check
 from blockmem_lite.lab import figures as lab_figures
 from blockmem_lite.mechanisms import cat
@@ -298,9 +298,12 @@ def slots_check(t):
                         atol=1e-12)
             check_equal(my_cat_slots(n_pairs, c), cat_slots(n_pairs, c),
                         f"CAT's slots with {n_pairs} pairs at C={c}")
-    for key, record in results["done"].items():   # the lab's own slot model, row by row
-        for variant, curve in (record.get("slot_model") or {}).items():
-            for point in curve or []:
-                check_close(my_slot_accuracy(point["n_pairs"], point["slots"],
-                                             record["chance"]["mqar"]), point["accuracy"],
-                            f"{key} {variant} with {point['n_pairs']} pairs", atol=1e-12)
+    for key, record in results["done"].items():   # the lab's own slot model, row by row:
+        for variant, curve in (record.get("slot_model") or {}).items():   # repeats counted,
+            for point in curve or []:                  # so never below all-different values
+                mine = my_slot_accuracy(point["n_pairs"], point["slots"],
+                                        record["chance"]["mqar"])
+                check_true(mine <= point["accuracy"] + 1e-12,
+                           f"{key} {variant} with {point['n_pairs']} pairs: yours {mine:.4f} "
+                           f"lies above the lab's line {point['accuracy']:.4f}, which counts "
+                           "repeated values too")

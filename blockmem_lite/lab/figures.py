@@ -17,6 +17,7 @@ import plotly.graph_objects as go
 
 from blockmem_lite import recall
 from blockmem_lite.lab.report import PLOTS
+from blockmem_lite.lab.verdicts import VERDICTS
 from blockmem_lite.labdata import bench_record
 from blockmem_lite.viz import charts, common, training
 from blockmem_lite.viz.monitor import LiveMonitor
@@ -341,12 +342,10 @@ def training_curves(results: dict, labels: Sequence | None = None):
                                 reference="dense" if "dense" in histories else None)
 
 
-VERDICTS = ("reproduced", "not reproduced", "not comparable")
-
-
 def claims_overview(rows: Sequence[dict]):
     """The claims table (``lab.claims_table``) at a glance: per mechanism, how many of its
-    papers' claims were reproduced, not reproduced, or not comparable at kit scale."""
+    papers' claims were reproduced, not reproduced, not comparable at kit scale, or not
+    judged (a training accident)."""
     title = "The papers' claims at kit scale"
     if not rows:
         return _empty(title, "no claims to judge")

@@ -99,7 +99,8 @@ def report_markdown(results: dict, plots=()) -> str:
     parts += ["", "\"by pairs\": beyond-span accuracy with 1, 2, ... pairs in the first span "
               "(one trained model); \"holds\": the most pairs recalled at 0.9 or better; "
               "\"slot model\": the accuracy the memory's analytic capacity allows "
-              "(`recall.slot_accuracy`: slots a query can address, each a bag of values); "
+              "(`recall.slot_accuracy`: slots a query can address, each a bag of values "
+              "answering its most frequent one); "
               "\"short by\": why it is under 0.9, \"capacity\" (the slot model is too) or "
               "\"training\" (the memory could hold the pairs); "
               "\"x T\": the same rows stretched to 1, 2, 4, 8 times the trained length "
@@ -126,7 +127,9 @@ def report_markdown(results: dict, plots=()) -> str:
           f"{fmt(r['paper_value'], '.4g')} {r['unit']}", fmt(r["kit_value"], ".3g"),
           fmt(r["ceiling"], ".2f"), r["verdict"], r["reason"]]
          for r in results.get("claims", [])]))
-    parts += ["", plots_line(meta["preset"], plots), ""]
+    parts += ["", "\"not judged\": a training run the claim reads had an accident (its "
+              "training loss rose above an untrained model's); its value is shown, no "
+              "verdict is drawn from it.", "", plots_line(meta["preset"], plots), ""]
     return "\n".join(parts)
 
 

@@ -64,6 +64,7 @@ from blockmem_lite.measure import bench, bench_steps, metrics, roofline
 from blockmem_lite.models.base import build_model
 from blockmem_lite.runtime import pick_device, seed_everything
 from blockmem_lite.train import Trainer
+from blockmem_lite.train.callbacks import GradientGroups
 from blockmem_lite.validation import check_choice, fail
 
 RESULTS_NAME = "results.json"
@@ -329,7 +330,9 @@ class Lab:
         train_loader, val_loader = make_loaders(entry.run, corpus=self.corpus)
         model = self._model(entry)
         live = [self.live.run(label)] if self.live is not None else []
-        trainer = self._trainer(model, entry.run, train_loader, val_loader, callbacks=live)
+        grads = GradientGroups(model, entry.run.train.grad_clip)
+        trainer = self._trainer(model, entry.run, train_loader, val_loader,
+                                callbacks=[*live, grads])
         history = finished(trainer.fit())
         val_loss = {}
         for variant, overrides in entry.variants():
@@ -345,7 +348,8 @@ class Lab:
                 "train_loss": history.loss[-1], "steps": trainer.step,
                 "tokens": trainer.step * entry.run.train.batch_size * entry.cfg.seq_len,
                 "params": model.num_params(), "seconds": time.perf_counter() - start,
-                "loss_curve": history.loss,
+                "loss_curve": history.loss, "grad_norm_curve": history.grad_norm,
+                "grad_norm_groups": grads.norms,
                 "val_curve": [list(p) for p in zip(history.val_step, history.val_loss,
                                                    strict=True)]}
 

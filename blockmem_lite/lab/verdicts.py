@@ -50,13 +50,23 @@ def format_claims(rows: list[dict]) -> str:
          fmt(r["ceiling"], ".2f")] for r in rows], left_columns=4)
 
 
+VERDICTS = ("reproduced", "not reproduced", "not comparable", "not judged")
+
+
 def claim_row(arch: str, claim: registry.Claim, results: dict) -> dict:
-    """One row of ``claims_table``: ``claim`` of mechanism ``arch`` judged on ``results``."""
-    kit = claim.kit(results) if claim.comparable and claim.kit else None
+    """One row of ``claims_table``: ``claim`` of mechanism ``arch`` judged on ``results``.
+    A claim that reads a training run with an accident (``accident``) is "not judged"."""
+    looked_up = _LookUps(results.get("done", {}))
+    kit = claim.kit({**results, "done": looked_up}) if claim.comparable and claim.kit else None
     ceiling = claim.ceiling(results) if claim.ceiling else None
     ratio = kit / claim.value if kit is not None and claim.value else None
+    untrained = _first_loss(results.get("done", {}).get(f"lm/{registry.BASELINE}", {}))
+    accidents = [f"{key.split('/', 1)[1]}: {why}" for key in dict.fromkeys(looked_up.keys_read)
+                 if (why := accident(dict.get(looked_up, key) or {}, untrained))]
     if not claim.comparable:
         verdict, reason = "not comparable", claim.note
+    elif accidents:
+        verdict, reason = "not judged", f"a training accident: {'; '.join(accidents)}"
     elif kit is None or (isinstance(kit, float) and math.isnan(kit)):
         verdict, reason = "not comparable", "this run did not measure it"
     elif claim.holds(kit):
@@ -70,6 +80,42 @@ def claim_row(arch: str, claim: registry.Claim, results: dict) -> dict:
             "where": claim.where, "quantity": claim.quantity, "paper_value": claim.value,
             "unit": claim.unit, "setting": claim.setting, "kit_value": kit, "ratio": ratio,
             "ceiling": ceiling, "verdict": verdict, "reason": reason}
+
+
+def accident(record: dict, untrained: float | None = None) -> str | None:
+    """Why a language model's run is a training accident, or None: its training loss rose
+    above where it started, which a working recipe never does (a spike that unlearned
+    everything, whatever caused it). A run that starts from trained weights (ARMT wraps
+    the trained dense) is held to ``untrained``, an untrained model's first loss on the
+    same data (dense's), not to its own start: its batches vary more than it improves."""
+    curve = record.get("loss_curve") or []
+    start = untrained if record.get("starts_from_trained") else _first_loss(record)
+    for step, loss in enumerate(curve[1:], start=2):
+        if start is not None and loss > start:
+            return (f"its training loss rose above an untrained model's at step {step} "
+                    f"({loss:.2f} > {start:.2f})")
+    return None
+
+
+def _first_loss(record: dict) -> float | None:
+    curve = record.get("loss_curve") or []
+    return curve[0] if curve else None
+
+
+class _LookUps(dict):
+    """A result's ``done`` that notes which entries a claim's ``kit`` looked up."""
+
+    def __init__(self, done: dict):
+        super().__init__(done)
+        self.keys_read: list[str] = []
+
+    def __getitem__(self, key):
+        self.keys_read.append(key)
+        return super().__getitem__(key)
+
+    def get(self, key, default=None):
+        self.keys_read.append(key)
+        return super().get(key, default)
 
 
 # --- the memory-pays experiments ---------------------------------------------------------------
@@ -146,8 +192,8 @@ def knowledge_pays(results: dict) -> list[dict]:
 def summary(results: dict) -> str:
     """A few lines for the terminal: where the report is, the verdicts, the memory result."""
     verdicts = [r["verdict"] for r in results.get("claims", [])]
-    counts = ", ".join(f"{verdicts.count(v)} {v}" for v in
-                       ("reproduced", "not reproduced", "not comparable"))
+    counts = ", ".join(f"{verdicts.count(v)} {v}" for v in VERDICTS if v in verdicts
+                       or v != "not judged")
     pays = [r["entry"] for r in results.get("memory_pays", []) if r["pays"]]
     pays += sorted({f"{r['entry']} (facts)" for r in results.get("knowledge", []) if r["pays"]})
     return (f"claims: {counts}; memory pays beyond the local span for: "

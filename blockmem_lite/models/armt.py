@@ -91,6 +91,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from blockmem_lite.models.base import LanguageModel, State, build_model, check_tokens
+from blockmem_lite.nn import keyed_normal_
 from blockmem_lite.ops.armt_memory import (
     DPFP_NU,
     EPS,
@@ -212,7 +213,8 @@ class AssociativeMemoryLayer(nn.Module):
     """
 
     def __init__(self, d_model: int, d_mem: int, normalize_phi: bool = True,
-                 correction: bool = True, init_std: float = 0.02, eps: float = EPS):
+                 correction: bool = True, init_std: float = 0.02, eps: float = EPS,
+                 key: str = "memory"):
         super().__init__()
         self.normalize_phi = normalize_phi
         self.correction = correction
@@ -221,8 +223,8 @@ class AssociativeMemoryLayer(nn.Module):
         self.w_k = nn.Linear(d_model, d_mem, bias=False)
         self.w_v = nn.Linear(d_model, d_model, bias=False)
         self.w_beta = nn.Linear(d_model, 1)
-        for linear in (self.w_q, self.w_k, self.w_beta):
-            nn.init.normal_(linear.weight, std=init_std)
+        for name in ("w_q", "w_k", "w_beta"):          # ``key``: its name in the model
+            keyed_normal_(getattr(self, name).weight, init_std, f"{key}.{name}.weight")
         nn.init.zeros_(self.w_beta.bias)
         nn.init.zeros_(self.w_v.weight)      # A stays 0 until W_V learns: a fresh ARMT = backbone
 
@@ -389,13 +391,14 @@ class ARMT(LanguageModel):
         self.detach_every = cfg.detach_every
         self.grad_checkpoint = cfg.grad_checkpoint
         embedding = backbone.embed.weight.detach()
-        self.memory_tokens = nn.Parameter(                                       # P: (M, D)
-            torch.randn(cfg.n_mem_tokens, cfg.d_model, device=embedding.device,
-                        dtype=embedding.dtype) * embedding.float().std())   # works on "meta"
+        self.memory_tokens = nn.Parameter(torch.empty(                           # P: (M, D)
+            cfg.n_mem_tokens, cfg.d_model, device=embedding.device, dtype=embedding.dtype))
+        scale = embedding.std().item() if not embedding.is_meta else 1.0
+        keyed_normal_(self.memory_tokens, scale, "memory_tokens")   # the embeddings' scale
         wrapped = range(cfg.n_layer) if cfg.memory_layers is None else sorted(cfg.memory_layers)
         self.memory = nn.ModuleDict({
             str(i): AssociativeMemoryLayer(cfg.d_model, cfg.d_mem, cfg.normalize_phi,
-                                           cfg.correction, cfg.init_std)
+                                           cfg.correction, cfg.init_std, key=f"memory.{i}")
             for i in wrapped}).to(embedding)
 
     # --- construction ----------------------------------------------------------------------

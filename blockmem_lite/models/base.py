@@ -37,9 +37,14 @@ def available_archs() -> list[str]:
 
 
 def build_model(cfg) -> LanguageModel:
-    """Build the model for ``cfg`` (a ModelConfig, or a RunConfig whose ``.model`` is used)."""
+    """Build the model for ``cfg`` (a ModelConfig, or a RunConfig whose ``.model`` is used).
+
+    Its weights are drawn by name (``nn.keyed_normal_``), and building leaves torch's global
+    random state as it found it, so twins built under one seed also see the same dropout
+    and sampling afterwards."""
     model_cfg = getattr(cfg, "model", cfg)
-    return registry.get(model_cfg.arch).model(model_cfg)
+    with torch.random.fork_rng(devices=[]):
+        return registry.get(model_cfg.arch).model(model_cfg)
 
 
 def model_name(model) -> str:

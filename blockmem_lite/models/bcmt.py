@@ -28,10 +28,15 @@ summarising; zero memory for the first block; the additive gated residual
 with absolute positions (relative, so equal to within-block positions);
 SwiGLU MLP; padding the tail to a multiple of L with the padded tokens masked
 out of the summary softmax; W_p initialised to zero, so a fresh BCMT computes
-exactly what HOnly computes and the memory is learned in (with the usual
-N(0, 0.02) init the injected G * P is larger than the token states at step 0
-and the model trains worse than HOnly at kit scale). Tests and notebooks that
-must exercise the memory path re-randomise W_p first.
+exactly what HOnly of the same seed computes (every weight is drawn by its name,
+``nn.keyed_normal_``, so both hold one backbone) and the memory is learned in (with
+the usual N(0, 0.02) init the injected G * P is larger than the token states at step
+0). Tests and notebooks that must exercise the memory path re-randomise W_p first.
+The memory path learns at a tenth of the model's learning rate (``memory_lr_scale``):
+W_p starts at zero and gets the same gradient direction from every token of a block,
+so Adam, which moves each entry by about the learning rate whatever the gradient's
+size, grows P = M W_p coherently; at the backbone's rate P outgrows the token states
+within the warm-up (a loss spike, then a model worse than HOnly).
 
 Generation keeps, per layer, a KV cache of at most one block, the (num, den)
 memory state and the open block's U (B, L, D), so the decoding state is constant
@@ -64,6 +69,8 @@ from blockmem_lite.nn import MLP, KVCache, RMSNorm, SelfAttention, attention, re
 from blockmem_lite.registry import Options, knob
 from blockmem_lite.trace import is_tracing, record, scope
 from blockmem_lite.validation import check_bool, check_float, check_int, fail
+
+MEMORY_PARTS = ("summary_norm.", "score.", "memory_proj.", "gate.")   # a layer's memory path
 
 # --- options ---------------------------------------------------------------------------
 
@@ -98,10 +105,13 @@ class BCMTOptions(HOnlyOptions):
         "help": "False = the HOnly ablation inside a BCMT model (no block memory)"})
     learn_alpha: bool = field(default=False, metadata={
         "help": "exercises only: make alpha a learned parameter"})
+    memory_lr_scale: float = field(default=0.1, metadata={
+        "help": "memory-path lr = lr x this (W_p, the gate, the summary's score and norm)"})
 
     def validate(self, cfg) -> None:
         super().validate(cfg)
         check_float("alpha", self.alpha, 0.0, 1.0)
+        check_float("memory_lr_scale", self.memory_lr_scale, 0.0)
         check_bool("memory", self.memory)
         check_bool("learn_alpha", self.learn_alpha)
 
@@ -370,6 +380,11 @@ class BCMTLM(DenseLM):
     @property
     def uses_memory(self) -> bool:
         return self.cfg.memory
+
+    def lr_scales(self) -> dict[str, float]:
+        """{parameter name: lr factor}: the memory path learns at ``memory_lr_scale`` x lr."""
+        return {name: float(self.cfg.memory_lr_scale) for name, _ in self.named_parameters()
+                if name.split(".", 2)[-1].startswith(MEMORY_PARTS)}
 
     def build_block(self, index: int) -> nn.Module:
         return BCMTLayer(self.cfg, memory=self.uses_memory, memory_form=self.memory_form,

@@ -61,6 +61,7 @@ from blockmem_lite.nn import (
     RMSNorm,
     SelfAttention,
     init_weights,
+    keyed_normal_,
     reference_attention,
 )
 from blockmem_lite.ops.cat_attention import per_chunk_attention
@@ -113,14 +114,10 @@ class CATAttention(SelfAttention):
 
 def _decoder_block(dim: int, n_head: int, mlp_ratio: float, rope_base: float, norm_eps: float,
                    dropout: float) -> Block:
-    """A pre-norm Block whose attention is a CATAttention (same parameter names and shapes).
-
-    The CATAttention is built with the RNG forked: it draws no random numbers, so a seed
-    gives the same weights as a plain Block would (``init_weights`` sets them all anyway).
-    """
+    """A pre-norm Block whose attention is a CATAttention (same parameter names and shapes,
+    so ``init_weights`` draws it the same weights as a plain Block's)."""
     block = Block(dim, n_head, mlp_ratio, rope_base, norm_eps, dropout)
-    with torch.random.fork_rng(devices=[]):
-        block.attn = CATAttention(dim, n_head, rope_base, dropout)
+    block.attn = CATAttention(dim, n_head, rope_base, dropout)
     return block
 
 
@@ -349,7 +346,7 @@ class CATLM(LanguageModel):
         self.separator = nn.Parameter(torch.empty(self.width)) if self.multi_chunk else None
         init_weights(self, cfg.init_std, cfg.n_layer)
         if self.separator is not None:
-            nn.init.normal_(self.separator, std=cfg.init_std)
+            keyed_normal_(self.separator, cfg.init_std, "separator")
         self._chunk_size = cfg.chunk_size
         self.training_chunk_size: int | None = None    # pin_training_chunk_size
 

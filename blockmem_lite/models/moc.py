@@ -72,7 +72,7 @@ import torch.nn.functional as F
 
 from blockmem_lite.models.base import check_tokens
 from blockmem_lite.models.dense import DenseLM, DenseState
-from blockmem_lite.nn import Block, KVCache, RMSNorm, attention, reference_attention
+from blockmem_lite.nn import Block, KVCache, RMSNorm, attention, keyed_normal_, reference_attention
 from blockmem_lite.registry import Options, knob
 from blockmem_lite.trace import is_tracing, record, scope
 from blockmem_lite.validation import check_bool, check_choice, check_float, check_int, fail
@@ -478,12 +478,11 @@ class MoCLM(DenseLM):
         super().__init__(cfg)
         self.memory_layers = memory_layers(cfg)
         self.bank = nn.Parameter(torch.empty(cfg.n_chapters * cfg.chapter_len, cfg.d_model))
-        nn.init.normal_(self.bank, std=cfg.init_std)
+        keyed_normal_(self.bank, cfg.init_std, "bank")
         for i in self.memory_layers:
             block = self.blocks[i]
             nn.init.zeros_(block.memory.out.weight)    # a fresh MoC == its backbone
-            nn.init.zeros_(block.router.bias)
-            nn.init.normal_(block.route_start, std=cfg.init_std)
+            keyed_normal_(block.route_start, cfg.init_std, f"blocks.{i}.route_start")
         self.bank.requires_grad_(not cfg.freeze_bank)
 
     def build_block(self, index: int) -> nn.Module:

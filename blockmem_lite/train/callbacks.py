@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+
 from blockmem_lite.checkpoints import atomic_write_bytes
 from blockmem_lite.units import format_progress
 
@@ -121,6 +123,38 @@ class PrintProgress(Callback):
 
     def on_end(self, trainer, history):
         self._last = None
+
+
+class GradientGroups(Callback):
+    """Each step's gradient norm before clipping, per parameter group: a parameter's name
+    without its layer numbers and its stack's prefix (``blocks.3.gate.bias`` -> ``gate.bias``,
+    ``backbone.blocks.0.attn.qkv.weight`` -> ``attn.qkv.weight``), so a spike names the
+    parameters it came from. ``norms``: {group: [one norm per step]}."""
+
+    def __init__(self, model, grad_clip: float):
+        self.grad_clip = grad_clip
+        self.groups: dict[str, list] = {}
+        for name, p in model.named_parameters():
+            self.groups.setdefault(parameter_group(name), []).append(p)
+        self.norms: dict[str, list] = {group: [] for group in self.groups}
+
+    def on_step(self, trainer, rec: dict) -> None:
+        undo = max(1.0, rec["grad_norm"] / self.grad_clip) if self.grad_clip > 0 else 1.0
+        squares = []
+        for params in self.groups.values():
+            grads = [p.grad.float().pow(2).sum() for p in params if p.grad is not None]
+            squares.append(torch.stack(grads).sum() if grads
+                           else torch.zeros((), device=params[0].device))
+        for group, square in zip(self.groups, torch.stack(squares).tolist(), strict=True):
+            self.norms[group].append(square ** 0.5 * undo)     # the step's clip scaled all
+
+
+def parameter_group(name: str) -> str:
+    """``name`` without layer numbers and the ``blocks`` / ``backbone`` prefix around them."""
+    parts = [part for part in name.split(".") if not part.isdigit()]
+    while len(parts) > 2 and parts[0] in ("backbone", "blocks"):
+        parts = parts[1:]
+    return ".".join(parts)
 
 
 def check_callbacks(callbacks) -> list:
