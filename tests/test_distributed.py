@@ -9,10 +9,11 @@ on the shipped offline corpus, on the CPU (``--device cpu``), with one thread ea
 Tolerance of the curve comparison (``CURVE_TOL``): the two processes each back-propagate half
 of the batch and DDP sums the halves' gradients, so the float32 sums are added in another order
 than in one backward over the whole batch (relative error ~1e-7 per operation), and AdamW
-carries these differences through the steps. Measured: at most ~1e-6. 1e-5 leaves room for
-other machines while a real mistake (a wrong shard, an un-averaged gradient, another batch
-size) moves the curve by 1e-3 or more from step 2 on, which ``test_the_tolerance_has_teeth``
-shows.
+carries these differences through the steps. Measured: at most ~1e-6 on the loss. 1e-5 leaves
+room for other machines while a real mistake (a wrong shard, an un-averaged gradient, another
+batch size) moves the curve by 1e-3 or more from step 2 on, which
+``test_the_tolerance_has_teeth`` shows. A gradient norm, a sum of squares over every weight,
+moves more (measured: 4e-5 relative at step 34 of 40), so it is held to 1e-4.
 """
 
 import json
@@ -35,6 +36,7 @@ from blockmem_lite.train.data import BatchStream
 
 ROOT = Path(__file__).resolve().parent.parent
 CURVE_TOL = dict(rtol=1e-5, atol=1e-5)
+GRAD_NORM_TOL = dict(rtol=1e-4, atol=1e-4)
 BASE = ["--preset", "fast", "--device", "cpu", "--set", "eval_every=5"]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "BLOCKMEM_HEADLESS": "1"}
 
@@ -56,7 +58,8 @@ def _curves_close(a: dict, b: dict) -> None:
     assert a["step"] == b["step"] and a["val_step"] == b["val_step"]
     for key in ("loss", "grad_norm", "val_loss"):
         torch.testing.assert_close(torch.tensor(a[key], dtype=torch.float64),
-                                   torch.tensor(b[key], dtype=torch.float64), **CURVE_TOL,
+                                   torch.tensor(b[key], dtype=torch.float64),
+                                   **(GRAD_NORM_TOL if key == "grad_norm" else CURVE_TOL),
                                    msg=lambda m, key=key: f"{key}: {m}")
 
 
