@@ -7,7 +7,10 @@ run did not measure is None, never an error.
 
 The result is a plain dict (its JSON is ``OUT/results.json``)::
 
-    results["done"]["lm/<label>"]     = {"val_loss": {variant: loss}, "tokens", "params", ...}
+    results["done"]["lm/<label>"]     = {"val_loss": {variant: loss (mean over the seeds)},
+                                          "val_loss_band": {variant: [lowest, highest]},
+                                          "position_loss": {variant: [loss at each position]},
+                                          "seeds", "by_seed", "tokens", "params", ...}
     results["done"]["recall/<label>"] = {"curves": {variant: {"passkey": [{distance,
                                           accuracy, n_answers}], "mqar": [...]}},
                                           "local_span": {variant: int | None}, ...}
@@ -140,6 +143,46 @@ def model_table(results: dict) -> dict[str, dict]:
             "mqar": recall_beyond(results, label, "mqar", variant),
             "pretrained": bool(results["done"][f"lm/{label}"].get("starts_from_trained"))}
     return table
+
+
+def val_loss_band(results: dict, label: str, variant: str = "") -> list[float] | None:
+    """[lowest, highest] validation loss over an entry's seeds (None: one seed, or not
+    measured)."""
+    record = results.get("done", {}).get(f"lm/{label}") or {}
+    band = (record.get("val_loss_band") or {}).get(variant)
+    return band if band and len(record.get("seeds", ())) > 1 else None
+
+
+def position_losses(results: dict, width: int | None = None) -> dict[str, dict]:
+    """{model name: {"x", "loss", "off", "span", "length", "gain"}}: each language model's
+    validation loss by position in the window (mean over its seeds), averaged over
+    stretches of ``width`` positions (default: a quarter of the window); "x" is each
+    stretch's first position, "off" the same trained weights with the memory path off
+    (None for a model without a twin), "span" the local span (a block, a chunk, a segment;
+    None: the whole window), "length" the window, "gain" the mean of off - loss over the
+    positions after the first span (None without "off"). A memory pays where "loss" falls
+    below "off" after the first span; before it, the two see the same tokens."""
+    out = {}
+    for name, _, label, variant, _ in trained_models(results):
+        record = results["done"][f"lm/{label}"]
+        curve = (record.get("position_loss") or {}).get(variant)
+        if not curve:
+            continue
+        step = width or max(1, len(curve) // 4)
+        x = list(range(0, len(curve), step))
+        off = (record.get("position_loss_off") or {}).get(variant)
+        span = (record.get("local_span") or {}).get(variant)
+        after = list(zip(curve[span or len(curve):], (off or [])[span or len(curve):],
+                         strict=False))
+        out[name] = {"x": x, "loss": _means(curve, step), "off": _means(off, step) if off else None,
+                     "span": span, "length": len(curve),
+                     "gain": sum(o - m for m, o in after) / len(after) if after else None}
+    return out
+
+
+def _means(values: list[float], width: int) -> list[float]:
+    return [sum(values[i:i + width]) / len(values[i:i + width])
+            for i in range(0, len(values), width)]
 
 
 def missing_tasks(results: dict) -> list[str]:

@@ -178,7 +178,15 @@ CASES = {
                          "slot_model": [{"n_pairs": 1, "slots": m, "accuracy": 1.0}]}
                 for m in (1, 8)}}), ["scatter"] * 2, lambda f: f.layout.xaxis.type == "log"),
         "claims_overview": (lambda: lab_figures.claims_overview(
-            [{"arch": "bcmt", "verdict": "reproduced"}]), ["bar"] * 4, None),
+            [{"arch": "bcmt", "verdict": "reproduced"}]), ["bar"] * 5, None),
+        "loss_by_position": (lambda: lab_figures.loss_by_position({"meta": {}, "done": {
+            "lm/dense": {"arch": "dense", "val_loss": {"": 1.0},
+                         "position_loss": {"": [2.0] * 16 + [1.5] * 16}},
+            "lm/bcmt": {"arch": "bcmt", "val_loss": {"": 1.0}, "local_span": {"": 8},
+                        "position_loss": {"": [2.0] * 16 + [1.4] * 16},
+                        "position_loss_off": {"": [2.0] * 16 + [1.6] * 16}}}}),
+            ["scatter"] * 3, lambda f: len(f.layout.shapes) == 3
+            and [round(y, 2) for y in f.data[1].y] == [2.0, 2.0, 1.6, 1.6]),
         "training_curves": (lambda: lab_figures.training_curves(lab_results()),
                             ["scatter"] * 5, lambda f: len(f.layout.annotations) == 2),
     },

@@ -123,7 +123,8 @@ def test_a_run_from_trained_weights_is_held_to_an_untrained_models_loss():
     wrapped = {"loss_curve": [1.4, 1.6, 1.3], "starts_from_trained": True}
     assert lab_verdicts.accident(wrapped, untrained=5.5) is None        # batch noise
     assert lab_verdicts.accident({**wrapped, "loss_curve": [1.4, 5.8]}, untrained=5.5)
-    assert lab_verdicts.accident({"loss_curve": [1.4, 1.6]}) is not None   # from scratch: its own
+    assert lab_verdicts.accident({"loss_curve": [1.4, 1.7]}) is not None   # from scratch: its own
+    assert lab_verdicts.accident({"loss_curve": [1.4, 1.6]}) is None       # within the margin
 
 
 def _deterministic(results: dict) -> dict:

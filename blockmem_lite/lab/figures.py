@@ -15,7 +15,7 @@ from pathlib import Path
 
 import plotly.graph_objects as go
 
-from blockmem_lite import recall
+from blockmem_lite import labdata, recall, registry
 from blockmem_lite.lab.report import PLOTS
 from blockmem_lite.lab.verdicts import VERDICTS
 from blockmem_lite.labdata import bench_record
@@ -340,6 +340,36 @@ def training_curves(results: dict, labels: Sequence | None = None):
     arch = {name: h["arch"] for name, h in histories.items()}
     return training.loss_curves(histories, title=title, facet=arch,
                                 reference="dense" if "dense" in histories else None)
+
+
+POSITION_WIDTH = 8          # positions averaged per point of the loss-by-position curves
+
+
+@_marks_partial
+def loss_by_position(results: dict, labels: Sequence | None = None):
+    """Each memory's validation loss by position in the window (mean over the seeds), one
+    panel per model with a twin: with its memory, the same weights with the memory path off,
+    and dense; dashed lines at its local span's boundaries (blocks, chunks, segments). The
+    memory pays where its curve drops below "memory off" after the first boundary."""
+    title = "Loss by position: the memory on and off, dense for reference"
+    curves = labdata.position_losses(results, POSITION_WIDTH)
+    dense = curves.get(registry.BASELINE)
+    panels, vlines = {}, {}
+    for name, row in curves.items():
+        if row["off"] is None or not _keep(name, labels):
+            continue
+        series = {"memory on": (row["x"], row["loss"]), "memory off": (row["x"], row["off"])}
+        if dense:
+            series["dense"] = (dense["x"], dense["loss"])
+        panels[name] = series
+        span = row["span"]
+        bounds = range(span, row["length"], span) if span and row["length"] // span <= 8 else ()
+        vlines[name] = {("span" if k == 0 else " " * k): x for k, x in enumerate(bounds)}
+    if not panels:
+        return _empty(title, "no model with a memory-less twin has a loss by position here")
+    return charts.line_panels(panels, title=title, x_title="position in the window",
+                              y_title="validation loss (nats)", vlines=vlines, mode="lines",
+                              shared_y=True)
 
 
 def claims_overview(rows: Sequence[dict]):

@@ -14,14 +14,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from blockmem_lite.checkpoints import atomic_write_bytes
-from blockmem_lite.labdata import MODEL_COLUMNS
+from blockmem_lite.labdata import MODEL_COLUMNS, position_losses
 from blockmem_lite.measure import bench
 from blockmem_lite.measure.bench_table import text_table
 from blockmem_lite.units import fmt, human_duration
 
 MODEL_FORMATS = {"val loss": ".4f", "FLOPs/tok": ".3g", "state KiB": ".1f", "growth": ".2f"}
 PLOTS = ("pareto", "state_vs_length", "recall_vs_distance",      # lab.figures writes them
-         "recall_capacity", "facts_capacity")
+         "recall_capacity", "facts_capacity", "loss_by_position")
 
 
 def _md_table(header: list[str], rows: list[list[str]]) -> str:
@@ -63,20 +63,29 @@ def report_markdown(results: dict, plots=()) -> str:
     parts = [f"# blockmem_lite reproduce: preset {meta['preset']}",
              f"Machine: {meta['machine']} ({meta['device']}), torch {meta['torch']}. Corpus: "
              f"{meta['corpus']} ({meta['corpus_source']}). Every model trained on the same "
-             f"data, {meta['sizes']['steps']} steps, seed {meta['seed']}.", "",
+             f"data, {meta['sizes']['steps']} steps, at seed {meta['seed']} and "
+             f"{meta['sizes'].get('lm_seeds', 1) - 1} after it (the same seed: the same "
+             "first weights and data order for every model).", "",
              *_partial_lines(results),
-             "## Language modelling (validation loss, nats per byte: the lab reads bytes)"]
+             "## Language modelling (validation loss, nats per byte: the lab reads bytes)", ""]
     rows = []
     for key, record in results["done"].items():
         if key.startswith("lm/"):
             for variant, loss in record["val_loss"].items():
                 mark = " *" if record.get("starts_from_trained") else ""
+                band = (record.get("val_loss_band") or {}).get(variant)
                 rows.append([f"{key[3:]} {variant}".strip() + mark, f"{loss:.4f}",
+                             f"{band[0]:.4f}-{band[1]:.4f}" if band and len(
+                                 record.get("seeds", ())) > 1 else "-",
+                             str(len(record.get("seeds", ())) or 1),
                              f"{record['params'] / 1e6:.2f}M", f"{record['tokens']:,}",
                              human_duration(record["seconds"])])
-    parts += [_md_table(["model", "val loss", "params", "tokens", "time"], rows), "",
+    parts += [_md_table(["model", "val loss", "band", "seeds", "params", "tokens", "time"],
+                        rows), "",
+              "val loss: the mean over the seeds; band: the lowest and highest seed. "
               "\\* starts from a model trained earlier in this run (ARMT wraps the trained "
-              "dense model), then trains its own budget.", ""]
+              "dense model), then trains its own budget, at the run's seed alone.", "",
+              *_position_lines(results)]
     records = results["done"].get("bench/*", {}).get("records", [])
     if records:
         parts += ["## Speed and memory vs dense (same run)", "", "```",
@@ -124,13 +133,47 @@ def report_markdown(results: dict, plots=()) -> str:
     parts.append(_md_table(
         ["mechanism", "claim", "where", "paper", "kit", "ceiling", "verdict", "why"],
         [[r["arch"], r["quantity"], f"{r['paper']} ({r['where']})",
-          f"{fmt(r['paper_value'], '.4g')} {r['unit']}", fmt(r["kit_value"], ".3g"),
+          f"{fmt(r['paper_value'], '.4g')} {r['unit']}", _kit_cell(r),
           fmt(r["ceiling"], ".2f"), r["verdict"], r["reason"]]
          for r in results.get("claims", [])]))
-    parts += ["", "\"not judged\": a training run the claim reads had an accident (its "
-              "training loss rose above an untrained model's); its value is shown, no "
-              "verdict is drawn from it.", "", plots_line(meta["preset"], plots), ""]
+    parts += ["", "kit: the value on the seeds' mean losses, with the lowest and highest seed's "
+              "where the claim reads language models trained at several seeds. \"within "
+              "noise\": the seeds disagree (the claim holds at some and not at others). \"not "
+              "judged\": a training run the claim reads had an accident (its training loss "
+              "rose above an untrained model's, at any seed); its value is shown, no verdict "
+              "is drawn from it.", "", plots_line(meta["preset"], plots), ""]
     return "\n".join(parts)
+
+
+def _kit_cell(row: dict) -> str:
+    band = row.get("kit_band")
+    kit = fmt(row["kit_value"], ".3g")
+    return f"{kit} ({band[0]:.3g} to {band[1]:.3g})" if band else kit
+
+
+def _position_lines(results: dict) -> list[str]:
+    """The loss by position section: each model's loss in each quarter of the window, and
+    for a memory the same weights with the memory path off."""
+    table = position_losses(results)
+    if not table:
+        return []
+    first = next(iter(table.values()))
+    edges = first["x"] + [first["length"]]
+    header = ["model", "span"] + [f"{a}-{b - 1}" for a, b in zip(edges, edges[1:], strict=False)] \
+        + ["memory's gain after the first span"]
+    rows = []
+    for name, row in table.items():
+        rows.append([name, fmt(row["span"], "d"), *(f"{v:.3f}" for v in row["loss"]), "-"])
+        if row["off"]:
+            rows.append([f"{name}, memory off", fmt(row["span"], "d"),
+                         *(f"{v:.3f}" for v in row["off"]), fmt(row["gain"], "+.3f")])
+    return ["## Loss by position in the window", "",
+            "Validation loss (mean over the seeds) in each quarter of the window. \"memory "
+            "off\": the same trained weights with the memory path off (its twin's config): "
+            "both see the same tokens inside the first span, so a gap there is not the "
+            "memory's. The last column: how much lower the loss is with the memory than "
+            "without it, over the positions after the first span.", "",
+            _md_table(header, rows), ""]
 
 
 def write_report(results: dict, out: Path) -> Path:

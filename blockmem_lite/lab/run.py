@@ -3,7 +3,10 @@
 ``reproduce(preset, out=...)`` trains every architecture (plugins included) on the same data,
 with the same token budget and seed, and measures, per entry:
 
-* ``lm``: validation loss after training (a multi-chunk CAT at each chunk size);
+* ``lm``: validation loss after training (a multi-chunk CAT at each chunk size) at each of
+  the preset's ``lm_seeds`` seeds (the claims judge the seed band), and the loss at each
+  position of the window, with the memory and, for a mechanism with a twin, the same
+  weights with the memory path off;
 * ``recall``: the recall experiment (``recall``): the entry at the recipe's small sizes
   and one local span, trained on fresh MQAR and passkey rows at every recipe seed, with
   its memory-less twin where it declares one; accuracy against distance, beyond the span,
@@ -54,33 +57,31 @@ import torch
 from blockmem_lite import course, distributed, knowledge, recall, registry
 from blockmem_lite.checkpoints import atomic_write, atomic_write_bytes, prepare_folder
 from blockmem_lite.config import PRESET_NAMES, ModelConfig, RunConfig, preset
-from blockmem_lite.corpora import load_corpus, make_loaders
-from blockmem_lite.lab import parts
-from blockmem_lite.lab.parts import FactsJob, RecallJob, facts_part, finished, recall_part
+from blockmem_lite.corpora import load_corpus
+from blockmem_lite.lab import lab_bench, parts
+from blockmem_lite.lab.parts import FactsJob, RecallJob, facts_part, recall_part
 from blockmem_lite.lab.progress import PlanProgress
 from blockmem_lite.lab.report import write_report
 from blockmem_lite.lab.verdicts import claims_table, knowledge_pays, memory_pays
-from blockmem_lite.measure import bench, bench_steps, metrics, roofline
+from blockmem_lite.measure import bench, metrics
 from blockmem_lite.models.base import build_model
 from blockmem_lite.runtime import pick_device, seed_everything
-from blockmem_lite.train import Trainer
-from blockmem_lite.train.callbacks import GradientGroups
 from blockmem_lite.validation import check_choice, fail
 
 RESULTS_NAME = "results.json"
-RESULTS_FORMAT = "blockmem_lite.lab/2"   # /2: recall parts, twins, slot model, facts
+RESULTS_FORMAT = "blockmem_lite.lab/3"   # /3: language models at several seeds, by position
 DETERMINISTIC = ("lm", "recall", "facts")  # tasks whose results are equal when rerun
 
 # how much work each preset's lab does (the model sizes come from the preset itself; the
 # recall experiment's sizes are recall.RECALL_SIZES)
 LAB_SIZES = {
-    "tiny": dict(steps=20, bench_lens=(32,),
+    "tiny": dict(steps=20, lm_seeds=1, bench_lens=(32,),
                  state_lens=(32, 64), warmup=1, repeats=1, decode_burst=2),
-    "fast": dict(steps=60, bench_lens=(64, 128),
+    "fast": dict(steps=60, lm_seeds=1, bench_lens=(64, 128),
                  state_lens=(64, 256, 1024), warmup=1, repeats=2, decode_burst=4),
-    "class": dict(steps=300, bench_lens=(256, 1024), state_lens=(256, 1024, 4096, 16384), warmup=3,
+    "class": dict(steps=300, lm_seeds=3, bench_lens=(256, 1024), state_lens=(256, 1024, 4096, 16384), warmup=3,
                   repeats=5, decode_burst=16),
-    "gpu": dict(steps=3000, bench_lens=(1024, 4096), state_lens=(1024, 4096, 16384, 65536), warmup=5,
+    "gpu": dict(steps=3000, lm_seeds=3, bench_lens=(1024, 4096), state_lens=(1024, 4096, 16384, 65536), warmup=5,
                 repeats=10, decode_burst=32),
 }
 
@@ -289,18 +290,6 @@ class Lab:
                 f"tasks are kept in {self.out / RESULTS_NAME}: fix the mechanism or its "
                 "settings, then run the same command again to continue")
 
-    def _trainer(self, model, run: RunConfig, train_data, val_data=None,
-                 callbacks=()) -> Trainer:
-        return Trainer(model, run.replace(checkpoint_dir=None), train_data, val_data,
-                       callbacks=[self.progress, *callbacks])
-
-    def _model(self, entry: Entry):
-        """A fresh model for ``entry`` (seeded), or the one its LabSpec starts from."""
-        seed_everything(entry.run.train.seed)
-        if entry.spec.start:
-            return entry.spec.start(entry.cfg, _copies(self._trained()))
-        return build_model(entry.cfg)
-
     def _trained(self) -> dict:
         """Every language model trained so far (reloaded from OUT/models after a resume)."""
         for entry in self.entries:
@@ -325,33 +314,58 @@ class Lab:
             entry.spec.start(entry.cfg, _copies(self.models))
 
     def _lm(self, label: str) -> dict:
+        """The entry trained at each of its seeds (one stored part per seed, so a resumed
+        run retrains nothing), the seeds combined (``parts.lm_record``)."""
         entry = self.by_label[label]
-        start = time.perf_counter()
-        train_loader, val_loader = make_loaders(entry.run, corpus=self.corpus)
-        model = self._model(entry)
-        live = [self.live.run(label)] if self.live is not None else []
-        grads = GradientGroups(model, entry.run.train.grad_clip)
-        trainer = self._trainer(model, entry.run, train_loader, val_loader,
-                                callbacks=[*live, grads])
-        history = finished(trainer.fit())
-        val_loss = {}
-        for variant, overrides in entry.variants():
-            if overrides:
-                entry.spec.switch(model, overrides)
-            val_loss[variant] = trainer.evaluate()              # all-reduced over processes
-        self.models[label] = model
-        path = self.out / "models" / f"{_file_name(label)}.pt"
-        if self.world.is_main:
-            atomic_write(path, lambda f: torch.save(model.state_dict(), f))
-        return {"arch": entry.arch, "baseline_of": entry.baseline_of, "val_loss": val_loss,
+        runs = {job.run.train.seed: self._lm_part(job) for job in self._lm_jobs(label)}
+        return {"arch": entry.arch, "baseline_of": entry.baseline_of,
                 "starts_from_trained": entry.spec.start is not None,
-                "train_loss": history.loss[-1], "steps": trainer.step,
-                "tokens": trainer.step * entry.run.train.batch_size * entry.cfg.seq_len,
-                "params": model.num_params(), "seconds": time.perf_counter() - start,
-                "loss_curve": history.loss, "grad_norm_curve": history.grad_norm,
-                "grad_norm_groups": grads.norms,
-                "val_curve": [list(p) for p in zip(history.val_step, history.val_loss,
-                                                   strict=True)]}
+                "local_span": {v: entry.local_span(o) for v, o in entry.variants()},
+                **parts.lm_record(runs)}
+
+    def _lm_seeds(self, entry: Entry) -> list[int]:
+        """The run's seed, and ``lm_seeds - 1`` after it for an entry that starts from
+        scratch; one that starts from a trained model (ARMT) has the run's seed alone: no
+        claim reads it, and each seed would need its own trained start."""
+        count = 1 if entry.spec.start else self.sizes["lm_seeds"]
+        return [entry.run.train.seed + k for k in range(count)]
+
+    def _lm_jobs(self, label: str) -> list[parts.LMJob]:
+        entry = self.by_label[label]
+        seeds = self._lm_seeds(entry)
+        return [parts.LMJob(f"lm:{label}/{seed}", label,
+                            label if seed == seeds[0] else f"{label} seed {seed}", entry.arch,
+                            entry.cfg, dataclasses.replace(entry.run, train=dataclasses.replace(
+                                entry.run.train, seed=seed)), self.corpus,
+                            tuple(entry.variants()), entry.baseline_of,
+                            keep_weights=seed == seeds[0]) for seed in seeds]
+
+    def _lm_part(self, job: parts.LMJob) -> dict:
+        """One seed of a language model (stored in "parts"), here, unless the workers
+        trained it already; the run's own seed keeps its model (``_keep_model``)."""
+        stored = self.results.setdefault("parts", {})
+        if job.key in stored:
+            return stored[job.key]
+        entry = self.by_label[job.label]
+        start = None
+        if entry.spec.start:
+            seed_everything(job.run.train.seed)
+            start = entry.spec.start(entry.cfg, _copies(self._trained()))
+        live = [self.live.run(job.name)] if self.live is not None else []
+        record, model = parts.lm_part(job, lambda shown, k: [self.progress, *live], start)
+        if job.keep_weights:
+            self._keep_model(job.label, model)
+        stored[job.key] = record
+        self._store_results()
+        return record
+
+    def _keep_model(self, label: str, model) -> None:
+        """The run's own seed of ``label``: kept for the entries that start from it and
+        stored in OUT/models (a resumed run reloads it)."""
+        self.models[label] = model
+        if self.world.is_main:
+            atomic_write(self.out / "models" / f"{_file_name(label)}.pt",
+                         lambda f: torch.save(model.state_dict(), f))
 
     def _recall(self, label: str) -> dict:
         """The entry at the recall recipe's sizes and span, trained at every recipe seed, and
@@ -410,15 +424,17 @@ class Lab:
         return parts_done[job.key]
 
     def _train_in_workers(self) -> None:
-        """The recall and facts models of the plan not stored yet, on worker processes
-        (``lab.parts``: one per CPU thread); each stored as it ends. Nothing happens with
-        fewer than two workers, and a mechanism a fresh process cannot build trains later,
-        here."""
+        """The recall and facts models of the plan not stored yet, and every seed of its
+        language models that start from scratch (none with a live view, which draws them
+        here), on worker processes (``lab.parts``: one per CPU thread); each stored as it
+        ends. Nothing happens with fewer than two workers, and a mechanism a fresh process
+        cannot build trains later, here."""
         stored = self.results.setdefault("parts", {})
-        pending = [(task, label) for task, label in self.plan if task in ("recall", "facts")
+        pending = [(task, label) for task, label in self.plan
+                   if (task in ("recall", "facts") or (task == "lm" and self.live is None
+                                                       and not self.by_label[label].spec.start))
                    and f"{task}/{label}" not in self.results["done"]]
-        jobs = [job for task, label in pending for job in (
-            self._recall_jobs(label) if task == "recall" else self._facts_jobs(label))]
+        jobs = [job for task, label in pending for job in getattr(self, f"_{task}_jobs")(label)]
         jobs = [j for j in jobs if j.key not in stored]
         here = {j.label for j in jobs if not parts.can_run_in_workers(j.arch)}
         jobs = [j for j in jobs if j.label not in here]
@@ -428,6 +444,9 @@ class Lab:
             return
 
         def keep(job, measured: dict) -> None:
+            if "weights" in measured:                      # the run's own seed of an LM
+                atomic_write_bytes(self.out / "models" / f"{_file_name(job.label)}.pt",
+                                   measured.pop("weights"))
             stored[job.key] = measured
             self._store_results()
 
@@ -479,69 +498,11 @@ class Lab:
         """All entries, every variant, timed interleaved with dense at each length (the
         machine measured first, so the records carry the roofline; on rank 0 alone: one
         process's timings, the others wait)."""
-        return self.world.on_main(self._bench_here)
-
-    def _bench_here(self) -> dict:
-        sizes, first = self.sizes, self.entries[0].cfg
-        base = dict(d_model=first.d_model, n_layer=first.n_layer, n_head=first.n_head,
-                    vocab_size=first.vocab_size)
-        device = pick_device(self.entries[0].run.train.device)
-        precision = bench.resolve_dtype("auto", device)
-        ctx = bench.BenchContext(base, list(sizes["bench_lens"]), None, device, precision,
-                                 torch.get_num_threads(), sizes["warmup"], sizes["repeats"],
-                                 sizes["decode_burst"], ("saved",), False,
-                                 roofline.measure_peaks(device, precision))
-        records, phases = [], [(t, phase) for t in sizes["bench_lens"] for phase in bench.PHASES]
-        weights = [BENCH_WEIGHT[phase] for _, phase in phases] + [BENCH_WEIGHT["state"]]
-        for i, (seq_len, phase) in enumerate(phases):
-            self.progress.within(sum(weights[:i]) / sum(weights), f"bench: T={seq_len} {phase}")
-            extra = (ctx.warmup + ctx.repeats) * ctx.burst if phase == "decode" else 0
-            entries = self._bench_entries(seq_len + extra)
-            if phase == "decode" and bench.counted_decode_tokens(ctx, entries) > extra:
-                extra = bench.counted_decode_tokens(ctx, entries)    # the roofline's count
-                entries = self._bench_entries(seq_len + extra)
-            records += bench.bench_phase(ctx, entries, phase, seq_len,
-                                         bench.default_batch(phase, seq_len))
-        self.progress.within(sum(weights[:-1]) / sum(weights), "bench: decoding state curves")
-        return {"records": records, "state": self._state_curves()}
-
-    def _bench_entries(self, seq_len: int) -> list[bench.Entry]:
-        """Every entry and variant at ``seq_len``; the record's variant names the entry when
-        it is not its arch's own (e.g. "iso-FLOP (moc)"), then the variant (e.g. "C=16")."""
-        out = []
-        for entry in self.entries:
-            own = entry.label[len(entry.arch):].strip() if entry.label != entry.arch else ""
-            for variant, overrides in entry.variants():
-                cfg = dataclasses.replace(entry.cfg, seq_len=max(seq_len, entry.cfg.seq_len),
-                                          **overrides)
-                out.append(bench.Entry(entry.arch, f"{own} {variant}".strip(), overrides, cfg))
-        return out
-
-    def _state_curves(self) -> dict:
-        """Decoding state bytes after t tokens, measured (prefill) and analytic, per entry."""
-        curves = {}
-        for entry in self.entries:
-            mechanism = registry.get(entry.arch)
-            for variant, overrides in entry.variants():
-                label = f"{entry.label} {variant}".strip()
-                measured, analytic = [], []
-                for t in self.sizes["state_lens"]:
-                    cfg = dataclasses.replace(entry.cfg, seq_len=max(t, entry.cfg.seq_len),
-                                              **overrides)
-                    seed_everything(0)
-                    model = build_model(cfg)
-                    measured.append(int(bench_steps.prefill_state(model, 1, t).nbytes()))
-                    analytic.append(mechanism.state_bytes(cfg, t) if mechanism.state_bytes
-                                    else None)
-                curves[label] = {"t": list(self.sizes["state_lens"]), "measured": measured,
-                                 "analytic": analytic}
-        return curves
-
+        return self.world.on_main(lambda: lab_bench.bench_entries(self.entries, self.sizes,
+                                                                  self.progress))
 
 TASKS = ("lm", "recall", "facts", "bench")
-BENCH_WEIGHT = {"train": 4, "decode": 1, "state": 1}   # the bench's parts, as the progress
-                                                       # bar counts them (about their shares
-                                                       # of a class bench's time)
+
 
 
 def _only(plan: list[tuple[str, str]], tasks) -> list[tuple[str, str]]:

@@ -50,48 +50,101 @@ def format_claims(rows: list[dict]) -> str:
          fmt(r["ceiling"], ".2f")] for r in rows], left_columns=4)
 
 
-VERDICTS = ("reproduced", "not reproduced", "not comparable", "not judged")
+VERDICTS = ("reproduced", "not reproduced", "within noise", "not comparable", "not judged")
 
 
 def claim_row(arch: str, claim: registry.Claim, results: dict) -> dict:
     """One row of ``claims_table``: ``claim`` of mechanism ``arch`` judged on ``results``.
-    A claim that reads a training run with an accident (``accident``) is "not judged"."""
-    looked_up = _LookUps(results.get("done", {}))
+
+    Where the language models it reads were trained at several seeds, the claim is judged
+    at each seed (``seed_views``): "reproduced" or "not reproduced" when every seed says
+    so, "within noise" when they disagree; ``kit_value`` is the value on the seeds' mean
+    losses and ``kit_band`` the lowest and highest seed's. A claim that reads a training
+    run with an accident (``accident``, at any seed) is "not judged"."""
+    done = results.get("done", {})
+    looked_up = _LookUps(done)
     kit = claim.kit({**results, "done": looked_up}) if claim.comparable and claim.kit else None
+    read = list(dict.fromkeys(looked_up.keys_read))
+    seeded = [key for key in read if len((done.get(key) or {}).get("seeds", ())) > 1]
+    per_seed = [claim.kit({**results, "done": view}) for view in seed_views(done)] \
+        if seeded and kit is not None else []
+    per_seed = [k for k in per_seed if k is not None and not (isinstance(k, float)
+                                                              and math.isnan(k))]
+    band = [min(per_seed), max(per_seed)] if per_seed else None
     ceiling = claim.ceiling(results) if claim.ceiling else None
     ratio = kit / claim.value if kit is not None and claim.value else None
-    untrained = _first_loss(results.get("done", {}).get(f"lm/{registry.BASELINE}", {}))
-    accidents = [f"{key.split('/', 1)[1]}: {why}" for key in dict.fromkeys(looked_up.keys_read)
-                 if (why := accident(dict.get(looked_up, key) or {}, untrained))]
+    untrained = _first_loss(done.get(f"lm/{registry.BASELINE}", {}))
+    accidents = [f"{key.split('/', 1)[1]}{where}: {why}" for key in read
+                 for where, record in _seed_records(done.get(key) or {})
+                 if (why := accident(record, untrained))]
+    holding = [claim.holds(k) for k in per_seed] if per_seed else None
     if not claim.comparable:
         verdict, reason = "not comparable", claim.note
     elif accidents:
         verdict, reason = "not judged", f"a training accident: {'; '.join(accidents)}"
     elif kit is None or (isinstance(kit, float) and math.isnan(kit)):
         verdict, reason = "not comparable", "this run did not measure it"
-    elif claim.holds(kit):
-        verdict, reason = "reproduced", f"at kit scale: {claim.statement} ({kit:.3g} {claim.unit})"
+    elif holding and any(holding) and not all(holding):
+        verdict, reason = "within noise", (
+            f"the seeds disagree: {band[0]:.3g} to {band[1]:.3g} {claim.unit} over "
+            f"{len(per_seed)} seeds, {claim.statement} at {sum(holding)} of them")
+    elif all(holding) if holding else claim.holds(kit):
+        verdict, reason = "reproduced", f"at kit scale: {claim.statement} ({kit:.3g} {claim.unit}" \
+            + (f", every one of {len(per_seed)} seeds" if per_seed else "") + ")"
     else:
-        verdict, reason = "not reproduced", (f"at kit scale the kit measures {kit:.3g} "
-                                             f"{claim.unit}: not {claim.statement}")
+        verdict, reason = "not reproduced", (
+            f"at kit scale the kit measures {kit:.3g} {claim.unit}"
+            + (f" ({band[0]:.3g} to {band[1]:.3g} over {len(per_seed)} seeds)" if per_seed
+               else "") + f": not {claim.statement}")
     if claim.note and claim.comparable:
         reason += f"; {claim.note}"
     return {"arch": arch, "key": claim.key, "paper": claim.paper, "arxiv": claim.arxiv,
             "where": claim.where, "quantity": claim.quantity, "paper_value": claim.value,
-            "unit": claim.unit, "setting": claim.setting, "kit_value": kit, "ratio": ratio,
-            "ceiling": ceiling, "verdict": verdict, "reason": reason}
+            "unit": claim.unit, "setting": claim.setting, "kit_value": kit, "kit_band": band,
+            "seeds": len(per_seed) or 1, "ratio": ratio, "ceiling": ceiling,
+            "verdict": verdict, "reason": reason}
+
+
+def seed_views(done: dict) -> list[dict]:
+    """``done`` once per language-model seed: the k-th view holds every language model's
+    k-th seed (its ``by_seed`` losses and curves over the combined record; an entry with
+    fewer seeds keeps its record), so a claim can be judged seed by seed, each pair of
+    models compared at the same seed (the same first weights and data order)."""
+    counts = [len(r.get("seeds", ())) for key, r in done.items() if key.startswith("lm/")]
+    views = []
+    for k in range(max(counts, default=0)):
+        view = dict(done)
+        for key, record in done.items():
+            if key.startswith("lm/") and len(record.get("seeds", ())) > k:
+                view[key] = {**record, **record["by_seed"][str(record["seeds"][k])]}
+        views.append(view)
+    return views
+
+
+def _seed_records(record: dict) -> list[tuple[str, dict]]:
+    """[(" seed s", that seed's record)] of a combined record, or [("", record)]."""
+    seeds = record.get("seeds") or ()
+    if len(seeds) < 2:
+        return [("", record)]
+    return [(f" seed {s}", {**record, **record["by_seed"][str(s)]}) for s in seeds]
+
+
+ACCIDENT_MARGIN = 0.25   # nats: one batch, and a fresh model's first steps, move the loss by
+                         # up to about 0.15 (CAT's first chunk sizes); a spike that unlearns
+                         # everything goes a nat or more above the start
 
 
 def accident(record: dict, untrained: float | None = None) -> str | None:
     """Why a language model's run is a training accident, or None: its training loss rose
-    above where it started, which a working recipe never does (a spike that unlearned
-    everything, whatever caused it). A run that starts from trained weights (ARMT wraps
-    the trained dense) is held to ``untrained``, an untrained model's first loss on the
-    same data (dense's), not to its own start: its batches vary more than it improves."""
+    above where it started (by more than ``ACCIDENT_MARGIN``), which a working recipe never
+    does (a spike that unlearned everything, whatever caused it). A run that starts from
+    trained weights (ARMT wraps the trained dense) is held to ``untrained``, an untrained
+    model's first loss on the same data (dense's), not to its own start: its batches vary
+    more than it improves."""
     curve = record.get("loss_curve") or []
     start = untrained if record.get("starts_from_trained") else _first_loss(record)
     for step, loss in enumerate(curve[1:], start=2):
-        if start is not None and loss > start:
+        if start is not None and loss > start + ACCIDENT_MARGIN:
             return (f"its training loss rose above an untrained model's at step {step} "
                     f"({loss:.2f} > {start:.2f})")
     return None

@@ -9,7 +9,7 @@ The package, one job per module (read ``loop`` first):
   and a TrainConfig), and the memory a model's training needs (``check_fits_in_memory``);
 * ``memory``: that memory estimated before a run starts (weights, gradients, AdamW's
   state, the activations of two dry runs) and the check that it fits;
-* ``data``: the batch stream a checkpoint can resume, and ``evaluate``;
+* ``data``: the batch stream a checkpoint can resume, ``evaluate`` and ``loss_by_position``;
 * ``resume``: checkpoints, resuming and RNG states, ``load_model``;
 * ``stopping``: the stop button (SIGINT, SIGTERM, SIGHUP) and the run's clock;
 * ``callbacks``: ``History``, ``Callback`` and the default progress printer;
@@ -22,7 +22,7 @@ What torchrun needs (process group, DDP, the collectives, each process's rows) i
 
 from blockmem_lite.train.callbacks import EVAL_KEYS, STEP_KEYS, Callback, History
 from blockmem_lite.train.curriculum import train_curriculum
-from blockmem_lite.train.data import evaluate
+from blockmem_lite.train.data import evaluate, loss_by_position
 from blockmem_lite.train.loop import Trainer
 from blockmem_lite.train.optim import check_fits_in_memory, lr_at, make_optimizer
 from blockmem_lite.train.resume import CheckpointNotSaved, load_model
@@ -37,6 +37,7 @@ __all__ = [
     "check_fits_in_memory",
     "evaluate",
     "load_model",
+    "loss_by_position",
     "lr_at",
     "make_optimizer",
     "train_curriculum",

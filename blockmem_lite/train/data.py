@@ -1,5 +1,6 @@
 """The Trainer's data: what it accepts as a dataset, the batch stream whose order a
-checkpoint can resume, and evaluation (mean validation cross-entropy).
+checkpoint can resume, and evaluation (mean validation cross-entropy, and the same by
+position in the window: what a memory that carries context across spans lowers).
 
 The Trainer owns the batch order: one permutation per epoch from a generator seeded with
 ``(seed, epoch)``; ``BatchStream.tell`` / ``seek`` give and take the ``(epoch, position)``
@@ -180,6 +181,41 @@ def evaluate(model: torch.nn.Module, data, max_batches: int | None = None,
         raise ValueError("data has no target tokens to evaluate (every target is -100 or the "
                          "data is empty)")
     return total / count
+
+
+@torch.no_grad()
+def loss_by_position(model: torch.nn.Module, data, max_batches: int | None = None,
+                     device: torch.device | str | None = None, *,
+                     batch_size: int = 16) -> list[float]:
+    """Mean cross-entropy of the next token at each position of the window, over ``data``
+    (as ``evaluate``; one process): [loss at position 0, 1, ..., T-1]. A memory that
+    carries context across its local span lowers the loss after each span boundary; a
+    gap that is the same before the first boundary is not the memory's."""
+    if max_batches is not None and max_batches < 1:
+        raise ValueError(f"max_batches={max_batches} is not allowed: expected None or >= 1")
+    device = torch.device(device) if device is not None else next(model.parameters()).device
+    batches = data if isinstance(data, DataLoader) else _sequential_batches(
+        as_dataset(data, "data"), batch_size)
+    was_training = model.training
+    model.eval()
+    total = count = None
+    try:
+        for i, (x, y) in enumerate(batches):
+            if max_batches is not None and i >= max_batches:
+                break
+            x, y = x.to(device), y.to(device)                         # (B, T)
+            logits = model(x).logits.float()                          # (B, T, V)
+            losses = torch.nn.functional.cross_entropy(
+                logits.transpose(1, 2), y, ignore_index=IGNORE_INDEX, reduction="none")  # (B, T)
+            counted = (y != IGNORE_INDEX)
+            total = losses.sum(0) if total is None else total + losses.sum(0)   # (T,)
+            count = counted.sum(0) if count is None else count + counted.sum(0)
+    finally:
+        model.train(was_training)
+    if total is None or int(count.sum()) == 0:
+        raise ValueError("data has no target tokens to evaluate (every target is -100 or the "
+                         "data is empty)")
+    return (total / count.clamp(min=1)).tolist()
 
 
 def _sequential_batches(dataset, batch_size: int):

@@ -131,12 +131,13 @@ def line_chart(series: Mapping, title: str = "", x_title: str = "", y_title: str
 def line_panels(panels: Mapping, title: str = "", x_title: str | Sequence = "",
                 y_title: str | Sequence = "", log_x: bool = False, log_y: bool = False,
                 hlines: Mapping | None = None, shared_y: bool = False, dashed: Sequence = (),
-                mode: str = "lines+markers", height: int = 400) -> go.Figure:
+                mode: str = "lines+markers", height: int = 400,
+                vlines: Mapping | None = None) -> go.Figure:
     """Several line charts side by side: ``panels`` is panel title -> series (name -> (x, y)).
 
     A name keeps its colour in every panel and appears once in the legend.
     ``x_title`` / ``y_title``: one string for all panels or one per panel;
-    ``hlines``: panel title -> {label: y}.
+    ``hlines`` / ``vlines``: panel title -> {label: y} / {label: x}.
     """
     _check_mapping(panels, "panels", "a panel title to a dict of (x, y) series")
     n = len(panels)
@@ -148,7 +149,8 @@ def line_panels(panels: Mapping, title: str = "", x_title: str | Sequence = "",
     for col, (panel, series) in enumerate(panels.items(), start=1):
         _add_lines(fig, series, f"panels[{panel!r}]", mode, dashed, row=1, col=col,
                    legend=legend, colors=colors)
-        _add_references(fig, (hlines or {}).get(panel), row=1, col=col)
+        _add_references(fig, (hlines or {}).get(panel), (vlines or {}).get(panel), row=1,
+                        col=col)
         if log_x:
             _log_ticks(fig, [v for d in fig.data if d.xaxis == _axis_name("x", col)
                              for v in d.x], row=1, col=col)
