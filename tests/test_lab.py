@@ -196,6 +196,8 @@ def test_cli_errors(tmp_path, capsys):
     assert "--steps=0 is not allowed" in capsys.readouterr().err
     assert reproduce_main(["--preset", "tiny", "--seed", "-1", "--out", str(tmp_path)]) == 2
     assert "--seed=-1 is not allowed" in capsys.readouterr().err
+    assert reproduce_main(["--preset", "tiny", "--lm-seeds", "0", "--out", str(tmp_path)]) == 2
+    assert "--lm-seeds=0 is not allowed: expected an integer >= 1" in capsys.readouterr().err
     assert reproduce_main(["--preset", "tiny", "--paths", str(tmp_path / "none.txt"), "--out",
                            str(tmp_path)]) == 2
     assert "text files not found" in capsys.readouterr().err
@@ -261,6 +263,8 @@ def test_the_bench_shows_its_phases_on_the_progress_bar(tmp_path, capsys):
     ({"tasks": "recall"}, "tasks='recall' is not allowed: expected a tuple of task kinds"),
     ({"recall_seeds": 0}, "recall_seeds=0 is not allowed: expected a non-empty tuple"),
     ({"recall_seeds": (-1,)}, "recall_seeds=\\(-1,\\) is not allowed"),
+    ({"lm_seeds": 0}, "lm_seeds=0 is not allowed: expected None"),
+    ({"lm_seeds": True}, "lm_seeds=True is not allowed"),
 ])
 def test_bad_tasks_or_seeds_are_refused_before_any_work(tmp_path, kwargs, message):
     with pytest.raises(ValueError, match=message):

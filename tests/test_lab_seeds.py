@@ -9,7 +9,7 @@ import torch
 from blockmem_lite import lab, labdata, registry
 from blockmem_lite.config import preset
 from blockmem_lite.corpora import load_corpus, make_loaders
-from blockmem_lite.lab import parts
+from blockmem_lite.lab import language_models
 from blockmem_lite.lab import run as lab_run
 from blockmem_lite.lab import verdicts as lab_verdicts
 from blockmem_lite.models.base import build_model
@@ -19,15 +19,9 @@ from blockmem_lite.train import evaluate, loss_by_position
 
 @pytest.fixture(scope="module")
 def two_seed_run(tmp_path_factory):
-    """The tiny lab's language models at two seeds, trained on two worker processes."""
-    sizes = lab_run.LAB_SIZES["tiny"]
-    old = sizes["lm_seeds"]
-    sizes["lm_seeds"] = 2
-    try:
-        out = tmp_path_factory.mktemp("seeds")
-        return out, lab.reproduce("tiny", out=out, tasks=("lm",), progress=False, workers=2)
-    finally:
-        sizes["lm_seeds"] = old
+    """The tiny lab's language models at two seeds."""
+    out = tmp_path_factory.mktemp("seeds")
+    return out, lab.reproduce("tiny", out=out, tasks=("lm",), progress=False, lm_seeds=2)
 
 
 def test_every_entry_from_scratch_has_each_seed_and_its_band(two_seed_run):
@@ -45,8 +39,15 @@ def test_every_entry_from_scratch_has_each_seed_and_its_band(two_seed_run):
         assert (out / "models" / f"{lab_run._file_name(key[3:])}.pt").is_file(), key
 
 
-def test_the_run_seed_trained_in_a_worker_is_the_stored_model(two_seed_run):
-    """The weights a worker hands back are the run seed's: reloaded, they give its loss."""
+def test_another_seed_count_is_another_run(two_seed_run):
+    out, _ = two_seed_run
+    with pytest.raises(ValueError, match="other settings \\(sizes differ\\)"):
+        lab.Lab("tiny", out, tasks=("lm",), progress=False, lm_seeds=3)
+
+
+def test_the_stored_model_is_the_run_seeds(two_seed_run):
+    """OUT/models holds the run's own seed (a later entry starts from it): reloaded, it
+    gives that seed's loss, not another's."""
     out, results = two_seed_run
     entry = next(e for e in lab_run.plan_entries("tiny") if e.label == "bcmt")
     model = build_model(entry.cfg)
@@ -100,12 +101,12 @@ def test_seed_views_pair_each_model_at_the_same_seed():
     assert lab_verdicts.seed_views({"lm/dense": {"val_loss": {"": 1.0}}}) == []
 
 
-def test_lm_record_averages_the_seeds_and_keeps_the_run_seeds_curves():
+def test_combine_seeds_averages_the_seeds_and_keeps_the_run_seeds_curves():
     runs = {3: {"val_loss": {"": 1.0}, "position_loss": {"": [2.0, 1.0]}, "seconds": 1.0,
                 "loss_curve": [5.0, 1.0], "grad_norm_groups": {"attn": [1.0, 2.0]}},
             4: {"val_loss": {"": 1.4}, "position_loss": {"": [3.0, 1.5]}, "seconds": 2.0,
                 "loss_curve": [5.0, 1.4], "grad_norm_groups": {"attn": [9.0, 9.0]}}}
-    record = parts.lm_record(runs)
+    record = language_models.combine_seeds(runs)
     assert record["val_loss"] == {"": pytest.approx(1.2)}
     assert record["val_loss_band"] == {"": [1.0, 1.4]}
     assert record["position_loss"] == {"": [2.5, 1.25]}
@@ -147,7 +148,7 @@ def test_memory_off_is_the_trained_model_with_its_memory_path_off(arch):
     with torch.no_grad():
         for p in model.parameters():
             p.add_(0.05 * torch.randn_like(p))        # a "trained" memory, not a fresh one
-    twin = parts.memory_off(model, entry.cfg, spec)
+    twin = language_models.memory_off(model, entry.cfg, spec)
     variant, overrides = entry.variants()[0]
     if overrides:
         spec.switch(model, overrides)
@@ -161,7 +162,7 @@ def test_memory_off_is_the_trained_model_with_its_memory_path_off(arch):
     assert not torch.allclose(on[:, span:], off[:, span:], atol=1e-4)
     bad = registry.LabSpec(twin=lambda cfg: dataclasses.replace(cfg, n_layer=cfg.n_layer + 1))
     with pytest.raises(ValueError, match="twin"):
-        parts.memory_off(model, entry.cfg, bad)
+        language_models.memory_off(model, entry.cfg, bad)
 
 
 def test_the_position_table_and_figure(two_seed_run):

@@ -26,6 +26,22 @@ def test_each_value_sets_its_knob_and_nothing_else():
     assert alpha[0].cfg.block_size == CLASS.span                # the recipe's span otherwise
 
 
+def test_the_budget_sweep_changes_the_recipes_steps_and_not_the_model(tmp_path, monkeypatch):
+    budget = recall_sweep.points("armt", "steps", (900, 1800), CLASS)
+    assert budget[0].cfg == budget[1].cfg == recall_sweep.points(
+        "armt", "n_mem_tokens", (CLASS.model_config(budget[0].cfg).n_mem_tokens,), CLASS)[0].cfg
+    recipes = [p.recipe(CLASS) for p in budget]
+    assert [r.steps for r in recipes] == [900, 1800]
+    assert {r.__class__(**{**r.__dict__, "steps": 1}) for r in recipes} == {
+        CLASS.__class__(**{**CLASS.__dict__, "steps": 1})}          # nothing else moves
+    with pytest.raises(ValueError, match="expected steps >= 1"):
+        recall_sweep.points("armt", "steps", (0,), CLASS)
+    calls = []
+    monkeypatch.setattr(recall_sweep, "train_point", _fake_training(calls))
+    recall_sweep.run_sweep("armt", "steps", None, "class", (0,), tmp_path, progress=False)
+    assert [value for value, _ in calls] == [CLASS.steps, 2 * CLASS.steps, 4 * CLASS.steps]
+
+
 def test_the_default_sweeps_come_from_the_knobs():
     assert recall_sweep.default_sweeps() == {
         ("bcmt", "block_size"): (8, 16), ("bcmt", "alpha"): (0.2, 0.8, 0.95),

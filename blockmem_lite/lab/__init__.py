@@ -5,8 +5,9 @@ the names notebooks, tests and the command line use. The modules, one job each:
 
 * ``lab.run``: the plan (``Entry``, ``plan_entries``, ``plan_tasks``), its progress line,
   the ``Lab`` that trains and measures each task into ``OUT/results.json``, ``reproduce``;
-* ``lab.parts``: the models trained side by side on worker processes (every seed of a
-  language model, the recall and facts models); ``lab.lab_bench``: the lab's bench;
+* ``lab.language_models``: one language model at one seed, trained and measured (the loss
+  by position too), and its seeds combined; ``lab.parts``: the recall and facts models,
+  trained side by side on worker processes; ``lab.lab_bench``: the lab's bench;
 * ``lab.verdicts``: the claims table, "does memory pay?" (``memory_pays``,
   ``knowledge_pays``) and the terminal summary, from a result or ``results_from``;
 * ``labdata`` (outside the package, a leaf the mechanisms read too): a result read into

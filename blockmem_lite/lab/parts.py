@@ -1,4 +1,4 @@
-"""The lab's models (recall, facts, language models), trained one per CPU core side by side.
+"""The lab's small models (recall and facts), trained one per CPU core side by side.
 
 The recall experiment trains many small independent models (every entry, seed and twin
 at the recall recipe's sizes: d=64, T=64, batch 32). A step of such a model spends about
@@ -14,16 +14,17 @@ differ in the second decimal at most, but ARMT's curriculum amplifies rounding, 
 its seeds can end visibly apart. On one thread everywhere (the tests) the results are
 equal bit for bit.
 
-The class language models (d=128, T=256, batch 16) scale better with threads, yet two
-at once, one thread each, still train 15% (dense) to 30% (BCMT) faster than one after the
-other on two threads (measured on the kit's 2-core CPU, ``OMP_WAIT_POLICY=PASSIVE``); the
-facts models (the same width at half the length) gain about a quarter. So every seed of
-every language model that starts from scratch joins the recall and facts models on the
-workers (``LMJob``, ``FactsJob``); one that starts from a model trained in the run (ARMT
-wraps the trained dense) trains in the lab's process once its start is there.
+The class language models (d=128, T=256, batch 16) are matmul-bound and do scale with
+threads: two at once, one thread each, gain nothing (in a class run, two of the iso-FLOP
+dense model took 182 s each against 85 s one after the other on two threads) or lose (two
+multi-chunk CATs, whose decoder is twice as wide: 661 s each against 241 s), so the lab
+trains those, every seed, in its own process on every thread (``lab.language_models``). The facts models have the same width at half the length
+(T=128, batch 16, optimizer step included) and still gain about a quarter in throughput
+two at once, so they join the recall models on the workers (``FactsJob``), where they
+also fill the gap the last long recall model leaves.
 
-``recall_part``, ``facts_part`` and ``lm_part`` train and measure one model, in the lab's
-process or in a worker; ``train_in_workers`` runs a list of jobs on a pool of worker processes
+``recall_part`` and ``facts_part`` train and measure one model, in the lab's process or
+in a worker; ``train_in_workers`` runs a list of jobs on a pool of worker processes
 (``forkserver``, ``spawn`` on Windows: fresh processes, started once, that never inherit a
 notebook kernel's threads; the jobs travel pickled, to functions of this module), hands each
 result to the caller as it arrives (the lab stores it at once), turns the workers' step
@@ -41,7 +42,6 @@ the kit's shipped dense reference rather than training it a third time).
 from __future__ import annotations
 
 import dataclasses
-import io
 import json
 import multiprocessing
 import os
@@ -57,12 +57,11 @@ import torch
 
 from blockmem_lite import distributed, knowledge, recall, registry
 from blockmem_lite.config import ModelConfig, RunConfig
-from blockmem_lite.corpora import make_loaders
 from blockmem_lite.measure import metrics
 from blockmem_lite.models.base import build_model
 from blockmem_lite.runtime import keep_freed_memory, seed_everything
-from blockmem_lite.train import Trainer, loss_by_position
-from blockmem_lite.train.callbacks import GradientGroups, History
+from blockmem_lite.train import Trainer
+from blockmem_lite.train.callbacks import History
 from blockmem_lite.train.stopping import StopButton
 
 PROBE_POINTS = 10              # probes of a watched recall model over its training
@@ -160,46 +159,6 @@ class FactsJob:
         return facts_part(self, callbacks_for)
 
 
-@dataclass(frozen=True)
-class LMJob:
-    """One language model of the lab at one seed: a lab entry trained on the run's corpus,
-    then measured at every variant (validation loss, loss by position)."""
-
-    key: str                        # its part's key in results["parts"]: "lm:<label>/<seed>"
-    label: str
-    name: str                       # shown while it trains, e.g. "bcmt seed 1"
-    arch: str
-    cfg: ModelConfig
-    run: RunConfig                  # the entry's run, at this seed
-    corpus: object                  # corpora.Corpus: the run's text (travels to a worker)
-    variants: tuple                 # ((variant, overrides), ...) measured apart
-    baseline_of: str = ""           # e.g. "moc" for its iso-FLOP dense model
-    keep_weights: bool = False      # the run's own seed: its weights come back (a later
-                                    # entry may start from them; the lab stores them)
-
-    @property
-    def steps(self) -> int:
-        return self.run.train.steps
-
-    @property
-    def cost(self) -> float:
-        """Forward FLOPs of the whole training (as ``RecallJob.cost``)."""
-        per_token = metrics.flops_per_token(self.cfg, self.cfg.seq_len) or \
-            metrics.flops_per_token(_dense_of(self.cfg), self.cfg.seq_len)
-        return self.steps * self.run.train.batch_size * self.cfg.seq_len * per_token
-
-    task = "lm"
-    watched = False
-
-    def train(self, callbacks_for: Callable = lambda name, stage: []) -> dict:
-        record, model = lm_part(self, callbacks_for)
-        if self.keep_weights:
-            buffer = io.BytesIO()
-            torch.save(model.state_dict(), buffer)
-            record["weights"] = buffer.getvalue()       # the lab stores it, not in the JSON
-        return record
-
-
 def _dense_of(cfg: ModelConfig) -> ModelConfig:
     """Dense at ``cfg``'s sizes: the price of a mechanism without a FLOP model."""
     return ModelConfig(registry.BASELINE, d_model=cfg.d_model, n_layer=cfg.n_layer,
@@ -244,107 +203,6 @@ def facts_part(job: FactsJob, callbacks_for: Callable = lambda name, stage: []) 
                      knowledge.training_windows(facts, job.recipe),
                      callbacks=callbacks_for(job.name, 0)).fit())
     return distributed.current().on_main(lambda: knowledge.measure(model, facts, job.recipe))
-
-
-SIGNIFICANT = 4                  # digits kept of a stored per-step gradient norm
-
-
-def lm_part(job: LMJob, callbacks_for: Callable = lambda name, stage: [],
-            model=None) -> tuple[dict, torch.nn.Module]:
-    """``job``'s language model (fresh and seeded, or ``model``, e.g. ARMT around the
-    trained dense) trained on the run's corpus and measured at every variant: (its
-    record, the trained model). The record holds the validation loss, the loss at each
-    position of the window with the memory and, for a mechanism with a twin, the same
-    weights with the memory path off (``memory_off``), the loss and gradient-norm curves
-    (also per parameter group, ``GradientGroups``) and the sizes."""
-    start = time.perf_counter()
-    world = distributed.current()
-    train_loader, val_loader = make_loaders(job.run, corpus=job.corpus)
-    if model is None:
-        seed_everything(job.run.train.seed)
-        model = build_model(job.cfg)
-    grads = GradientGroups(model, job.run.train.grad_clip)
-    trainer = Trainer(model, job.run.replace(checkpoint_dir=None), train_loader, val_loader,
-                      callbacks=[*callbacks_for(job.name, 0), grads])
-    history = finished(trainer.fit())
-    spec = registry.LabSpec() if job.baseline_of else registry.lab_spec(job.arch)
-    twin = memory_off(model, job.cfg, spec)
-    val_loss, by_position, off_by_position = {}, {}, {}
-    for variant, overrides in job.variants:
-        for each in (model, twin) if twin is not None else (model,):
-            if overrides:
-                spec.switch(each, overrides)
-        val_loss[variant] = trainer.evaluate()                  # all-reduced over processes
-        by_position[variant] = _positions(world, model, trainer)
-        if twin is not None:
-            off_by_position[variant] = _positions(world, twin, trainer)
-    return {"val_loss": val_loss, "position_loss": by_position,
-            **({"position_loss_off": off_by_position} if twin is not None else {}),
-            "train_loss": history.loss[-1], "steps": trainer.step,
-            "tokens": trainer.step * job.run.train.batch_size * job.cfg.seq_len,
-            "params": model.num_params(), "seconds": time.perf_counter() - start,
-            "loss_curve": history.loss, "grad_norm_curve": history.grad_norm,
-            "grad_norm_groups": {group: [float(f"{norm:.{SIGNIFICANT}g}") for norm in norms]
-                                 for group, norms in grads.norms.items()},
-            "val_curve": [list(p) for p in zip(history.val_step, history.val_loss,
-                                               strict=True)]}, model
-
-
-SEED_KEYS = ("val_loss", "train_loss", "loss_curve", "grad_norm_curve", "position_loss",
-             "position_loss_off")           # what a combined record keeps of every seed
-
-
-def lm_record(runs: dict[int, dict]) -> dict:
-    """One language model's seeds ({seed: ``lm_part`` record}, the run's own seed first)
-    as one record: the validation and position losses averaged over the seeds, with
-    ``val_loss_band`` {variant: [lowest, highest]}; the curves, sizes and gradient groups
-    of the run's own seed; ``seeds`` and, per seed, ``by_seed`` (its losses and curves,
-    so a claim can be judged at every seed)."""
-    first = next(iter(runs.values()))
-    record = dict(first)
-
-    def mean(values) -> float:
-        values = list(values)
-        return sum(values) / len(values)
-
-    record["val_loss"] = {v: mean(r["val_loss"][v] for r in runs.values())
-                          for v in first["val_loss"]}
-    record["val_loss_band"] = {v: [min(r["val_loss"][v] for r in runs.values()),
-                                   max(r["val_loss"][v] for r in runs.values())]
-                               for v in first["val_loss"]}
-    for key in ("position_loss", "position_loss_off"):
-        if key in first:
-            record[key] = {v: [round(mean(at), 4) for at in zip(*(r[key][v] for r in runs.values()),
-                                                                strict=True)]
-                           for v in first[key]}
-    record["seconds"] = sum(r["seconds"] for r in runs.values())
-    record["seeds"] = list(runs)
-    record["by_seed"] = {str(seed): {k: r[k] for k in SEED_KEYS if k in r}
-                         for seed, r in runs.items()}
-    return record
-
-
-def memory_off(model: torch.nn.Module, cfg: ModelConfig, spec: registry.LabSpec):
-    """``model``'s weights in its memory-less twin's config (``LabSpec.twin``): the trained
-    model with its memory path off, so the two differ by what the memory carries and
-    nothing else. None for a mechanism without a twin."""
-    if spec.twin is None:
-        return None
-    twin = build_model(spec.twin(cfg)).to(next(model.parameters()).device)
-    missing, _ = twin.load_state_dict(model.state_dict(), strict=False)
-    if missing:                                 # the twin must be the model minus its memory
-        raise ValueError(f"the memory-less twin of {cfg.arch} has weights its model lacks "
-                         f"({', '.join(missing[:3])}): LabSpec.twin must only turn the memory "
-                         "path off")
-    return twin
-
-
-def _positions(world, model, trainer) -> list[float]:
-    """The validation loss at each position (``train.loss_by_position``), 4 decimals; on
-    the first process alone, handed to the others."""
-    return world.on_main(lambda: [round(loss, 4) for loss in loss_by_position(
-        model, trainer.val_dataset, trainer.cfg.eval_batches, trainer.device,
-        batch_size=trainer.cfg.batch_size)])
 
 
 def can_run_in_workers(arch: str) -> bool:
@@ -408,7 +266,7 @@ class _Reporter:
     def __init__(self, index: int, job: RecallJob, probe_every: int | None, shown: str,
                  stage: int):
         self.index, self.job, self.probe_every, self.shown = index, job, probe_every, shown
-        self.before = stage * job.recipe.steps if stage else 0   # the stages before
+        self.before = stage * job.recipe.steps          # the steps of the stages before
         self.last = 0.0
 
     def on_step(self, trainer, rec: dict) -> None:
@@ -462,7 +320,7 @@ def train_in_workers(jobs: list, workers: int, on_result: Callable,
                     raise TrainingStopped(history)
                 _drain(reports, jobs, done_steps, views, live_for)
                 on_progress(done_share(jobs, done_steps),
-                            f"{len(jobs) - len(pending)} of {len(jobs)} models on "
+                            f"{len(jobs) - len(pending)} of {len(jobs)} small models on "
                             f"{workers} processes")
                 for future in [f for f in pending if f.done()]:
                     i = pending.pop(future)

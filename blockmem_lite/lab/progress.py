@@ -25,12 +25,19 @@ class PlanProgress:
         self.done = sum(self.WEIGHT[t] for t, label in plan if f"{t}/{label}" in done)
         self.start_done, self.start = self.done, time.perf_counter()
         self.current, self.fraction, self._last = "", 0.0, 0.0
+        self.part = (0, 1)                               # (index, count) of the task's trainings
         self.prepaid: set[tuple[str, str]] = set()      # tasks whose work the workers did
 
     def begin(self, task: str, label: str) -> None:
         weight = 0.0 if (task, label) in self.prepaid else self.WEIGHT[task]
         self.current, self.weight, self.fraction = f"{task} {label}", weight, 0.0
+        self.part = (0, 1)
         self._print(force=True)
+
+    def train_part(self, index: int, count: int) -> None:
+        """The task's next training is the ``index``-th of ``count`` (a language model's
+        seeds): its steps fill that share of the task's bar."""
+        self.part = (index, count)
 
     def finish(self) -> None:
         self.done += self.weight
@@ -59,7 +66,8 @@ class PlanProgress:
         self.current, self.weight, self.fraction = "", 0.0, 0.0
 
     def on_step(self, trainer, rec) -> None:           # a Trainer callback
-        self.fraction = rec["step"] / max(1, rec["total_steps"])
+        index, count = self.part
+        self.fraction = (index + rec["step"] / max(1, rec["total_steps"])) / count
         self._print()
 
     def line(self) -> str:

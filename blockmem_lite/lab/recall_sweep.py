@@ -6,9 +6,12 @@ learned" becomes "this memory holds about N pairs" or "it could hold them and di
 
 ``python -m blockmem_lite sweep --arch armt --knob n_mem_tokens`` sweeps any numeric option
 of a mechanism, a plugin's too; its values default to the option's ``knob(...,
-recall_sweep=...)``. OUT/<arch>-<knob>.json keeps every finished point, so a stopped sweep
-goes on where it stopped, and OUT/<arch>-<knob>.html draws it (``lab.figures.memory_sweep``;
-plotly.js beside it, so it opens offline).
+recall_sweep=...)``. ``--knob steps`` sweeps the training budget instead (the recipe's steps,
+in each stage of a curriculum): the accuracy against budget that tells a memory short of
+its slot model by training how far from it that training is. OUT/<arch>-<knob>.json keeps
+every finished point, so a stopped sweep goes on where it stopped, and
+OUT/<arch>-<knob>.html draws it (``lab.figures.memory_sweep``; plotly.js beside it, so it
+opens offline).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from blockmem_lite.train import Trainer
 from blockmem_lite.validation import check_choice, fail, parse_int_list
 
 SWEEP_FORMAT = "blockmem_lite.recall_sweep/1"
+RECIPE_KNOBS = {"steps": int}      # knobs of the recall recipe, not of the model: the budget
 
 def default_sweeps() -> dict[tuple[str, str], tuple]:
     """{(arch, option): values} of every registered mechanism's knobs declared with
@@ -42,18 +46,24 @@ def default_sweeps() -> dict[tuple[str, str], tuple]:
 
 
 def sweepable(arch: str) -> dict[str, type]:
-    """{option: its type} of the numeric options of ``arch``: any of them can be swept."""
+    """{option: its type} of the numeric options of ``arch`` and, for a mechanism that has
+    some, the recipe's budget (``RECIPE_KNOBS``): any of them can be swept."""
     fields = dataclasses.fields(registry.get(arch).options)
-    return {f.name: type(f.default) for f in fields
-            if type(f.default) in (int, float)}
+    options = {f.name: type(f.default) for f in fields if type(f.default) in (int, float)}
+    return {**options, **RECIPE_KNOBS} if options else {}
 
 
 @dataclasses.dataclass(frozen=True)
 class SweepPoint:
-    """One value of the knob and the config trained at it."""
+    """One value of the knob, the config trained at it and the recipe's settings it
+    changes (the budget sweep's steps)."""
 
     value: float
     cfg: ModelConfig
+    recipe_changes: tuple = ()              # ((field, value), ...) of the recall recipe
+
+    def recipe(self, recipe: recall.RecallRecipe) -> recall.RecallRecipe:
+        return dataclasses.replace(recipe, **dict(self.recipe_changes))
 
 
 def points(arch: str, knob: str, values, recipe: recall.RecallRecipe) -> list[SweepPoint]:
@@ -70,6 +80,10 @@ def points(arch: str, knob: str, values, recipe: recall.RecallRecipe) -> list[Sw
         fail("--values", values, f"{arch} {knob} has no default sweep; give the values, "
                                  "e.g. --values 1,2,4")
     base = recipe.model_config(preset("tiny", arch=arch).model)
+    if knob in RECIPE_KNOBS:
+        if any(kinds[knob](v) < 1 for v in values):
+            fail("--values", values, f"expected {knob} >= 1")
+        return [SweepPoint(value, base, ((knob, kinds[knob](value)),)) for value in values]
     return [SweepPoint(value, dataclasses.replace(base, **{knob: kinds[knob](value)}))
             for value in values]
 
@@ -77,6 +91,7 @@ def points(arch: str, knob: str, values, recipe: recall.RecallRecipe) -> list[Sw
 def train_point(point: SweepPoint, recipe: recall.RecallRecipe, seed: int,
                 callbacks=()) -> dict:
     """Train one recall model of ``point`` at ``seed`` and measure its capacity curve."""
+    recipe = point.recipe(recipe)
     run = preset("tiny", arch=point.cfg.arch)
     seed_everything(seed)
     model = build_model(point.cfg)
@@ -97,7 +112,9 @@ def run_sweep(arch: str, knob: str, values=None, preset_name: str = "class", see
     (one entry per value: the capacity curve over seeds, the slot model, the minutes)."""
     check_choice("--preset", preset_name, tuple(recall.RECALL_SIZES))
     recipe = recall.RECALL_SIZES[preset_name]
-    values = tuple(values or default_sweeps().get((arch, knob), ()))
+    values = tuple(values or default_sweeps().get((arch, knob), ())
+                   or ((recipe.steps, 2 * recipe.steps, 4 * recipe.steps) if knob == "steps"
+                       else ()))
     sweep = points(arch, knob, values, recipe)
     seeds = tuple(seeds or recipe.seeds[:1])
     path = prepare_folder(out, name="--out") / f"{arch}-{knob}.json"
@@ -119,7 +136,7 @@ def run_sweep(arch: str, knob: str, values=None, preset_name: str = "class", see
         start = time.perf_counter()
         curves = [train_point(point, recipe, seed)["capacity"] for seed in seeds]
         record["points"][key] = {"value": point.value, "capacity": recall.combine_curve(curves),
-                                 "slot_model": recall.slot_curve(point.cfg, recipe),
+                                 "slot_model": recall.slot_curve(point.cfg, point.recipe(recipe)),
                                  "minutes": (time.perf_counter() - start) / 60}
         atomic_write_bytes(path, json.dumps(record, indent=1).encode())
     return record
@@ -159,12 +176,14 @@ def parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Train one recall model per value of a memory's size knob and draw its "
                     "beyond-span accuracy against the number of pairs beside the slot model "
-                    "of that memory's capacity. Stopped, it goes on where it stopped.",
+                    "of that memory's capacity (--knob steps: against the training budget). "
+                    "Stopped, it goes on where it stopped.",
         epilog="default sweeps (arch knob: values; any numeric option of a mechanism, a "
                "plugin's too, sweeps with --values):\n" + "\n".join(
             f"  {a} {k}: {','.join(map(str, v))}" for (a, k), v in default_sweeps().items()))
     p.add_argument("--arch", required=True, help="mechanism (--plugin FILE adds yours)")
-    p.add_argument("--knob", required=True, help="a numeric option of it, e.g. n_mem_tokens")
+    p.add_argument("--knob", required=True, help="a numeric option of it, e.g. n_mem_tokens, or "
+                   "steps (the recipe's training budget; default values: 1, 2 and 4 times it)")
     p.add_argument("--values", default=None, help="comma-separated (default: below)")
     p.add_argument("--plugin", action="append", default=[], metavar="FILE",
                    help="a Python file that registers a mechanism (repeatable)")

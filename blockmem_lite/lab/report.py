@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from blockmem_lite.checkpoints import atomic_write_bytes
+from blockmem_lite.lab.verdicts import kit_text
 from blockmem_lite.labdata import MODEL_COLUMNS, position_losses
 from blockmem_lite.measure import bench
 from blockmem_lite.measure.bench_table import text_table
@@ -133,7 +134,7 @@ def report_markdown(results: dict, plots=()) -> str:
     parts.append(_md_table(
         ["mechanism", "claim", "where", "paper", "kit", "ceiling", "verdict", "why"],
         [[r["arch"], r["quantity"], f"{r['paper']} ({r['where']})",
-          f"{fmt(r['paper_value'], '.4g')} {r['unit']}", _kit_cell(r),
+          f"{fmt(r['paper_value'], '.4g')} {r['unit']}", kit_text(r),
           fmt(r["ceiling"], ".2f"), r["verdict"], r["reason"]]
          for r in results.get("claims", [])]))
     parts += ["", "kit: the value on the seeds' mean losses, with the lowest and highest seed's "
@@ -143,12 +144,6 @@ def report_markdown(results: dict, plots=()) -> str:
               "rose above an untrained model's, at any seed); its value is shown, no verdict "
               "is drawn from it.", "", plots_line(meta["preset"], plots), ""]
     return "\n".join(parts)
-
-
-def _kit_cell(row: dict) -> str:
-    band = row.get("kit_band")
-    kit = fmt(row["kit_value"], ".3g")
-    return f"{kit} ({band[0]:.3g} to {band[1]:.3g})" if band else kit
 
 
 def _position_lines(results: dict) -> list[str]:

@@ -58,7 +58,7 @@ from blockmem_lite import course, distributed, knowledge, recall, registry
 from blockmem_lite.checkpoints import atomic_write, atomic_write_bytes, prepare_folder
 from blockmem_lite.config import PRESET_NAMES, ModelConfig, RunConfig, preset
 from blockmem_lite.corpora import load_corpus
-from blockmem_lite.lab import lab_bench, parts
+from blockmem_lite.lab import lab_bench, language_models, parts
 from blockmem_lite.lab.parts import FactsJob, RecallJob, facts_part, recall_part
 from blockmem_lite.lab.progress import PlanProgress
 from blockmem_lite.lab.report import write_report
@@ -79,10 +79,10 @@ LAB_SIZES = {
                  state_lens=(32, 64), warmup=1, repeats=1, decode_burst=2),
     "fast": dict(steps=60, lm_seeds=1, bench_lens=(64, 128),
                  state_lens=(64, 256, 1024), warmup=1, repeats=2, decode_burst=4),
-    "class": dict(steps=300, lm_seeds=3, bench_lens=(256, 1024), state_lens=(256, 1024, 4096, 16384), warmup=3,
-                  repeats=5, decode_burst=16),
-    "gpu": dict(steps=3000, lm_seeds=3, bench_lens=(1024, 4096), state_lens=(1024, 4096, 16384, 65536), warmup=5,
-                repeats=10, decode_burst=32),
+    "class": dict(steps=300, lm_seeds=3, bench_lens=(256, 1024),
+                  state_lens=(256, 1024, 4096, 16384), warmup=3, repeats=5, decode_burst=16),
+    "gpu": dict(steps=3000, lm_seeds=3, bench_lens=(1024, 4096),
+                state_lens=(1024, 4096, 16384, 65536), warmup=5, repeats=10, decode_burst=32),
 }
 
 
@@ -163,10 +163,15 @@ class Lab:
 
     def __init__(self, preset_name: str, out, archs=None, corpus=None, steps: int | None = None,
                  progress: bool = True, live=None, recall_live=None, tasks=None,
-                 recall_seeds=None, workers=None, dense_recall_from=None, seed=None):
+                 recall_seeds=None, workers=None, dense_recall_from=None, seed=None,
+                 lm_seeds=None):
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
             raise ValueError(f"seed={seed!r} is not allowed: expected None (the preset's) or an "
                              "integer >= 0")
+        if lm_seeds is not None and (isinstance(lm_seeds, bool) or not isinstance(lm_seeds, int)
+                                     or lm_seeds < 1):
+            raise ValueError(f"lm_seeds={lm_seeds!r} is not allowed: expected None (the "
+                             "preset's) or an integer >= 1")
         if live is not None and not callable(getattr(live, "run", None)):
             raise ValueError(f"live={live!r} is not allowed: expected None or a live view with "
                              "run(name) -> trainer callback (viz.comparison.LiveComparison)")
@@ -181,9 +186,10 @@ class Lab:
         distributed.check_same_settings(   # every rank the same plan, before any work
             {"preset": preset_name, "archs": archs, "steps": steps, "tasks": tasks,
              "recall_seeds": recall_seeds, "dense_recall_from": str(dense_recall_from),
-             "seed": seed}, self.world, what="reproduce settings")
+             "seed": seed, "lm_seeds": lm_seeds}, self.world, what="reproduce settings")
         self.preset = preset_name
-        self.sizes = dict(LAB_SIZES[preset_name], **({"steps": steps} if steps else {}))
+        self.sizes = dict(LAB_SIZES[preset_name], **({"steps": steps} if steps else {}),
+                          **({"lm_seeds": lm_seeds} if lm_seeds else {}))
         if seed is not None and recall_seeds is None:     # the run's seed moves the recall ones
             recall_seeds = tuple(seed + s for s in _recipe(preset_name, None).seeds)
         self.recipe = _recipe(preset_name, recall_seeds)
@@ -315,13 +321,17 @@ class Lab:
 
     def _lm(self, label: str) -> dict:
         """The entry trained at each of its seeds (one stored part per seed, so a resumed
-        run retrains nothing), the seeds combined (``parts.lm_record``)."""
+        run retrains nothing), the seeds combined (``language_models.combine_seeds``)."""
         entry = self.by_label[label]
-        runs = {job.run.train.seed: self._lm_part(job) for job in self._lm_jobs(label)}
+        jobs = self._lm_jobs(label)
+        runs = {}
+        for k, job in enumerate(jobs):
+            self.progress.train_part(k, len(jobs))
+            runs[job.seed] = self._lm_part(job)
         return {"arch": entry.arch, "baseline_of": entry.baseline_of,
                 "starts_from_trained": entry.spec.start is not None,
                 "local_span": {v: entry.local_span(o) for v, o in entry.variants()},
-                **parts.lm_record(runs)}
+                **language_models.combine_seeds(runs)}
 
     def _lm_seeds(self, entry: Entry) -> list[int]:
         """The run's seed, and ``lm_seeds - 1`` after it for an entry that starts from
@@ -330,19 +340,17 @@ class Lab:
         count = 1 if entry.spec.start else self.sizes["lm_seeds"]
         return [entry.run.train.seed + k for k in range(count)]
 
-    def _lm_jobs(self, label: str) -> list[parts.LMJob]:
+    def _lm_jobs(self, label: str) -> list[language_models.LMRun]:
         entry = self.by_label[label]
         seeds = self._lm_seeds(entry)
-        return [parts.LMJob(f"lm:{label}/{seed}", label,
-                            label if seed == seeds[0] else f"{label} seed {seed}", entry.arch,
-                            entry.cfg, dataclasses.replace(entry.run, train=dataclasses.replace(
-                                entry.run.train, seed=seed)), self.corpus,
-                            tuple(entry.variants()), entry.baseline_of,
-                            keep_weights=seed == seeds[0]) for seed in seeds]
+        return [language_models.LMRun(
+            label, label if seed == seeds[0] else f"{label} seed {seed}", entry.arch, entry.cfg,
+            dataclasses.replace(entry.run, train=dataclasses.replace(entry.run.train, seed=seed)),
+            self.corpus, tuple(entry.variants()), entry.baseline_of) for seed in seeds]
 
-    def _lm_part(self, job: parts.LMJob) -> dict:
-        """One seed of a language model (stored in "parts"), here, unless the workers
-        trained it already; the run's own seed keeps its model (``_keep_model``)."""
+    def _lm_part(self, job: language_models.LMRun) -> dict:
+        """One seed of a language model (stored in "parts", so a resumed run retrains
+        nothing); the run's own seed keeps its model (``_keep_model``)."""
         stored = self.results.setdefault("parts", {})
         if job.key in stored:
             return stored[job.key]
@@ -352,8 +360,8 @@ class Lab:
             seed_everything(job.run.train.seed)
             start = entry.spec.start(entry.cfg, _copies(self._trained()))
         live = [self.live.run(job.name)] if self.live is not None else []
-        record, model = parts.lm_part(job, lambda shown, k: [self.progress, *live], start)
-        if job.keep_weights:
+        record, model = language_models.train_lm(job, [self.progress, *live], start)
+        if job.seed == entry.run.train.seed:
             self._keep_model(job.label, model)
         stored[job.key] = record
         self._store_results()
@@ -424,17 +432,15 @@ class Lab:
         return parts_done[job.key]
 
     def _train_in_workers(self) -> None:
-        """The recall and facts models of the plan not stored yet, and every seed of its
-        language models that start from scratch (none with a live view, which draws them
-        here), on worker processes (``lab.parts``: one per CPU thread); each stored as it
-        ends. Nothing happens with fewer than two workers, and a mechanism a fresh process
-        cannot build trains later, here."""
+        """The recall and facts models of the plan not stored yet, on worker processes
+        (``lab.parts``: one per CPU thread); each stored as it ends. Nothing happens with
+        fewer than two workers, and a mechanism a fresh process cannot build trains later,
+        here."""
         stored = self.results.setdefault("parts", {})
-        pending = [(task, label) for task, label in self.plan
-                   if (task in ("recall", "facts") or (task == "lm" and self.live is None
-                                                       and not self.by_label[label].spec.start))
+        pending = [(task, label) for task, label in self.plan if task in ("recall", "facts")
                    and f"{task}/{label}" not in self.results["done"]]
-        jobs = [job for task, label in pending for job in getattr(self, f"_{task}_jobs")(label)]
+        jobs = [job for task, label in pending for job in (
+            self._recall_jobs(label) if task == "recall" else self._facts_jobs(label))]
         jobs = [j for j in jobs if j.key not in stored]
         here = {j.label for j in jobs if not parts.can_run_in_workers(j.arch)}
         jobs = [j for j in jobs if j.label not in here]
@@ -444,9 +450,6 @@ class Lab:
             return
 
         def keep(job, measured: dict) -> None:
-            if "weights" in measured:                      # the run's own seed of an LM
-                atomic_write_bytes(self.out / "models" / f"{_file_name(job.label)}.pt",
-                                   measured.pop("weights"))
             stored[job.key] = measured
             self._store_results()
 
@@ -573,7 +576,8 @@ def _copies(models: dict) -> dict:
 def reproduce(preset_name: str = "fast", out="runs/reproduce", archs=None, corpus=None,
               paths=None, steps: int | None = None, progress: bool = True, live=None,
               recall_live=None, tasks=None, recall_seeds=None, workers=None,
-              dense_recall_from=None, seed: int | None = None) -> dict:
+              dense_recall_from=None, seed: int | None = None,
+              lm_seeds: int | None = None) -> dict:
     """Run (or continue) the lab; returns the results (also in ``out/results.json``).
 
     ``live``: a ``viz.comparison.LiveComparison`` (anything with ``run(name)`` returning a trainer
@@ -586,9 +590,11 @@ def reproduce(preset_name: str = "fast", out="runs/reproduce", archs=None, corpu
     whose dense recall models this run reads instead of training them again; ``seed``: the
     language models' seed (default: the preset's; a notebook passes ``BLOCKMEM_SEED``'s),
     which also moves the recall recipe's seeds by as much (seed 5: 5, 6, 7 for 0, 1, 2)
-    unless ``recall_seeds`` names them."""
+    unless ``recall_seeds`` names them; ``lm_seeds``: how many seeds each language model
+    that starts from scratch trains at, from ``seed`` on (default: the preset's)."""
     if corpus is None or isinstance(corpus, str):
         corpus = load_corpus(corpus or ("files" if paths else "offline"), paths=paths)
     return Lab(preset_name, out, archs, corpus, steps, progress, live=live,
                recall_live=recall_live, tasks=tasks, recall_seeds=recall_seeds,
-               workers=workers, dense_recall_from=dense_recall_from, seed=seed).run()
+               workers=workers, dense_recall_from=dense_recall_from, seed=seed,
+               lm_seeds=lm_seeds).run()

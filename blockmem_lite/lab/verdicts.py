@@ -46,8 +46,15 @@ def format_claims(rows: list[dict]) -> str:
     """The claims table as fixed-width text (notebooks print it; the report has markdown)."""
     return bench.text_table(list(CLAIM_COLUMNS), [
         [r["arch"], r["quantity"], r["verdict"], r["reason"],
-         f"{fmt(r['paper_value'], '.4g')} {r['unit']}".strip(), fmt(r["kit_value"], ".3g"),
+         f"{fmt(r['paper_value'], '.4g')} {r['unit']}".strip(), kit_text(r),
          fmt(r["ceiling"], ".2f")] for r in rows], left_columns=4)
+
+
+def kit_text(row: dict) -> str:
+    """A claim row's kit value, with its seed band where it has one: "0.12 (0.05 to 0.2)"."""
+    band = row.get("kit_band")
+    kit = fmt(row["kit_value"], ".3g")
+    return f"{kit} ({band[0]:.3g} to {band[1]:.3g})" if band else kit
 
 
 VERDICTS = ("reproduced", "not reproduced", "within noise", "not comparable", "not judged")
