@@ -176,3 +176,20 @@ def test_the_position_table_and_figure(two_seed_run):
     names = {t.name for t in fig.data}
     assert {"memory on", "memory off", "dense"} <= names
     assert "Loss by position" in lab.report_markdown(results)
+
+
+def test_a_tasks_seeds_share_its_progress_bar():
+    """Three seeds of one language model fill a third of the task's bar each, so the bar
+    never runs back when the next seed starts."""
+    bar = lab.PlanProgress([("lm", "bcmt")], set(), stream=None)
+    bar.begin("lm", "bcmt")
+    shares = []
+    for k in range(3):
+        bar.train_part(k, 3)
+        for step in (1, 5, 10):
+            bar.on_step(None, {"step": step, "total_steps": 10})
+            shares.append(bar.fraction)
+    assert shares == sorted(shares) and shares[-1] == 1.0 and shares[2] == pytest.approx(1 / 3)
+    bar.begin("lm", "dense")                       # the next task starts its bar afresh
+    bar.on_step(None, {"step": 5, "total_steps": 10})
+    assert bar.fraction == 0.5

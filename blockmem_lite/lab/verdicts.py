@@ -253,7 +253,7 @@ def summary(results: dict) -> str:
     """A few lines for the terminal: where the report is, the verdicts, the memory result."""
     verdicts = [r["verdict"] for r in results.get("claims", [])]
     counts = ", ".join(f"{verdicts.count(v)} {v}" for v in VERDICTS if v in verdicts
-                       or v != "not judged")
+                       or v not in ("within noise", "not judged"))
     pays = [r["entry"] for r in results.get("memory_pays", []) if r["pays"]]
     pays += sorted({f"{r['entry']} (facts)" for r in results.get("knowledge", []) if r["pays"]})
     return (f"claims: {counts}; memory pays beyond the local span for: "
