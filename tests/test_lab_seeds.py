@@ -37,6 +37,7 @@ def test_every_entry_from_scratch_has_each_seed_and_its_band(two_seed_run):
         if len(seeds) > 1:       # another seed: other first weights and data order
             assert record["by_seed"]["0"]["loss_curve"] != record["by_seed"]["1"]["loss_curve"]
         assert (out / "models" / f"{lab_run._file_name(key[3:])}.pt").is_file(), key
+    assert not [k for k in results.get("parts", {}) if k.startswith("lm:")]   # in the records
 
 
 def test_another_seed_count_is_another_run(two_seed_run):

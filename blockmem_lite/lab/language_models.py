@@ -25,9 +25,8 @@ from blockmem_lite.runtime import seed_everything
 from blockmem_lite.train import Trainer, loss_by_position
 from blockmem_lite.train.callbacks import GradientGroups
 
-SIGNIFICANT = 4                  # digits kept of a stored per-step gradient norm
-SEED_KEYS = ("val_loss", "train_loss", "loss_curve", "grad_norm_curve", "position_loss",
-             "position_loss_off")           # what a combined record keeps of every seed
+SIGNIFICANT = 4                  # digits kept of a stored per-step loss or gradient norm
+SEED_KEYS = ("val_loss", "train_loss", "loss_curve", "grad_norm_curve")  # kept of every seed
 
 
 @dataclass(frozen=True)
@@ -86,9 +85,8 @@ def train_lm(job: LMRun, callbacks: list = (), model=None) -> tuple[dict, torch.
             "train_loss": history.loss[-1], "steps": trainer.step,
             "tokens": trainer.step * job.run.train.batch_size * job.cfg.seq_len,
             "params": model.num_params(), "seconds": time.perf_counter() - start,
-            "loss_curve": history.loss, "grad_norm_curve": history.grad_norm,
-            "grad_norm_groups": {group: [float(f"{norm:.{SIGNIFICANT}g}") for norm in norms]
-                                 for group, norms in grads.norms.items()},
+            "loss_curve": _rounded(history.loss), "grad_norm_curve": _rounded(history.grad_norm),
+            "grad_norm_groups": {group: _rounded(norms) for group, norms in grads.norms.items()},
             "val_curve": [list(p) for p in zip(history.val_step, history.val_loss,
                                                strict=True)]}, model
 
@@ -98,7 +96,7 @@ def combine_seeds(runs: dict[int, dict]) -> dict:
     as one record: the validation and position losses averaged over the seeds, with
     ``val_loss_band`` {variant: [lowest, highest]}; the curves, sizes and gradient groups
     of the run's own seed; ``seeds`` and, per seed, ``by_seed`` (its losses and curves,
-    so a claim can be judged at every seed)."""
+    ``SEED_KEYS``, so a claim can be judged at every seed)."""
     first = next(iter(runs.values()))
     record = dict(first)
     record["val_loss"] = {v: _mean(r["val_loss"][v] for r in runs.values())
@@ -116,6 +114,10 @@ def combine_seeds(runs: dict[int, dict]) -> dict:
     record["by_seed"] = {str(seed): {k: r[k] for k in SEED_KEYS if k in r}
                          for seed, r in runs.items()}
     return record
+
+
+def _rounded(values) -> list[float]:
+    return [float(f"{v:.{SIGNIFICANT}g}") for v in values]
 
 
 def _mean(values) -> float:

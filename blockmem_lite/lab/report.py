@@ -64,9 +64,9 @@ def report_markdown(results: dict, plots=()) -> str:
     parts = [f"# blockmem_lite reproduce: preset {meta['preset']}",
              f"Machine: {meta['machine']} ({meta['device']}), torch {meta['torch']}. Corpus: "
              f"{meta['corpus']} ({meta['corpus_source']}). Every model trained on the same "
-             f"data, {meta['sizes']['steps']} steps, at seed {meta['seed']} and "
-             f"{meta['sizes'].get('lm_seeds', 1) - 1} after it (the same seed: the same "
-             "first weights and data order for every model).", "",
+             f"data, {meta['sizes']['steps']} steps, at seed"
+             f"{_seeds_text(meta['seed'], meta['sizes'].get('lm_seeds', 1))} (a seed fixes "
+             "the first weights and the data order, the same for every model).", "",
              *_partial_lines(results),
              "## Language modelling (validation loss, nats per byte: the lab reads bytes)", ""]
     rows = []
@@ -144,6 +144,11 @@ def report_markdown(results: dict, plots=()) -> str:
               "rose above an untrained model's, at any seed); its value is shown, no verdict "
               "is drawn from it.", "", plots_line(meta["preset"], plots), ""]
     return "\n".join(parts)
+
+
+def _seeds_text(first: int, count: int) -> str:
+    seeds = [str(first + k) for k in range(count)]
+    return f" {seeds[0]}" if count == 1 else f"s {', '.join(seeds)}"
 
 
 def _position_lines(results: dict) -> list[str]:

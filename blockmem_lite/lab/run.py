@@ -256,6 +256,12 @@ class Lab:
         self.results["done"][key] = value
         self._store_results()
 
+    def _forget_parts(self, prefix: str) -> None:
+        parts_done = self.results.get("parts", {})
+        for key in [k for k in parts_done if k.startswith(prefix)]:
+            del parts_done[key]
+        self._store_results()
+
     def _store_results(self) -> None:
         if self.world.is_main:
             atomic_write_bytes(self.out / RESULTS_NAME,
@@ -278,6 +284,8 @@ class Lab:
                     raise
                 raise FloatingPointError(self._broken_training(task, label, err)) from None
             self._store(key, value)
+            if task == "lm":                  # its seeds' parts live on in the record
+                self._forget_parts(f"lm:{label}/")
             self.progress.finish()
         self.results["claims"] = claims_table(self.results)
         self.results["memory_pays"] = memory_pays(self.results)

@@ -39,7 +39,7 @@ def reproduce_parser() -> argparse.ArgumentParser:
                     "stopped.",
         epilog="architectures:\n" + mechanisms_help(with_options=False))
     p.add_argument("--preset", choices=PRESET_NAMES, default="fast",
-                   help="fast (CI, minutes), class (a 2-core laptop, well under an hour), gpu")
+                   help="fast (CI, minutes), class (a 2-core laptop, about an hour), gpu")
     p.add_argument("--arch", default=None,
                    help=f"comma-separated (default: every registered one: "
                         f"{', '.join(registry.names())})")
