@@ -96,16 +96,6 @@ def test_each_result_is_handed_over_as_it_ends_and_progress_reaches_one(tmp_path
     assert multiprocessing.active_children() == []
 
 
-@pytest.fixture
-def interactive_sigint():
-    """Ctrl-C as an interactive lab gets it: SIGINT at its default handler for the test,
-    whatever the test runner left (a pytest-xdist worker may ignore it, and the stop
-    button rightly leaves an ignored signal alone)."""
-    before = signal.signal(signal.SIGINT, signal.default_int_handler)
-    yield
-    signal.signal(signal.SIGINT, before)
-
-
 @pytest.mark.usefixtures("interactive_sigint")
 def test_a_stop_keeps_the_finished_models_and_ends_every_worker(tmp_path):
     jobs, got = _jobs(tmp_path, archs=("bcmt", "cat")), []

@@ -229,6 +229,7 @@ def test_reproduce_a_nan_loss_names_the_mechanism_and_the_step(tmp_path, capsys,
     assert set(json.loads((out / lab.RESULTS_NAME).read_text())["done"]) == {"lm/dense"}
 
 
+@pytest.mark.usefixtures("interactive_sigint")
 @pytest.mark.parametrize("name, code", [("SIGTERM", 143), ("SIGINT", 130)])
 def test_reproduce_a_signal_exits_128_plus_its_number_and_keeps_the_results(
         tmp_path, monkeypatch, capsys, name, code):
