@@ -9,7 +9,9 @@ a checkpoint records, so a resumed run sees the batches the uninterrupted one wo
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import itertools
 from collections.abc import Mapping
 
 import torch
@@ -153,18 +155,9 @@ def evaluate(model: torch.nn.Module, data, max_batches: int | None = None,
     the sums are all-reduced, so every process returns the same value (call it on all).
     """
     world = world or distributed.SINGLE
-    if max_batches is not None and max_batches < 1:
-        raise ValueError(f"max_batches={max_batches} is not allowed: expected None or >= 1")
-    device = torch.device(device) if device is not None else next(model.parameters()).device
-    batches = data if isinstance(data, DataLoader) else _sequential_batches(
-        as_dataset(data, "data"), batch_size)
-    was_training = model.training
-    model.eval()
     total, count = 0.0, 0
-    try:
-        for i, (x, y) in enumerate(batches):
-            if max_batches is not None and i >= max_batches:
-                break
+    with _evaluating(model, data, max_batches, device, batch_size) as (device, batches):
+        for x, y in batches:
             rows = world.local_rows(len(x))             # this process's rows of the batch
             x, y = x[rows].to(device), y[rows].to(device)
             n = int((y != IGNORE_INDEX).sum())
@@ -174,8 +167,6 @@ def evaluate(model: torch.nn.Module, data, max_batches: int | None = None,
                 loss = _loss_for_eval(model(x, y))
             total += float(loss) * n
             count += n
-    finally:
-        model.train(was_training)
     total, count = world.sum_numbers(total, count)
     if count == 0:
         raise ValueError("data has no target tokens to evaluate (every target is -100 or the "
@@ -190,19 +181,11 @@ def loss_by_position(model: torch.nn.Module, data, max_batches: int | None = Non
     """Mean cross-entropy of the next token at each position of the window, over ``data``
     (as ``evaluate``; one process): [loss at position 0, 1, ..., T-1]. A memory that
     carries context across its local span lowers the loss after each span boundary; a
-    gap that is the same before the first boundary is not the memory's."""
-    if max_batches is not None and max_batches < 1:
-        raise ValueError(f"max_batches={max_batches} is not allowed: expected None or >= 1")
-    device = torch.device(device) if device is not None else next(model.parameters()).device
-    batches = data if isinstance(data, DataLoader) else _sequential_batches(
-        as_dataset(data, "data"), batch_size)
-    was_training = model.training
-    model.eval()
+    gap that is the same before the first boundary is not the memory's. A position with
+    no target in ``data`` (every one -100) is NaN."""
     total = count = None
-    try:
-        for i, (x, y) in enumerate(batches):
-            if max_batches is not None and i >= max_batches:
-                break
+    with _evaluating(model, data, max_batches, device, batch_size) as (device, batches):
+        for x, y in batches:
             x, y = x.to(device), y.to(device)                         # (B, T)
             logits = model(x).logits.float()                          # (B, T, V)
             losses = torch.nn.functional.cross_entropy(
@@ -210,12 +193,27 @@ def loss_by_position(model: torch.nn.Module, data, max_batches: int | None = Non
             counted = (y != IGNORE_INDEX)
             total = losses.sum(0) if total is None else total + losses.sum(0)   # (T,)
             count = counted.sum(0) if count is None else count + counted.sum(0)
-    finally:
-        model.train(was_training)
     if total is None or int(count.sum()) == 0:
         raise ValueError("data has no target tokens to evaluate (every target is -100 or the "
                          "data is empty)")
-    return (total / count.clamp(min=1)).tolist()
+    return torch.where(count > 0, total / count.clamp(min=1), float("nan")).tolist()
+
+
+@contextlib.contextmanager
+def _evaluating(model: torch.nn.Module, data, max_batches: int | None, device, batch_size: int):
+    """(device, the first ``max_batches`` (x, y) batches of ``data``) with the model in eval
+    mode; the mode it was in comes back at the end."""
+    if max_batches is not None and max_batches < 1:
+        raise ValueError(f"max_batches={max_batches} is not allowed: expected None or >= 1")
+    device = torch.device(device) if device is not None else next(model.parameters()).device
+    batches = data if isinstance(data, DataLoader) else _sequential_batches(
+        as_dataset(data, "data"), batch_size)
+    was_training = model.training
+    model.eval()
+    try:
+        yield device, itertools.islice(batches, max_batches)
+    finally:
+        model.train(was_training)
 
 
 def _sequential_batches(dataset, batch_size: int):
