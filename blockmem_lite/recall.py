@@ -72,7 +72,8 @@ class RecallRecipe:
     steps: int = 900
     batch_size: int = 32
     lr: float = 1e-3
-    warmup_steps: int = 30
+    warmup_steps: int = 150       # a sixth of the steps: with 30, dense's seed 0 settled on
+                                  # guessing one of the row's values (0.29 beyond the span)
     seeds: tuple = (0, 1, 2)
     twin_seeds: tuple | None = None   # the twin's seeds (None: ``seeds``); it is blind by proof
     eval_rows: int = 128
@@ -120,9 +121,11 @@ class RecallRecipe:
 
 
 RECALL_SIZES = {
-    "tiny": RecallRecipe(steps=20, seeds=(0,), eval_rows=16, batch_size=8, local_first=0.0),
-    "fast": RecallRecipe(seq_len=32, span=8, n_pairs=2, steps=100, batch_size=16, seeds=(0,),
-                         eval_rows=32, local_first=0.0),     # dense ~0.3 beyond (chance 0.03)
+    "tiny": RecallRecipe(steps=20, warmup_steps=30, seeds=(0,), eval_rows=16, batch_size=8,
+                         local_first=0.0),
+    "fast": RecallRecipe(seq_len=32, span=8, n_pairs=2, steps=100, warmup_steps=30,
+                         batch_size=16, seeds=(0,), eval_rows=32,
+                         local_first=0.0),                   # dense ~0.3 beyond (chance 0.03)
     "class": RecallRecipe(twin_seeds=(0,)),   # a twin is at chance by proof: more seeds of
                                               # it would cost class time and tell nothing
     "gpu": RecallRecipe(seq_len=256, vocab_size=260, d_model=128, n_head=4, span=64,

@@ -167,6 +167,20 @@ def test_c6_every_compressor_parameter_gets_a_gradient():
             assert p.grad.abs().sum() > 0, name
 
 
+def test_the_compressor_learns_at_its_own_rate():
+    """Every compressor parameter, and only those, gets ``compressor_lr_scale`` x lr."""
+    from blockmem_lite.train import make_optimizer
+
+    run = preset("tiny", arch="cat", compressor_lr_scale=0.5)
+    model = build_model(run)
+    rates = {id(p): group["lr"] for group in make_optimizer(model, run.train).param_groups
+             for p in group["params"]}
+    for name, p in model.named_parameters():
+        scale = 0.5 if name.startswith("compressor.") else 1.0
+        assert rates[id(p)] == pytest.approx(scale * run.train.lr), name
+    assert set(build_model(preset("tiny", arch="cat")).lr_scales().values()) == {0.25}
+
+
 def test_c7_bilinear_resize_is_identity_at_the_largest_chunk():
     model = _model()
     comp = model.compressor
@@ -288,6 +302,7 @@ def test_decoder_width_and_heads_keep_the_head_dim():
     (dict(chunk_sizes=(2, 8), chunk_size=4), "pick one of them"),
     (dict(decoder_width=0), "decoder_width=0"),
     (dict(chunk_sizes=[4, 4]), "each chunk size once"),
+    (dict(compressor_lr_scale=-0.5), "compressor_lr_scale=-0.5"),
 ])
 def test_bad_config_is_a_clear_error(fields, message):
     with pytest.raises(ValueError, match=message):

@@ -1,5 +1,6 @@
 """CAT's interleaved decoder sequence as slot arithmetic: group width, slot count, RoPE
-positions, the slot of each token and of each prediction, and ``interleave``.
+positions, the slot of each token and of each prediction, ``interleave``, and which keys
+each slot of a prefill block sees (``prefill_mask``).
 
 Group k of the sequence is ``[g_k, (SEP,) x_kC .. x_kC+C-1]`` (g_0 the dummy or the
 chunk-size indicator, g_k = f_{k-1} the compressed chunk k-1, SEP in the multi-chunk
@@ -66,3 +67,29 @@ def interleave(tokens: torch.Tensor, compressed: torch.Tensor, head: torch.Tenso
     groups = torch.cat(parts, dim=2)                                       # (B, K+1, 1|2, D)
     body = torch.cat([groups[:, :k], tokens], dim=2).reshape(b, -1, d)     # (B, K*W, D)
     return torch.cat([body, groups[:, k]], dim=1)                          # (B, S, D)
+
+
+def prefill_mask(first: int, n_chunks: int, chunk_size: int, separator: bool,
+                 device=None) -> torch.Tensor:
+    """Which keys each slot of a prefill block sees: (R*width, held + R*width) bool.
+
+    Keys: the cached ``[g_0, f_0..f_{first-1}, (SEP_first)]`` (held = first + 1 (+1)),
+    then the block, chunk r = 0..R-1 as ``[x_0..x_{C-2}, f_{first+r}, (SEP)]`` (width
+    = C (+1)). ``masks.cat_mask``'s rule: a token sees every compressed slot of earlier
+    chunks, the SEP of its own group and its own chunk up to itself; a compressed slot
+    sees the compressed slots up to itself; a SEP sees those and itself.
+    """
+    c, r = chunk_size, n_chunks
+    width = c + (1 if separator else 0)
+    slot = torch.arange(r * width, device=device)
+    chunk, offset = slot // width, slot % width
+    is_token, is_vector, is_sep = offset < c - 1, offset == c - 1, offset == c
+    q_chunk, q_offset = chunk[:, None], offset[:, None]
+    q_token, q_sep = is_token[:, None], is_sep[:, None]
+    block = ((is_vector & torch.where(q_token, chunk < q_chunk, chunk <= q_chunk))
+             | (is_sep & ((q_token & (chunk + 1 == q_chunk)) | (q_sep & (chunk == q_chunk))))
+             | (is_token & q_token & (chunk == q_chunk) & (offset <= q_offset)))
+    held = [torch.ones(r * width, first + 1, dtype=torch.bool, device=device)]
+    if separator:                                   # SEP_first: the first chunk's group only
+        held.append((is_token & (chunk == 0))[:, None])
+    return torch.cat([*held, block], dim=1)
