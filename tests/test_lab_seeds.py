@@ -94,6 +94,24 @@ def test_an_accident_at_any_seed_leaves_the_claim_not_judged():
     assert row["verdict"] == "not judged" and "bcmt seed 2" in row["reason"], row["reason"]
 
 
+def test_the_shipped_class_run_has_three_seeds_and_no_accident():
+    """What the kit teaches from: every language model trained from scratch at three seeds,
+    no seed's training loss above its start (``verdicts.accident``), so every claim that
+    reads them has a verdict."""
+    path = lab_run.shipped_run("class")
+    if path is None:
+        pytest.skip("this install ships no class run")
+    results = lab_run._read_results(path)
+    lms = {k: v for k, v in results["done"].items() if k.startswith("lm/")}
+    untrained = lms["lm/dense"]["loss_curve"][0]
+    for key, record in lms.items():
+        if not record.get("starts_from_trained"):
+            assert record["seeds"] == [0, 1, 2], key
+        for seed, view in lab_verdicts._seed_records(record):
+            assert lab_verdicts.accident(view, untrained) is None, (key, seed)
+    assert all(c["verdict"] != "not judged" for c in results["claims"])
+
+
 def test_seed_views_pair_each_model_at_the_same_seed():
     done = _gap_run([0.1, 0.2])["done"]
     views = lab_verdicts.seed_views(done)
