@@ -351,7 +351,7 @@ def loss_by_position(results: dict, labels: Sequence | None = None):
     panel per model with a twin: with its memory, the same weights with the memory path off,
     and dense; dashed lines at its local span's boundaries (blocks, chunks, segments). The
     memory pays where its curve drops below "memory off" after the first boundary."""
-    title = "Loss by position: the memory on and off, dense for reference"
+    title = "Loss by position in the window: the memory on and off, dense for reference"
     curves = labdata.position_losses(results, POSITION_WIDTH)
     dense = curves.get(registry.BASELINE)
     panels, vlines = {}, {}
@@ -367,7 +367,7 @@ def loss_by_position(results: dict, labels: Sequence | None = None):
         vlines[name] = {("span" if k == 0 else " " * k): x for k, x in enumerate(bounds)}
     if not panels:
         return _empty(title, "no model with a memory-less twin has a loss by position here")
-    return charts.line_panels(panels, title=title, x_title="position in the window",
+    return charts.line_panels(panels, title=title, x_title="position",
                               y_title="validation loss (nats)", vlines=vlines, mode="lines",
                               shared_y=True)
 
