@@ -528,7 +528,7 @@ class CATLM(LanguageModel):
         within = torch.where(offset < c - 1, offset + 1 + sep, offset - (c - 1))  # 0 f, 1 SEP
         positions = within.repeat(r)
         held = 1 + first + sep                                              # cached slots
-        mask = prefill_mask(first, r, c, bool(sep), device)               # (R*width, held + .)
+        mask = prefill_mask(first, r, c, bool(sep), device)                # (R*width, held + .)
         keep = held + torch.cat([torch.arange(r, device=device) * width + c - 1,
                                  torch.tensor([r * width - 1] if sep else [], device=device,
                                               dtype=torch.long)])
