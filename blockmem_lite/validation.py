@@ -64,12 +64,14 @@ def check_non_negative(name: str, value) -> None:
 
 
 
-def parse_int_list(name: str, text) -> list[int]:
-    """'256,1024' -> [256, 1024]; ValueError naming ``name`` otherwise (command-line sweeps)."""
+def parse_int_list(name: str, text, minimum: int = 1) -> list[int]:
+    """'256,1024' -> [256, 1024], each at least ``minimum``; ValueError naming ``name``
+    otherwise (command-line sweeps, seeds)."""
     try:
         values = [int(part) for part in str(text).split(",") if part.strip()]
     except ValueError:
         values = []
-    if not values or any(v < 1 for v in values):
-        fail(name, text, "expected comma-separated integers >= 1, e.g. 256,1024")
+    if not values or any(v < minimum for v in values):
+        example = "0,1,2" if minimum < 1 else "256,1024"
+        fail(name, text, f"expected comma-separated integers >= {minimum}, e.g. {example}")
     return values

@@ -172,3 +172,16 @@ def test_the_shipped_sweeps_are_found_and_hold_every_default_value():
         assert [float(v) for v in record["points"]] == \
             [float(v) for v in values]
     assert recall_sweep.shipped("armt", "no_such_knob") is None
+
+
+def test_the_command_line_takes_seed_zero_and_refuses_a_negative_one(tmp_path, monkeypatch,
+                                                                      capsys):
+    calls = []
+    monkeypatch.setattr(recall_sweep, "train_point", _fake_training(calls))
+    args = ["--arch", "armt", "--knob", "n_mem_tokens", "--values", "2", "--out", str(tmp_path)]
+    assert recall_sweep.main([*args, "--seeds", "0,1"]) == 0
+    assert calls == [(2, 0), (2, 1)]
+    assert recall_sweep.main([*args, "--seeds", "-1"]) == 2
+    assert "--seeds='-1' is not allowed: expected comma-separated integers >= 0" \
+        in capsys.readouterr().err
+    assert calls == [(2, 0), (2, 1)]                      # nothing trained for the bad seed

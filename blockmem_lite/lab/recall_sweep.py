@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for plugin in args.plugin:
             registry.load_plugin(plugin)
-        seeds = parse_int_list("--seeds", args.seeds) if args.seeds else None
+        seeds = parse_int_list("--seeds", args.seeds, minimum=0) if args.seeds else None
         record = run_sweep(args.arch, args.knob, _values(args.arch, args.knob, args.values),
                            args.preset, seeds, out)
     except (ValueError, OSError) as e:
