@@ -411,11 +411,13 @@ def keep_freed_memory() -> bool:
     allocator's state, so the step time wanders by up to about a tenth. With every allocation
     from the heap (``M_MMAP_MAX`` 0) and up to ``KEPT_HEAP_BYTES`` of it kept free
     (``M_TRIM_THRESHOLD``), no step after the first faults. The price: the process's
-    resident memory stays at its peak. CUDA tensors are untouched (their caching allocator
-    already keeps memory). Processes that only train and measure call it (the bench's timed
-    processes, ``reproduce``, the lab's workers); a notebook kernel keeps the system's
-    allocator. Set the environment variable ``BLOCKMEM_KEEP_FREED_MEMORY=0`` to leave the
-    allocator alone.
+    resident memory stays near its peak (the heap's top goes back past that threshold, but
+    memory freed below a live allocation never does), which is why only processes that
+    only train and measure call it (the bench command, its timed subprocesses,
+    ``reproduce``, the lab's workers). A notebook kernel keeps the system's allocator,
+    whatever it trains or benches (``tests/test_runtime.py``). CUDA tensors are untouched
+    (their caching allocator already keeps memory). Set the environment variable
+    ``BLOCKMEM_KEEP_FREED_MEMORY=0`` to leave the allocator alone.
     """
     global _kept_freed_memory
     if _kept_freed_memory is None:

@@ -19,10 +19,13 @@ from blockmem_lite.runtime import keep_freed_memory
 if sys.argv[1:] == ["train"]:                 # what a notebook kernel does: train a model
     from torch.utils.data import TensorDataset
     from blockmem_lite import Trainer, build_model, preset
+    from blockmem_lite.measure import bench       # and time it beside dense, in the kernel
     cfg = preset("tiny", steps=2, eval_every=2, batch_size=2)
     rows = torch.randint(0, 256, (8, cfg.model.seq_len + 1))
     Trainer(build_model(cfg), cfg, TensorDataset(rows[:, :-1], rows[:, 1:]),
             callbacks=[]).fit()
+    bench.run_bench(["dense"], [16], d_model=32, n_layer=1, n_head=2, batch=2, threads=1,
+                    warmup=1, repeats=1, decode_burst=2, memory=("none",), progress=False)
     kept = False
 else:
     kept = keep_freed_memory()
@@ -30,8 +33,15 @@ def faults_of_a_fresh_40_mib_tensor():
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     torch.ones(10 << 20)                      # 40 MiB written, then freed
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+def resident_mib():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize() / 2**20
 warm_up = [faults_of_a_fresh_40_mib_tensor() for _ in range(2)]
-print(json.dumps({"kept": kept, "later": [faults_of_a_fresh_40_mib_tensor() for _ in range(7)]}))
+later = [faults_of_a_fresh_40_mib_tensor() for _ in range(7)]
+big = torch.ones(128 << 20)                   # 512 MiB a cell makes, then frees
+held = resident_mib()
+del big
+print(json.dumps({"kept": kept, "later": later, "given_back_mib": held - resident_mib()}))
 """
 
 
@@ -84,8 +94,12 @@ def test_environment_sets_and_removes_variables_and_restores_them(monkeypatch):
 
 
 @glibc_only
-def test_training_leaves_the_allocator_as_it_was():
-    """A kernel that trains keeps glibc's own settings: freed big tensors go back to the
-    system (every fresh 40 MiB tensor faults again), as in a process that never trained."""
+def test_training_and_a_bench_leave_the_allocator_as_it_was():
+    """A kernel that trains and benches keeps glibc's own settings: freed big tensors go
+    back to the system (every fresh 40 MiB tensor faults again, and a freed 512 MiB tensor
+    leaves the process), as in a process that never trained; the bench command's own
+    process keeps its freed memory (``bench_command``)."""
     trained = _child(None, "train")
     assert min(trained["later"]) > 5000, trained
+    assert trained["given_back_mib"] > 400, trained
+    assert _child(None)["given_back_mib"] < 100        # kept: the case the kernel must avoid

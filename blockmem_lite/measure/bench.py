@@ -102,7 +102,6 @@ from blockmem_lite.models.base import build_model
 from blockmem_lite.runtime import (
     AUTOCAST_DTYPES,
     PRECISIONS,
-    keep_freed_memory,
     pick_device,
     resolve_precision,
     seed_everything,
@@ -385,7 +384,6 @@ def bench_phase(ctx: BenchContext, entries: list[Entry], phase: str, seq_len: in
 
     ``entries[0]`` is the baseline (dense) every ratio is taken against.
     """
-    keep_freed_memory()              # no step page-faults on fresh tensors (runtime.py)
     if ctx.compile:
         torch._dynamo.reset()        # drop the graphs of earlier phases' (freed) models
     models = [ctx.build(e.cfg) for e in entries]

@@ -11,6 +11,7 @@ from blockmem_lite import registry
 from blockmem_lite.__main__ import program
 from blockmem_lite.checkpoints import prepare_folder
 from blockmem_lite.measure import bench, roofline
+from blockmem_lite.runtime import keep_freed_memory
 from blockmem_lite.tools.cli import PLUGIN_HELP, load_plugins, mechanisms_help, split_list
 from blockmem_lite.validation import fail, parse_int_list
 
@@ -100,6 +101,7 @@ def bench_main(argv: list[str] | None = None) -> int:
             print(f"bench: warning: --warmup {args.warmup} --repeats {args.repeats} is below the "
                   f"protocol's {PROTOCOL_WARMUP} and {PROTOCOL_REPEATS}: a smoke test, not a "
                   "measurement", file=sys.stderr)
+        keep_freed_memory()          # a process that only measures (runtime.py)
         records = bench.run_bench(
             archs=split_list(args.arch), seq_lens=parse_int_list("--seq-len", args.seq_len),
             batch=args.batch, d_model=args.d_model, n_layer=args.n_layer, n_head=args.n_head,
