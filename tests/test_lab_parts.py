@@ -5,6 +5,8 @@ finished and leaves no process behind; bad settings are refused before any work.
 import multiprocessing
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -282,3 +284,70 @@ def test_a_dense_recall_source_of_another_setting_is_refused_before_any_work(tmp
     with pytest.raises(ValueError, match="cannot be read"):
         lab.Lab("tiny", tmp_path / "other", archs=["bcmt"], corpus=corpus, progress=False,
                 tasks=("recall",), dense_recall_from=tmp_path / "missing.json")
+
+
+LAB_KILLED_OUTRIGHT = """
+import sys
+from pathlib import Path
+from blockmem_lite.lab import parts
+from tests.test_lab_parts import _TrainingJob
+folder = Path(sys.argv[1])
+jobs = [_TrainingJob(key, folder, "trainer") for key in ("a", "b")]
+parts.train_in_workers(jobs, 2, lambda job, measured: None)
+"""
+
+
+def _living_descendants(pid: int) -> set[int]:
+    """The processes below ``pid`` that have not exited (Linux's /proc; a zombie has)."""
+    parent_of = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue                                    # ended while we read
+        if fields[0] != "Z":
+            parent_of[int(stat.parent.name)] = int(fields[1])
+    family, grew = {pid}, True
+    while grew:
+        below = {child for child, parent in parent_of.items() if parent in family}
+        grew = not below <= family
+        family |= below
+    return family - {pid}
+
+
+def _alive(pids: set[int]) -> set[int]:
+    alive = set()
+    for pid in pids:
+        try:
+            state = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            alive.add(pid)
+    return alive
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads processes from /proc")
+def test_workers_end_when_the_lab_is_killed_outright(tmp_path):
+    """SIGKILL of the lab's process (the out-of-memory killer, a kernel restarted while it
+    trains) leaves no worker training on: every process the lab started is gone soon after."""
+    lab_process = subprocess.Popen([sys.executable, "-c", LAB_KILLED_OUTRIGHT, str(tmp_path)],
+                                   cwd=Path(__file__).resolve().parents[1])
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "started").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert (tmp_path / "started").exists(), "no worker started training"
+        family = _living_descendants(lab_process.pid)     # workers, forkserver, tracker
+        assert len(family) >= 2, family
+    finally:
+        lab_process.kill()
+        lab_process.wait()
+    deadline = time.monotonic() + 20
+    while _alive(family) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = _alive(family)
+    for pid in left:                                    # never leave them to the suite
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"{len(left)} of the lab's {len(family)} processes outlived it"
+

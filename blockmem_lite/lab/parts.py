@@ -33,7 +33,9 @@ reports into one progress fraction and their probes into the caller's live views
 stored, the trainings under way are dropped (``TrainingStopped``). A worker that dies
 (killed, out of memory) ends the others the same way and is named (``WorkerLost``):
 ``concurrent.futures`` notices a dead worker, where a ``multiprocessing.Pool`` would wait
-for its result forever.
+for its result forever. A lab's process killed outright (SIGKILL, out of memory, a kernel
+restarted) takes its workers with it: each watches a pipe only the lab holds open
+(``_end_with_the_lab``).
 
 ``parts_of_run`` takes finished recall models from another run instead (a notebook reads
 the kit's shipped dense reference rather than training it a third time).
@@ -47,6 +49,7 @@ import multiprocessing
 import os
 import queue as queue_module
 import signal
+import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -67,6 +70,7 @@ from blockmem_lite.train.stopping import StopButton
 PROBE_POINTS = 10              # probes of a watched recall model over its training
 REPORT_EVERY_S = 0.5           # a worker's step reports, at most this often
 END_GRACE_S = 10.0             # a worker still alive this long after SIGTERM is killed
+ORPHANED_EXIT = 70             # a worker's exit status when the lab's process is gone
 
 
 class TrainingStopped(KeyboardInterrupt):
@@ -230,10 +234,10 @@ def worker_count(jobs: list, device: torch.device, workers=None) -> int:
 _reports = None                   # the worker's queue to the lab's process
 
 
-def _start_worker(reports, threads: int, plugins: tuple[str, ...]) -> None:
+def _start_worker(reports, threads: int, plugins: tuple[str, ...], lab_alive) -> None:
     """Each worker: its share of the threads, Ctrl-C and a closed terminal left to the lab's
     process (which ends the workers), SIGTERM (how it ends them) ending the worker at once,
-    and the plugin files the jobs need.
+    the lab's life watched (``_end_with_the_lab``), and the plugin files the jobs need.
 
     A worker's Trainer must not catch the SIGTERM: its stop button takes over any signal
     still at its default handler, so a training under way would stop cleanly, hand back its
@@ -247,9 +251,26 @@ def _start_worker(reports, threads: int, plugins: tuple[str, ...]) -> None:
     if hasattr(signal, "SIGHUP"):                       # not on Windows
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _end_worker_now)
+    _end_with_the_lab(lab_alive)
     registry.load_entry_points()
     for path in plugins:
         registry.load_plugin(path)
+
+
+def _end_with_the_lab(lab_alive) -> None:
+    """Exit this worker as soon as the lab's process is gone, however it went (SIGKILL, the
+    out-of-memory killer, a notebook kernel restarted while it trained): the lab holds the
+    only writing end of the ``lab_alive`` pipe and never writes, so a read returns only
+    when that end closes, with the lab. Without it a worker would train on, unsupervised,
+    for results nobody takes. A pipe works on every platform, where a parent-death signal
+    is Linux's alone (and a worker's parent is the forkserver, not the lab)."""
+    def watch() -> None:
+        try:
+            lab_alive.recv()
+        except (EOFError, OSError):
+            pass
+        os._exit(ORPHANED_EXIT)
+    threading.Thread(target=watch, name="blockmem-lab-watch", daemon=True).start()
 
 
 def _end_worker_now(signum, frame) -> None:
@@ -307,8 +328,9 @@ def train_in_workers(jobs: list, workers: int, on_result: Callable,
     reports = context.Queue()
     done_steps = {i: 0 for i in order}
     views: dict[str, object] = {}
+    lab_alive, held_by_the_lab = context.Pipe(duplex=False)     # (read end, write end)
     pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_start_worker,
-                               initargs=(reports, threads, plugins))
+                               initargs=(reports, threads, plugins, lab_alive))
     try:
         with StopButton() as stop:
             pending = {pool.submit(_run_job, i, jobs[i], live_for is not None): i
@@ -329,6 +351,8 @@ def train_in_workers(jobs: list, workers: int, on_result: Callable,
     finally:
         _end(pool)
         reports.close()
+        held_by_the_lab.close()
+        lab_alive.close()
 
 
 def _worker_context():
