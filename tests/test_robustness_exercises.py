@@ -179,3 +179,18 @@ def test_unsupported_old_notebook_is_refused_clearly(tmp_path):
                                                       "notebook and cannot be upgraded"):
         read_notebook(path)
 
+
+
+@pytest.mark.parametrize("command", ["build", "check"])
+def test_a_solution_whose_cells_share_an_id_is_refused_naming_the_id(tmp_path, command, capsys):
+    raw = json.loads(nbformat.writes(_solution()))
+    raw["cells"][0]["id"] = raw["cells"][1]["id"] = "same"   # nbformat would rename one at random
+    bad = tmp_path / "solutions" / "01_x.ipynb"
+    bad.parent.mkdir()
+    bad.write_text(json.dumps(raw))
+    before = bad.read_bytes()
+    assert _cli(command, "--solutions", bad.parent, "--out", tmp_path / "out") == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"error: {bad}: ")
+    assert "cells 0 and 1 share the id 'same'" in err
+    assert bad.read_bytes() == before and not (tmp_path / "out").exists()

@@ -38,8 +38,9 @@ committed without outputs).
 Every generated notebook carries ``metadata["blockmem_lite"]["generated_from"]``.
 ``build`` refuses (exit 2, nothing written) an ``--out`` that is the solutions
 folder or holds a notebook without that mark, so ``--prune`` only deletes
-generated ones. A malformed notebook is a one-line error naming the file;
-nbformat 1-3 notebooks are upgraded to nbformat 4.
+generated ones. A malformed notebook is a one-line error naming the file, and so is a
+solution notebook whose cells share an id (nbformat would rename one at random, and
+``check`` would never agree with ``build``); nbformat 1-3 notebooks are upgraded to nbformat 4.
 """
 
 from __future__ import annotations
@@ -173,14 +174,33 @@ def _upgrade(raw: dict, path: Path) -> dict:
     return upgraded
 
 
-def read_notebook(path: Path):
-    """Read and validate a notebook as an nbformat 4 node; one-line ExerciseError naming the file."""
+def _refuse_shared_ids(cells: list[dict], path: Path) -> None:
+    """Two cells with one id: nbformat would rename one at random on every read, so ``build``
+    and ``check`` could never agree; name the id instead."""
+    first = {}
+    for i, cell in enumerate(cells):
+        cell_id = cell.get("id")
+        if isinstance(cell_id, str) and cell_id in first:
+            raise ExerciseError(f"{path}: cells {first[cell_id]} and {i} share the id {cell_id!r}: "
+                                "cell ids must be unique; give one of them a new id (or delete "
+                                "its id: a cell without one gets a fixed one)")
+        first.setdefault(cell_id, i)
+
+
+def read_notebook(path: Path, unique_ids: bool = False):
+    """Read and validate a notebook as an nbformat 4 node; one-line ExerciseError naming the file.
+
+    ``unique_ids``: refuse cells sharing an id (for solution notebooks; elsewhere nbformat
+    renames one of them).
+    """
     nbformat = _nbformat()
     raw = _upgrade(_read_json(path), path)
     cells = raw.get("cells")
     if not isinstance(cells, list) or not all(isinstance(c, dict) for c in cells):
         raise ExerciseError(f"{path} is not a valid notebook: expected 'cells' to be a list of "
                             f"cell objects, got {_short(cells)}")
+    if unique_ids:
+        _refuse_shared_ids(cells, path)
     _fill_missing_ids(raw)
     nb = nbformat.from_dict(raw)
     try:
@@ -441,7 +461,7 @@ def plan(solutions: Path | None = None, out: Path | None = None) -> Plan:
     targets, notes, untagged = {}, [], {}
     sources = solution_notebooks(solutions)
     for src in sources:
-        solution = read_notebook(src)
+        solution = read_notebook(src, unique_ids=True)
         if add_nbgrader_metadata(solution, src.name):
             untagged[src] = solution
         if not has_solution_markers(solution):

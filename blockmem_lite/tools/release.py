@@ -3,15 +3,18 @@
 The repository a teacher clones holds the worked answers (``notebooks/solutions/``) and the
 planted mistakes that test the checks (``tests/mutants/``). A class gets this edition
 instead: the kit, the main notebooks, the exercise notebooks (outputs cleared), the data
-and the docs, and no solution, mutant or test. Before it is written out, every file is
-searched for the text of every solution region (code and written answers) and for the
-solution markers; one found refuses the release and leaves nothing behind.
+and the docs, and no solution, mutant or test. OUT is checked first (a new or empty folder
+that can be written). Before the edition is written out, every file is searched for the text
+of every solution region (code and written answers) and for the solution markers; one
+found, or a file that is not UTF-8 text (an archive, compressed or binary data: the search
+cannot read it), refuses the release and leaves nothing behind.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -95,19 +98,30 @@ def _regions(source: str, begin: str, end: str) -> list[str]:
     return out
 
 
+def _strings(value) -> list[str]:
+    """Every string of a parsed JSON value (a notebook's sources, metadata and outputs)."""
+    if isinstance(value, str):
+        return [value]
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, list) else []
+    return [text for item in items for text in _strings(item)]
+
+
 def leaks(folder: Path, texts: list[str]) -> list[str]:
-    """'file: what' for each file of ``folder`` holding a solution marker or region."""
+    """'file: what' for each file of ``folder`` holding a solution marker or region, or that
+    is not UTF-8 text (an archive or other bytes the search cannot read)."""
     found = []
     for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        where = path.relative_to(folder).as_posix()
         try:
             raw = path.read_text(encoding="utf-8")
-        except (UnicodeDecodeError, OSError):
-            continue                                   # binary data holds no answer text
+        except UnicodeDecodeError:
+            found.append(f"{where}: not UTF-8 text (an archive, compressed or binary data, or "
+                         "another encoding): the search for solutions cannot read it")
+            continue
         content = raw
-        if path.suffix == ".ipynb":                    # the cells' text, not JSON escapes
-            content = "\n".join("".join(c.get("source", "")) for c in json.loads(raw)["cells"])
+        if path.suffix == ".ipynb":                    # every text of it, not JSON escapes
+            content = "\n".join(_strings(json.loads(raw)))
         flat = " ".join(content.split())
-        where = path.relative_to(folder).as_posix()
         if path.suffix == ".ipynb":                    # a region left in a cell
             marked = {line.strip() for line in content.splitlines()} & {BEGIN, MD_BEGIN}
             found += [f"{where}: a solution marker {marker!r}" for marker in sorted(marked)]
@@ -119,8 +133,7 @@ def release(out: Path, root: Path | None = None) -> list[Path]:
     """Write the student edition into ``out`` (new or empty); return the files written."""
     root = Path(root) if root else repository_root()
     out = Path(out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise ExerciseError(f"OUT={out} is not allowed: expected a new or empty folder")
+    _check_destination(out)
     if not (root / "notebooks" / "exercises").is_dir():
         raise ExerciseError(f"{root} holds no notebooks/exercises: release from the kit's "
                             "repository (a source checkout)")
@@ -142,9 +155,40 @@ def release(out: Path, root: Path | None = None) -> list[Path]:
         if problems:
             raise ExerciseError("the student edition would hold solutions, so nothing was "
                                 "written:\n  " + "\n  ".join(problems))
+        _write_out(stage, out)
+    return [out / rel for rel in [*files, Path("STUDENT_EDITION.md")]]
+
+
+def _check_destination(out: Path) -> None:
+    """Refuse, before any work, an OUT that cannot become the edition's folder: one that is
+    not a new or empty folder, lies below a file, or lies in a folder that cannot be written."""
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ExerciseError(f"OUT={out} is not allowed: expected a new or empty folder")
+    existing = next((p for p in (out, *out.parents) if p.exists()), Path("."))
+    if not existing.is_dir():
+        raise ExerciseError(f"OUT={out} is not allowed: {existing} is a file, not a folder; "
+                            "expected a new or empty folder")
+    try:                                               # what writing OUT will do first
+        os.rmdir(tempfile.mkdtemp(prefix=".blockmem-release-probe-", dir=existing))
+    except OSError as err:
+        raise ExerciseError(f"OUT={out} is not allowed: {existing} cannot be written "
+                            f"({err.strerror or err}); pass a folder you can write to") from err
+
+
+def _write_out(stage: Path, out: Path) -> None:
+    """Copy the staged edition into ``out`` (new or empty); on an error remove what was
+    copied, so a rerun finds ``out`` as it was."""
+    made = not out.exists()
+    try:
         out.mkdir(parents=True, exist_ok=True)
         shutil.copytree(stage, out, dirs_exist_ok=True)
-    return [out / rel for rel in [*files, Path("STUDENT_EDITION.md")]]
+    except OSError:
+        for child in ([out] if made else list(out.iterdir())):
+            if child.is_dir() and not child.is_symlink():
+                shutil.rmtree(child, ignore_errors=True)
+            else:
+                child.unlink(missing_ok=True)
+        raise
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -158,6 +202,11 @@ def main(argv: list[str] | None = None) -> int:
         written = release(args.out)
     except ExerciseError as err:
         print(f"error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:
+        where = f" ({err.filename})" if err.filename else ""
+        print(f"error: OUT={args.out}: the student edition could not be written: "
+              f"{err.strerror or err}{where}", file=sys.stderr)
         return 2
     print(f"wrote the student edition: {len(written)} files in {args.out} (no solutions, "
           "mutants or tests); give this folder, not the repository, to the class")
