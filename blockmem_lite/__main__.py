@@ -76,7 +76,21 @@ def main(argv: list[str] | None = None) -> int:
     sub = rest[0] if rest else None
     if (name, sub) in SUBCOMMANDS:
         (module_name, function), rest = SUBCOMMANDS[name, sub], rest[1:]
-    return int(getattr(importlib.import_module(module_name), function)(rest) or 0)
+    command = getattr(importlib.import_module(module_name), function)
+    try:
+        return int(command(rest) or 0)
+    except RuntimeError as err:
+        if not _model_exited(err):
+            raise
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+
+
+def _model_exited(err: BaseException) -> bool:
+    """Whether ``err`` says a model's code called sys.exit (``models.base.ModelExited``; that
+    module is loaded once a model ran, and not imported here: envcheck runs without torch)."""
+    base = sys.modules.get("blockmem_lite.models.base")
+    return base is not None and isinstance(err, base.ModelExited)
 
 
 if __name__ == "__main__":

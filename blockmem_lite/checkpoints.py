@@ -4,11 +4,13 @@
   so a kill mid-write never leaves half a checkpoint; temp files that killed
   processes left behind are removed.
 * ``load_checkpoint_file``: ``torch.load(weights_only=True)`` with one clear
-  error for a file that is empty, truncated, not a checkpoint or missing parts.
+  error for a file that is empty, truncated, not a checkpoint, missing parts or
+  holding a part of the wrong kind (a step that is no whole number).
 * ``RunLock``: a lock file naming the process that writes into a folder, so a
   second run cannot overwrite the first one's checkpoint; a lock whose process
   is gone (or whose pid now names another process) is stale and taken over, and
-  a refusal names the lock file and how to clear it.
+  a refusal names the lock file and how to clear it; a folder in its place is
+  refused naming it.
 * ``prepare_folder``: the output folder is checked before any training
   (creatable, writable, not a file), with a warning when the disk is short.
 * ``is_disk_full``: the errors a full disk raises (``OSError`` ENOSPC, torch's
@@ -34,9 +36,12 @@ import torch
 from blockmem_lite.units import human_bytes
 
 CHECKPOINT_NAME = "checkpoint.pt"
+HISTORY_NAME = "history.json"        # beside checkpoint.pt: the history up to its step
 CHECKPOINT_FORMAT = "blockmem_lite.checkpoint/1"
 CHECKPOINT_KEYS = ("format", "model", "optimizer", "step", "epoch", "position", "data_size",
                    "history", "rng", "train_config")
+COUNT_KEYS = ("step", "epoch", "position", "data_size")       # whole numbers >= 0
+DICT_KEYS = ("model", "optimizer", "history", "rng", "train_config")
 LOCK_NAME = ".blockmem_run.lock"
 PROC_ROOT = Path("/proc")            # where Linux describes its processes
 
@@ -167,7 +172,24 @@ def load_checkpoint_file(path) -> dict:
     missing = [k for k in CHECKPOINT_KEYS if k not in ckpt]
     if missing:
         raise CheckpointError(f"checkpoint {path} is not usable: it lacks {', '.join(missing)}")
+    _check_kinds(ckpt, path)
     return ckpt
+
+
+def _check_kinds(ckpt: dict, path: Path) -> None:
+    """Refuse (CheckpointError) a count that is no whole number >= 0 or a part that is no
+    dict, naming the file and the first such field (a file edited or written by other code)."""
+    for key in COUNT_KEYS:
+        value = ckpt[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise CheckpointError(f"checkpoint {path} is not usable: its {key!r} is {value!r}, "
+                                  "not a whole number >= 0; restore it from a copy or train "
+                                  "again")
+    for key in DICT_KEYS:
+        if not isinstance(ckpt[key], dict):
+            raise CheckpointError(f"checkpoint {path} is not usable: its {key!r} is "
+                                  f"{ckpt[key]!r:.60}, not a dict; restore it from a copy or "
+                                  "train again")
 
 
 # --- run folders -----------------------------------------------------------------------------
@@ -230,10 +252,18 @@ class RunLock:
         return RunLocked(f"{who}: process {pid} still runs. Wait for it to finish, or choose "
                          f"another output folder; if that run is gone, delete {self.path}")
 
+    def _check_not_a_folder(self) -> None:
+        """Refuse (ValueError) a folder (or anything but a file) where the lock file goes."""
+        if self.path.exists() and not self.path.is_file():
+            kind = "a folder" if self.path.is_dir() else "a special file"
+            raise ValueError(f"{self.path} is {kind}, not a run lock file: move it away (the "
+                             "kit writes its lock there) or choose another output folder")
+
     def check(self) -> None:
         """Raise ``RunLocked`` when a live run of another process holds the folder; take
         nothing. A command reports a busy folder before any long work with it, and the fit
         that writes into the folder takes the lock."""
+        self._check_not_a_folder()
         key = str(self.folder.resolve())
         if self.path.exists() and not self._held.get(key):
             owner = self.owner()
@@ -246,6 +276,7 @@ class RunLock:
             self._held[key] += 1
             return
         self.folder.mkdir(parents=True, exist_ok=True)
+        self._check_not_a_folder()
         for _ in range(2):
             try:
                 fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)

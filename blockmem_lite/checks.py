@@ -498,6 +498,9 @@ def check_causal(model_or_fn: Callable, tokens: torch.Tensor,
     seq_len = tokens.shape[1]
     if seq_len < 2:
         raise ValueError(f"tokens with T={seq_len} are not allowed: check_causal needs T >= 2")
+    if tokens.numel() == 0:
+        raise not_allowed("tokens", tokens, "at least one sequence (B >= 1) of T >= 2 inputs "
+                                            "(each of D >= 1 features for floats)")
     if not tokens.dtype.is_floating_point:
         cfg_vocab = getattr(getattr(model_or_fn, "cfg", None), "vocab_size", None)
         vocab_size = vocab_size or cfg_vocab or max(int(tokens.max()) + 1, 2)
@@ -521,10 +524,11 @@ def check_causal(model_or_fn: Callable, tokens: torch.Tensor,
                 raise ValueError(f"outputs of shape {tuple(base.shape)} are not allowed: "
                                  f"check_causal needs (B, T, ...) = ({tokens.shape[0]}, {seq_len}, "
                                  "...) with time on dim 1; wrap the function to move it there")
-            _refuse_nan(base)
+            _refuse_non_finite(base, tokens)
             moved = []
             for p in probes:
                 changed = _outputs(model_or_fn, _perturb_after(tokens, p, vocab_size, generator))
+                _refuse_non_finite_after(changed, p)
                 delta = (changed.float() - base.float()).abs()
                 moved.append(delta.transpose(0, 1).reshape(seq_len, -1).amax(dim=1))  # (T,)
     finally:
@@ -533,14 +537,52 @@ def check_causal(model_or_fn: Callable, tokens: torch.Tensor,
     _judge_causality(probes, moved, atol, require_teeth)
 
 
-def _refuse_nan(base: torch.Tensor) -> None:
-    """CheckFailed if the unperturbed outputs hold NaN: no change could then be measured."""
-    nan_at = base.float().isnan().transpose(0, 1).reshape(base.shape[1], -1).any(dim=1)
-    if bool(nan_at.any()):
-        first = int(nan_at.nonzero()[0])
-        raise failure("causality", f"the outputs are NaN at position {first} before any input "
-                       "was changed", "expected finite outputs; fix the NaN first, then the "
-                       "check can tell whether a later input leaks")
+def _first_non_finite(values: torch.Tensor) -> tuple[int, str] | None:
+    """(position, 'NaN' / 'inf' / '-inf') of the earliest non-finite entry of ``values``
+    (B, T, ...) along time (dim 1); None when all are finite."""
+    flat = values.float().transpose(0, 1).reshape(values.shape[1], -1)         # (T, B * ...)
+    bad_at = ~torch.isfinite(flat).all(dim=1)                                  # (T,)
+    if not bool(bad_at.any()):
+        return None
+    i = int(bad_at.nonzero()[0])
+    row = flat[i]
+    return i, "NaN" if bool(row.isnan().any()) else "inf" if bool((row == math.inf).any()) \
+        else "-inf"
+
+
+def _refuse_non_finite(base: torch.Tensor, tokens: torch.Tensor) -> None:
+    """CheckFailed if the unperturbed outputs hold NaN or inf: no change could then be
+    measured (inf - inf is NaN). Names the tokens' own non-finite entry where they hold one."""
+    found = _first_non_finite(base)
+    if found is None:
+        return
+    i, kind = found
+    cause = _first_non_finite(tokens) if tokens.dtype.is_floating_point else None
+    held = f" (the tokens hold {cause[1]} at position {cause[0]})" if cause else ""
+    raise failure("causality", f"the outputs are {kind} at position {i} before any input was "
+                  f"changed{held}", f"expected finite outputs; fix the {kind} first, then the "
+                  "check can tell whether a later input leaks")
+
+
+def _refuse_non_finite_after(changed: torch.Tensor, p: int) -> None:
+    """CheckFailed if the outputs (B, T, ...) went NaN or inf when the inputs after ``p``
+    changed: at a position <= p that is a leak (``.leak`` set), later the change cannot be
+    measured."""
+    found = _first_non_finite(changed)
+    if found is None:
+        return
+    i, kind = found
+    if i <= p:
+        error = failure("causality", f"output at position {i} went {kind} when only the inputs "
+                        f"after position {p} were changed", f"expected: outputs at positions "
+                        f"0..{p} unchanged and finite", f"so position {i} sees an input from its "
+                        "future")
+        error.leak = (i, p)     # (position, probe): for a caller that explains it
+        raise error
+    raise failure("causality", f"output at position {i} went {kind} when the inputs after "
+                  f"position {p} were changed", "expected finite outputs for any input (the "
+                  "check replaces every input after the probe), so that how far each output "
+                  "moved can be measured")
 
 
 def _judge_causality(probes: list[int], moved: list[torch.Tensor], atol: float,
@@ -549,7 +591,7 @@ def _judge_causality(probes: list[int], moved: list[torch.Tensor], atol: float,
     worst_past, least_future = 0.0, float("inf")
     for p, delta in zip(probes, moved, strict=True):
         past, future = delta[:p + 1], delta[p + 1:]
-        leaking = (past >= atol) | past.isnan()
+        leaking = past >= atol
         if bool(leaking.any()):
             i = int(leaking.nonzero()[0])
             error = failure(

@@ -273,6 +273,18 @@ def _running_sum(t):
 
 
 _TOK = torch.randint(0, 10, (1, 8))
+_ZEROS = torch.zeros(1, 8, 1)
+_INF_AT_0 = torch.cat([torch.full((1, 1, 1), math.inf), torch.zeros(1, 7, 1)], dim=1)
+
+
+def _nan_when_any_input_moves(t):
+    """Not causal: every output goes NaN when any input (even a later one) is not 0."""
+    return torch.where(t.abs().sum(1, keepdim=True) > 0, math.nan, 0.0).expand_as(t)
+
+
+def _inf_where_input_moves(t):
+    """Causal, but inf wherever the input is not 0: the change there cannot be measured."""
+    return torch.where(t != 0, math.inf, t).cumsum(1)
 _EXPECT_ARGS = "expected a finite number"
 
 BAD_ARGUMENTS = {  # a teacher's or student's bad argument: ValueError `name=value is not allowed`
@@ -313,6 +325,10 @@ BAD_ARGUMENTS = {  # a teacher's or student's bad argument: ValueError `name=val
     "causal vocab str": (lambda: check_causal(_running_sum, _TOK, vocab_size="x"), "vocab_size='x'"),
     "causal blocks str": (lambda: check_causal(_running_sum, _TOK, block_sizes="4"), "block_sizes='4'"),
     "causal blocks <0": (lambda: check_causal(_running_sum, _TOK, block_sizes=[-3]), "block_sizes=[-3]"),
+    "causal empty batch": (lambda: check_causal(_running_sum, _TOK[:0]), "tokens=Tensor of shape "
+                           "(0, 8), dtype int64 is not allowed: expected at least one sequence"),
+    "causal empty floats": (lambda: check_causal(_running_sum, torch.zeros(0, 8, 3)),
+                            "tokens=Tensor of shape (0, 8, 3), dtype float32 is not allowed"),
 }
 
 
@@ -344,6 +360,15 @@ WRONG_ANSWERS = {  # what a student hands in: CheckFailed, expected vs got
     "true false": (lambda: check_true(np.bool_(False), "x"), "expected: x"),
     "causal nan outputs": (lambda: check_causal(lambda t: torch.full((1, 8, 1), math.nan), _TOK),
                            "the outputs are NaN at position 0 before any input was changed"),
+    "causal inf inputs": (lambda: check_causal(lambda t: t.cumsum(1), _INF_AT_0), "the outputs are "
+                          "inf at position 0 before any input was changed (the tokens hold inf at "
+                          "position 0)"),
+    "causal nan after change, past": (lambda: check_causal(_nan_when_any_input_moves, _ZEROS),
+                                      "output at position 0 went NaN when only the inputs after "
+                                      "position 0 were changed"),
+    "causal inf after change, later": (lambda: check_causal(_inf_where_input_moves, _ZEROS),
+                                       "output at position 1 went inf when the inputs after "
+                                       "position 0 were changed"),
 }
 
 

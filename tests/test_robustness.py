@@ -243,11 +243,16 @@ def test_4_the_final_state_is_rescued_to_another_folder_when_the_disk_is_full(
 
 def test_4_without_a_folder_with_room_the_cli_says_the_final_state_is_lost(
         tmp_path, monkeypatch, capsys):
+    from blockmem_lite.train import resume
+
     monkeypatch.setattr(torch, "save", _full_inside(tmp_path))
     monkeypatch.setenv(RESCUE_ENV, str(tmp_path / "not-a-folder"))
+    monkeypatch.setattr(resume.tempfile, "gettempdir", lambda: str(tmp_path / "tmp"))
+    monkeypatch.setattr(resume.Path, "home", classmethod(lambda cls: tmp_path / "home"))
     assert train_main([*TINY, "--out", str(tmp_path / "out")]) == 1
-    assert "no other folder had room for the final state, so it is lost" in \
-        capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "the final state is lost" in err and "not-a-folder" in err
+    assert f"set {RESCUE_ENV}" not in err                 # it is set: never advise it
 
 
 def test_4_a_rescue_folder_on_the_same_full_disk_is_not_chosen(tmp_path, monkeypatch):
@@ -256,9 +261,9 @@ def test_4_a_rescue_folder_on_the_same_full_disk_is_not_chosen(tmp_path, monkeyp
     monkeypatch.delenv(RESCUE_ENV, raising=False)
     monkeypatch.setattr(resume.tempfile, "gettempdir", lambda: str(tmp_path))
     monkeypatch.setattr(resume.Path, "home", classmethod(lambda cls: tmp_path))
-    assert resume.rescue_folder(tmp_path / "run", 1024) is None     # same filesystem
+    assert all(c.problem for c in resume.rescue_folders(tmp_path / "run", 1024))  # same fs
     (tmp_path / "run").mkdir()
-    assert resume.rescue_folder(tmp_path / "run", 1024) is None
+    assert all("same full disk" in c.problem for c in resume.rescue_folders(tmp_path / "run", 1024))
 
 
 # --- 6. temp files left by killed writers -----------------------------------------------------

@@ -14,6 +14,7 @@ import torch
 from torch.utils.data import TensorDataset
 
 from blockmem_lite import build_model, load_plugin, preset, registry
+from blockmem_lite.__main__ import main
 from blockmem_lite.checkpoints import CheckpointError
 from blockmem_lite.models.base import ModelOutput
 from blockmem_lite.models.dense import DenseLM
@@ -388,3 +389,88 @@ def test_3_a_hand_built_model_without_a_config_is_named_too(tmp_path):
                                               r"no model config\) whose weights do not fit this "
                                               r"Linear"):
         Trainer(torch.nn.Linear(4, 4), cfg, _data(), callbacks=[]).restore(ckpt)
+
+
+# --- 4. a model factory that returns no model, a model whose forward exits -----------------------
+
+def test_4_a_factory_that_returns_no_model_is_refused_naming_the_arch(tmp_path, capsys, forget):
+    path = _plugin(tmp_path, "str_factory", """
+        register_mechanism(Mechanism(name="str_r4", model=lambda cfg: "not a model", summary="x"))
+    """)
+    forget.append("str_r4")
+    load_plugin(path)
+    with pytest.raises(ValueError, match=r"arch='str_r4': its model\(cfg\) returned str 'not a "
+                                         r"model': expected a LanguageModel"):
+        build_model(preset("tiny", arch="str_r4"))
+    assert train_main(["--plugin", str(path), "--preset", "tiny", "--arch", "str_r4",
+                       "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: arch='str_r4'") and "returned str" in err
+    assert "Traceback" not in err and "num_params" not in err
+
+
+def _exiting(folder: Path, arch: str, after: int) -> Path:
+    """A plugin whose model calls sys.exit(4) in its training step number ``after + 1`` (a batch
+    of the tiny preset's 4 rows: the memory estimate's dry runs before them take fewer)."""
+    return _plugin(folder, f"exits_{arch}", f"""
+        import sys
+
+        class ExitLM(DenseLM):
+            def forward(self, tokens, targets=None):
+                self.calls = getattr(self, "calls", 0) + (self.training and len(tokens) == 4)
+                if self.calls > {after}:
+                    sys.exit(4)
+                return super().forward(tokens, targets)
+
+        register_mechanism(Mechanism(name={arch!r}, model=ExitLM, summary="exits"))
+    """)
+
+
+def test_4_sys_exit_in_a_model_forward_is_named(tmp_path, forget):
+    load_plugin(_exiting(tmp_path, "exit_r4", after=0))
+    forget.append("exit_r4")
+    model = build_model(preset("tiny", arch="exit_r4"))
+    with pytest.raises(RuntimeError, match=r"the model 'exit_r4' \(ExitLM\) called sys\.exit\(4\) "
+                                           r"in its forward"):
+        model(torch.zeros(4, 8, dtype=torch.long))
+
+
+def test_4_sys_exit_in_the_first_step_ends_train_with_one_line(tmp_path, capsys, forget):
+    path = _exiting(tmp_path, "exit_first_r4", after=0)
+    forget.append("exit_first_r4")
+    status = train_main(["--plugin", str(path), "--preset", "tiny", "--steps", "2", "--arch",
+                         "exit_first_r4", "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert status == 1
+    assert err.startswith("error: the model 'exit_first_r4' (ExitLM) called sys.exit(4) in its "
+                          "forward") and "Traceback" not in err
+    assert not (tmp_path / "out" / "checkpoint.pt").exists()       # nothing trained to keep
+
+
+def test_4_sys_exit_after_some_steps_keeps_what_was_trained(tmp_path, capsys, forget):
+    path = _exiting(tmp_path, "exit_later_r4", after=2)
+    forget.append("exit_later_r4")
+    status = train_main(["--plugin", str(path), "--preset", "tiny", "--steps", "4", "--arch",
+                         "exit_later_r4", "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert status == 1 and "called sys.exit(4) in its forward" in err
+    ckpt = torch.load(tmp_path / "out" / "checkpoint.pt", weights_only=True)
+    assert ckpt["step"] == 2 and (tmp_path / "out" / "history.json").is_file()
+
+
+@pytest.mark.parametrize("command", [
+    ["bench", "--seq-len", "32", "--d-model", "32", "--n-layer", "1", "--n-head", "2",
+     "--warmup", "0", "--repeats", "1", "--memory", "none", "--phases", "train"],
+    ["reproduce", "--preset", "tiny", "--steps", "2"],
+])
+def test_4_sys_exit_in_a_model_forward_ends_bench_and_reproduce_with_one_line(
+        command, tmp_path, capsys, monkeypatch, forget):
+    path = _exiting(tmp_path, "exit_cmd_r4", after=-1)                   # every forward exits
+    forget.append("exit_cmd_r4")
+    monkeypatch.chdir(tmp_path)
+    out = ["--out", str(tmp_path / "out")] if command[0] == "reproduce" else []
+    assert main([*command, "--plugin", str(path), "--arch", "exit_cmd_r4", *out]) == 1
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1] == ("error: the model 'exit_cmd_r4' (ExitLM) called sys.exit(4) "
+                                    "in its forward: a model must raise an exception, not exit")
+    assert "Traceback" not in err

@@ -44,7 +44,24 @@ def build_model(cfg) -> LanguageModel:
     and sampling afterwards."""
     model_cfg = getattr(cfg, "model", cfg)
     with torch.random.fork_rng(devices=[]):
-        return registry.get(model_cfg.arch).model(model_cfg)
+        model = registry.get(model_cfg.arch).model(model_cfg)
+    if not isinstance(model, LanguageModel):
+        built = type(model).__name__ if isinstance(model, nn.Module) \
+            else f"{type(model).__name__} {_short_repr(model)}"
+        raise ValueError(f"arch={model_cfg.arch!r}: its model(cfg) returned {built}: expected a "
+                         "LanguageModel (a torch.nn.Module subclassing blockmem_lite.models.base."
+                         "LanguageModel, with forward, prefill and step)")
+    return model
+
+
+def _short_repr(value, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+class ModelExited(RuntimeError):
+    """A model's own code called ``sys.exit``: an error naming it, so a command reports it (and
+    keeps what it trained) instead of ending silently."""
 
 
 def model_name(model) -> str:
@@ -167,6 +184,14 @@ class LanguageModel(nn.Module, metaclass=abc.ABCMeta):
     @abc.abstractmethod
     def step(self, token: torch.Tensor, state: State):
         """Feed one token per sequence, (B,) or (B, 1); return (logits (B, V), state)."""
+
+    def __call__(self, *args, **kwargs):
+        """nn.Module's call; a ``sys.exit`` in the model's code becomes ``ModelExited``."""
+        try:
+            return super().__call__(*args, **kwargs)
+        except SystemExit as err:
+            raise ModelExited(f"the model {model_name(self)} called sys.exit({err.code!r}) in "
+                              "its forward: a model must raise an exception, not exit") from err
 
     # --- optional hooks: the core calls them on every model; override where it pays ----------
     def lr_scales(self) -> dict[str, float]:

@@ -32,12 +32,11 @@ from blockmem_lite.config import (
     preset,
 )
 from blockmem_lite.corpora import CorpusUnavailable, load_corpus, make_loaders
-from blockmem_lite.models.base import build_model
+from blockmem_lite.models.base import ModelExited, build_model
 from blockmem_lite.runtime import seed_everything
 from blockmem_lite.tokenizer import get_tokenizer
 from blockmem_lite.tools.cli import PLUGIN_HELP, exit_code, mechanisms_help, parse_command
 from blockmem_lite.train import CheckpointNotSaved, Trainer, check_fits_in_memory
-from blockmem_lite.train.resume import RESCUE_ENV
 from blockmem_lite.validation import fail
 
 
@@ -284,30 +283,48 @@ def _train_in(args, run_cfg: RunConfig, out: Path, world: distributed.World,
     return _fit_and_report(trainer, run_cfg, out, world, say)
 
 
-def _rescue_note(error, rescued: Path | None) -> str:
+def _rescue_note(error, rescued: Path | None, trainer: Trainer) -> str:
     """What became of the final state when its checkpoint did not fit on the disk."""
     if not getattr(error, "disk_full", False):
         return ""
     if rescued is None:
-        return (f"no other folder had room for the final state, so it is lost (set "
-                f"{RESCUE_ENV} to a folder on another disk to keep it next time)\n")
+        return f"the final state is lost: {trainer.rescue_problem}\n"
     return (f"the final state was saved instead to {rescued}: move it into place once there "
             f"is room, or continue from it with --out {rescued.parent} --resume\n")
 
 
+def _keep_trained(trainer: Trainer, out: Path, since: int) -> str:
+    """After the model's code ended the run: the steps trained since step ``since`` saved
+    (checkpoint and history), in words; '' when none was trained."""
+    if trainer.step == since:
+        return ""
+    try:
+        kept = f"the model of step {trainer.step} was saved to {trainer.save_checkpoint()}"
+    except (OSError, RuntimeError, FloatingPointError) as err:
+        kept = f"the model of step {trainer.step} could not be saved ({err})"
+    return f"{kept}; {_save_history(trainer.history, out)}\n"
+
+
 def _fit_and_report(trainer: Trainer, run_cfg: RunConfig, out: Path, world, say) -> int:
+    start = trainer.step
     try:
         history = trainer.fit()
     except distributed.PeerLost as e:                   # raised on every surviving process
         print(f"error: {e}", file=sys.stderr)
         if world.is_main:
-            print(_save_history(trainer.history, out), file=sys.stderr)
+            print(_save_history(trainer.checkpoint_history or trainer.history, out),
+                  file=sys.stderr)
         return 1
     except (FloatingPointError, CheckpointNotSaved) as e:      # raised on every process
         rescued = trainer.rescue_checkpoint() if getattr(e, "disk_full", False) else None
         if world.is_main:
-            print(f"error: {e}\n{_rescue_note(e, rescued)}{_save_history(trainer.history, out)}",
+            print(f"error: {e}\n{_rescue_note(e, rescued, trainer)}"
+                  f"{_save_history(trainer.checkpoint_history or trainer.history, out)}",
                   file=sys.stderr)
+        return 1
+    except ModelExited as e:               # perhaps on this process alone: no collective save
+        kept = _keep_trained(trainer, out, start) if not world.distributed else ""
+        print(f"error: {e}\n{kept}", end="", file=sys.stderr)
         return 1
     saved = _save_history(history, out) if world.is_main else ""
     if trainer.val_dataset is not None and not history.interrupted:

@@ -27,6 +27,7 @@ need; each piece has its own module beside this one:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import signal
 import time
@@ -142,7 +143,9 @@ class Trainer:
         self._stop_code = 0                 # W > 1: a stop a callback asked for (SIGINT's number)
         self._seeded = False
         self._mid_update = False
-        self._saved_step: int | None = None           # step of the last checkpoint written here
+        self._saved_step: int | None = None    # step of the checkpoint in checkpoint_dir
+        self._saved_history: History | None = None          # and the history it holds
+        self.rescue_problem = ""               # why rescue_checkpoint() found no folder
         self._contract_checked = False                # the model's outputs, on the first step
 
     def _check_memory(self) -> MemoryEstimate | None:
@@ -206,6 +209,7 @@ class Trainer:
         if total < self.step:
             raise ValueError(f"steps={total} is not allowed: this trainer is already at step "
                              f"{self.step}; expected at least {self.step}")
+        resume.check_finite_parameters(self.model)
         with resume.run_folder(self.cfg.checkpoint_dir, self.checkpoint_bytes, self.world):
             return self._fit(total)
 
@@ -281,8 +285,26 @@ class Trainer:
             raise FloatingPointError(f"not saving a checkpoint at step {self.step}: {broken} of "
                                      "the model's tensors are not finite")
         resume.write_checkpoint(path, self._checkpoint_state, self.device, self.world)
-        self._saved_step = self.step
+        if self._in_checkpoint_dir(path):
+            self._mark_saved(self.step, self.history.to_dict())
         return path
+
+    def _in_checkpoint_dir(self, path) -> bool:
+        """Whether ``path`` is ``checkpoint_dir``'s checkpoint (not a copy elsewhere)."""
+        own = self.checkpoint_path()
+        return own is not None and Path(path).resolve() == own.resolve()
+
+    def _mark_saved(self, step: int, history: dict) -> None:
+        """``checkpoint_dir``'s checkpoint is now at ``step``, with ``history``."""
+        self._saved_step = step
+        self._saved_history = History.from_dict(history)
+
+    @property
+    def checkpoint_history(self) -> History | None:
+        """The history the checkpoint in ``checkpoint_dir`` holds (written or restored by this
+        Trainer; None before either): the history.json to keep beside it, which never runs
+        past its step, while ``history`` also holds the steps trained since."""
+        return self._saved_history
 
     def checkpoint_bytes(self) -> int:
         """About the size of one checkpoint: the weights and AdamW's two moments."""
@@ -295,8 +317,10 @@ class Trainer:
 
     def restore(self, ckpt: dict, path=None) -> None:
         """``load_checkpoint`` with the checkpoint already read (``load_checkpoint_file``) from
-        ``path`` (named in errors). Weights that are not finite, or of another architecture,
-        are refused (``CheckpointError``)."""
+        ``path`` (named in errors). Weights or an optimizer state that are not finite, or
+        weights of another architecture, are refused (``CheckpointError``). A history.json
+        beside ``path`` that runs past the checkpoint's step is cut back to it."""
+        resume.check_finite_optimizer(ckpt, path)
         resume.load_weights(self.model, ckpt, path)
         self.optimizer.load_state_dict(ckpt["optimizer"])
         if self.scaler is not None and "grad_scaler" in ckpt:
@@ -307,6 +331,10 @@ class Trainer:
         resume.check_data_size(ckpt, len(self.train_dataset))
         resume.restore_rng(ckpt, self.world, self.cfg.seed + self.step)
         self._seeded = True
+        if path is not None and self.world.is_main:
+            resume.cut_history_file(path, ckpt)
+        if path is not None and self._in_checkpoint_dir(path):
+            self._mark_saved(self.step, ckpt["history"])
 
     @classmethod
     def from_checkpoint(cls, path, train_data, val_data=None, callbacks=(), *,
@@ -525,7 +553,7 @@ class Trainer:
                     raise FloatingPointError("its weights are not finite")
                 resume.write_checkpoint(path, self._checkpoint_state, self.device,
                                         distributed.SINGLE)
-                self._saved_step = self.step
+                self._mark_saved(self.step, self.history.to_dict())
                 where = (f"rank 0 saved step {self.step} alone to {path} (resume with "
                          "--resume: the other processes' random streams are reseeded, so the "
                          "result is close to an uninterrupted run, not bit for bit)")
@@ -572,21 +600,20 @@ class Trainer:
         return None
 
     def rescue_checkpoint(self) -> Path | None:
-        """Save the checkpoint that did not fit into ``checkpoint_dir`` somewhere else
-        (``resume.rescue_folder``: ``$BLOCKMEM_RESCUE_DIR``, or the temp or home folder on
-        another filesystem); the path, or None when no folder has room. Call it on every
-        process, like ``save_checkpoint``."""
-        folder = self.world.on_main(lambda: resume.rescue_folder(self.cfg.checkpoint_dir,
-                                                                 self.checkpoint_bytes()))
-        if folder is None:
-            return None
-        try:
-            self.world.on_main(lambda: Path(folder).mkdir(parents=True, exist_ok=True))
-            return self.save_checkpoint(Path(folder) / CHECKPOINT_NAME)
-        except (OSError, RuntimeError) as err:
-            if not is_disk_full(err):
-                raise
-            return None
+        """Save the checkpoint that did not fit into ``checkpoint_dir`` somewhere else, trying
+        ``resume.rescue_folders`` in turn (``$BLOCKMEM_RESCUE_DIR``, then the temp and the home
+        folder on another filesystem): a folder that fails to take it (no room, read-only,
+        missing) passes to the next. The path, or None when every folder failed; why each
+        failed is then ``rescue_problem``. Call it on every process, like ``save_checkpoint``."""
+        candidates = self.world.on_main(lambda: resume.rescue_folders(
+            self.cfg.checkpoint_dir, self.checkpoint_bytes()))
+        path, tried = resume.save_into_first(candidates, self._save_into, self.world)
+        self.rescue_problem = "" if path else resume.rescue_failed(self.step, tried)
+        return path
+
+    def _save_into(self, folder: Path) -> Path:
+        self.world.on_main(functools.partial(folder.mkdir, parents=True, exist_ok=True))
+        return self.save_checkpoint(folder / CHECKPOINT_NAME)
 
     def _disk_full_advice(self) -> str:
         return resume.disk_full_advice(self.cfg.checkpoint_dir, self.checkpoint_bytes())

@@ -1,6 +1,7 @@
 """Checkpoints of a Trainer run and resuming from them: the RNG states a checkpoint
 captures and restores, the run folder a fit locks, writing (rank 0 alone under torchrun),
-the configs and the model a checkpoint rebuilds.
+the folders a checkpoint that found its disk full is rescued to, the checks a checkpoint
+passes on load, the configs and the model a checkpoint rebuilds.
 
 A checkpoint records the weights, AdamW's state, the step, the data position
 ``(epoch, position)``, the history and every RNG state, so a resumed run continues the
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 import random
 import shutil
@@ -20,12 +22,13 @@ import tempfile
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 
 from blockmem_lite import distributed
 from blockmem_lite.checkpoints import (
+    HISTORY_NAME,
     CheckpointError,
     RunLock,
     atomic_write,
@@ -35,6 +38,7 @@ from blockmem_lite.checkpoints import (
 from blockmem_lite.config import ModelConfig, RunConfig, TrainConfig
 from blockmem_lite.models.base import build_model, model_name
 from blockmem_lite.runtime import pick_device
+from blockmem_lite.train.callbacks import History
 from blockmem_lite.units import human_bytes
 
 
@@ -98,6 +102,26 @@ def non_finite_tensors(model: torch.nn.Module) -> str:
     tensors = [t for t in model.state_dict().values() if t.is_floating_point()]
     bad = sum(not bool(torch.isfinite(t).all()) for t in tensors)
     return f"{bad}/{len(tensors)}" if bad else ""
+
+
+def check_finite_parameters(model: torch.nn.Module) -> None:
+    """Refuse (ValueError) a model whose parameters hold NaN or inf before training, naming
+    the first such parameter: every update would be NaN and no checkpoint of it could be
+    saved. One pass over the parameters, one host sync."""
+    named = list(model.named_parameters())
+    if not named:
+        return
+    device = named[0][1].device
+    finite = torch.stack([torch.isfinite(p).all().to(device) for _, p in named]).tolist()
+    bad = [name for (name, _), ok in zip(named, finite, strict=True) if not ok]
+    if bad:
+        first = dict(named)[bad[0]]
+        raise ValueError(
+            f"model is not allowed: its parameter {bad[0]!r} is not finite before training "
+            f"({int(first.isnan().sum())} NaN and {int(first.isinf().sum())} inf values; "
+            f"{len(bad)} of {len(named)} parameters are not finite), so every update would be "
+            "NaN and no checkpoint of it could be saved: build the model again or load finite "
+            "weights")
 
 
 def run_config_dict(model: torch.nn.Module, cfg: TrainConfig,
@@ -175,25 +199,100 @@ def last_good(saved_step: int | None) -> str:
 RESCUE_ENV = "BLOCKMEM_RESCUE_DIR"      # where a checkpoint goes when its own disk is full
 
 
-def rescue_folder(folder, need_bytes: int) -> Path | None:
-    """Where a checkpoint of about ``need_bytes`` that did not fit into ``folder`` can go
-    instead: ``$BLOCKMEM_RESCUE_DIR`` if set and it has room, else the temp folder or the
-    home folder when it is on another filesystem with room (the same full disk would fail
-    again); None when there is none."""
-    def has_room(path: Path) -> bool:
-        return path.is_dir() and shutil.disk_usage(path).free >= need_bytes * 1.2
+class RescueFolder(NamedTuple):
+    """A folder a checkpoint may be rescued into, as a message names it, and why it cannot
+    take the checkpoint ('' while it may be tried)."""
+    name: str
+    folder: Path
+    problem: str = ""
 
-    chosen = os.environ.get(RESCUE_ENV)
-    if chosen:
-        return Path(chosen) if has_room(Path(chosen)) else None
-    existing = Path(folder).resolve()
+    def describe(self) -> str:
+        return f"{self.name}: {self.problem}"
+
+
+def filesystem_of(path) -> int:
+    """The device id of the filesystem ``path`` (or its nearest existing parent) is on."""
+    existing = Path(path).resolve()
     while not existing.exists():
         existing = existing.parent
-    full = existing.stat().st_dev
-    for candidate in (Path(tempfile.gettempdir()), Path.home()):
-        if has_room(candidate) and candidate.stat().st_dev != full:
-            return candidate / f"blockmem-rescue-{os.getpid()}"
-    return None
+    return existing.stat().st_dev
+
+
+def rescue_folders(folder, need_bytes: int) -> list[RescueFolder]:
+    """Where a checkpoint of about ``need_bytes`` that did not fit into ``folder`` may go, in
+    the order to try them: ``$BLOCKMEM_RESCUE_DIR`` when set, then a ``blockmem-rescue-<pid>``
+    folder in the temp folder and in the home folder, which must be on another filesystem
+    than ``folder`` (the same full disk would fail again). Each says why it cannot be used
+    ('' when it may be tried)."""
+    found = []
+    chosen = os.environ.get(RESCUE_ENV)
+    if chosen:
+        found.append(RescueFolder(f"{RESCUE_ENV}={chosen}", Path(chosen),
+                                  _no_room(Path(chosen), need_bytes)))
+    full = filesystem_of(folder)
+    for kind, base in (("temp", Path(tempfile.gettempdir())), ("home", Path.home())):
+        problem = _no_room(base, need_bytes)
+        if not problem and filesystem_of(base) == full:
+            problem = f"it is on the same full disk as {folder}"
+        found.append(RescueFolder(f"the {kind} folder {base}",
+                                  base / f"blockmem-rescue-{os.getpid()}", problem))
+    return found
+
+
+def _no_room(folder: Path, need_bytes: int) -> str:
+    """Why ``folder`` cannot take ``need_bytes`` ('' when it can be tried)."""
+    if not folder.exists():
+        return "it does not exist"
+    if not folder.is_dir():
+        return "it is not a folder"
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError as err:
+        return f"its free space cannot be read ({err.strerror or err})"
+    if free < need_bytes * 1.2:
+        return f"it has only {human_bytes(free)} free, a checkpoint needs about " \
+               f"{human_bytes(need_bytes)}"
+    return ""
+
+
+def write_failure(err: OSError | RuntimeError) -> str:
+    """Why a folder could not be written, in a few words: 'it cannot be written (Read-only
+    file system)'."""
+    why = err.strerror if isinstance(err, OSError) and err.strerror else \
+        (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+    return f"it cannot be written ({why})"
+
+
+def save_into_first(candidates: list[RescueFolder], save_into: Callable[[Path], Path],
+                    world: distributed.World) -> tuple[Path | None, list[RescueFolder]]:
+    """``save_into(folder)`` for the first of ``candidates`` that takes the checkpoint: one
+    that fails (no room, read-only, missing: any OSError) passes to the next. Returns the
+    path (None when all failed) and the folders that failed, each with why; rank 0 warns
+    when a later folder took it (e.g. after a typo in ``$BLOCKMEM_RESCUE_DIR``)."""
+    tried = []
+    for candidate in candidates:
+        if not candidate.problem:
+            try:
+                path = save_into(candidate.folder)
+            except (OSError, RuntimeError) as err:
+                candidate = candidate._replace(problem=write_failure(err))
+            else:
+                if tried and world.is_main:
+                    warnings.warn(f"the checkpoint went to {path}, as "
+                                  f"{'; '.join(c.describe() for c in tried)}", stacklevel=3)
+                return path, tried
+        tried.append(candidate)
+    return None, tried
+
+
+def rescue_failed(step: int, tried: list[RescueFolder]) -> str:
+    """One line: every folder tried for the checkpoint of ``step`` and why each failed, and
+    what to do (set ``$BLOCKMEM_RESCUE_DIR`` only when it is not set)."""
+    chosen = os.environ.get(RESCUE_ENV)
+    advice = (f"make {RESCUE_ENV}={chosen} a writable folder with room on another disk"
+              if chosen else f"set {RESCUE_ENV} to a writable folder on another disk")
+    return (f"no folder could take the checkpoint of step {step}: "
+            f"{'; '.join(c.describe() for c in tried)} ({advice})")
 
 
 def disk_full_advice(folder, need_bytes: int) -> str:
@@ -205,6 +304,29 @@ def disk_full_advice(folder, need_bytes: int) -> str:
 
 
 # --- reading back ------------------------------------------------------------------------------
+def cut_history_file(checkpoint_path, ckpt: dict) -> None:
+    """Rewrite a history.json beside ``checkpoint_path`` that runs past ``ckpt``'s step (its run
+    went on after its last checkpoint was written) to the checkpoint's own history, so a
+    resumed run continues the history it restores; warns when it does."""
+    path = Path(checkpoint_path).with_name(HISTORY_NAME)
+    try:
+        steps = json.loads(path.read_text(encoding="utf-8"))["step"]
+        last = int(steps[-1]) if steps else 0
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        return                                   # none, or not the kit's: left as it is
+    step = ckpt["step"]
+    if last <= step:
+        return
+    try:
+        History.from_dict(ckpt["history"]).save_json(path)
+    except OSError as err:
+        warnings.warn(f"{path} runs to step {last}, past the checkpoint's step {step}, and "
+                      f"could not be cut back ({err.strerror or err})", stacklevel=3)
+        return
+    warnings.warn(f"{path} ran to step {last}, past the checkpoint's step {step}: it now ends "
+                  f"at step {step}, as the history the run continues does", stacklevel=3)
+
+
 def configs_to_resume(ckpt: dict, path, *, model_given: bool, device: str | None,
                       checkpoint_dir: str | None) -> tuple[RunConfig | None, TrainConfig]:
     """The run config (None when the checkpoint stores none) and the TrainConfig a Trainer
@@ -239,6 +361,34 @@ def check_finite_weights(ckpt: dict, path=None) -> None:
             f"holds {int(first.isnan().sum())} NaN and {int(first.isinf().sum())} inf values; "
             f"{len(bad)} of {len(floats)} tensors are not finite): it comes from a run that "
             "diverged; resume from an earlier copy, or train again")
+
+
+def check_finite_optimizer(ckpt: dict, path=None) -> None:
+    """Refuse (CheckpointError) a checkpoint whose optimizer state (AdamW's moments, its
+    settings) holds NaN or inf, naming the file and the first such entry: its first update
+    would turn the weights to NaN."""
+    entries = [(name, torch.as_tensor(value)) for name, value in _numbers(ckpt["optimizer"], "")]
+    bad = [(name, value) for name, value in entries if not bool(torch.isfinite(value).all())]
+    if bad:
+        name, value = bad[0]
+        raise CheckpointError(
+            f"{_checkpoint(path)} is not usable: its optimizer state is not finite (entry "
+            f"{name} holds {int(value.isnan().sum())} NaN and {int(value.isinf().sum())} inf "
+            f"values; {len(bad)} of {len(entries)} entries are not finite): it comes from a "
+            "run that diverged; resume from an earlier copy, or train again")
+
+
+def _numbers(value, name: str):
+    """(name, value) for every floating-point tensor and float nested in ``value``, named
+    as it is reached: ``state[0]['exp_avg']``."""
+    if torch.is_tensor(value) and value.is_floating_point() or isinstance(value, float):
+        yield name, value
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            yield from _numbers(item, f"{name}[{key!r}]" if name else str(key))
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            yield from _numbers(item, f"{name}[{i}]")
 
 
 def load_weights(model: torch.nn.Module, ckpt: dict, path=None) -> None:
