@@ -131,7 +131,9 @@ def _recall_span(cfg, span: int):
 def memory_slots(cfg, n_pairs: int) -> int:
     """The slot model of CAT's memory: one slot per chunk vector, addressed by the decoder's
     attention; ``n_pairs`` pairs (2 tokens each) at the row's start fill
-    ceil(2 n_pairs / C) chunks (0 slots for the twin, whose chunk vectors are zero)."""
+    ceil(2 n_pairs / C) chunks (0 slots for the twin, whose chunk vectors are zero). A
+    floor, not a ceiling: a chunk vector can bind its keys to their values (trained at C=4
+    alone, CAT answers every one of 4 pairs; docs/MEASUREMENTS.md, the memory-size sweeps)."""
     return -(-2 * n_pairs // cfg.chunk_size) if cfg.memory else 0
 
 
