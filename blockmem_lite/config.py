@@ -52,14 +52,29 @@ turn up); ``corpus="wikitext-103"`` asks for WikiText, downloaded once.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from dataclasses import dataclass, field, fields
 
 from blockmem_lite import registry
+from blockmem_lite.corpora import CORPUS_NAMES
 from blockmem_lite.measure.flops import training_flops_per_token
 from blockmem_lite.registry import PRESET_NAMES, Options
-from blockmem_lite.runtime import PRECISIONS, matmul_flops_per_second, pick_device
-from blockmem_lite.validation import check_bool, check_float, check_int, fail
+from blockmem_lite.runtime import (
+    PRECISIONS,
+    available_memory_bytes,
+    matmul_flops_per_second,
+    pick_device,
+)
+from blockmem_lite.units import human_bytes
+from blockmem_lite.validation import (
+    check_bool,
+    check_choice,
+    check_device,
+    check_float,
+    check_int,
+    fail,
+)
 
 
 @dataclass(init=False, repr=False)
@@ -156,9 +171,8 @@ class ModelConfig:
         check_int("n_layer", self.n_layer, 1)
         check_int("n_head", self.n_head, 1)
         if self.d_model % self.n_head:
-            fail("n_head", self.n_head,
-                 f"must divide d_model={self.d_model} (divisors: "
-                 f"{', '.join(str(h) for h in range(1, self.d_model + 1) if self.d_model % h == 0)})")
+            fail("n_head", self.n_head, f"must divide d_model={self.d_model} (divisors: "
+                                        f"{', '.join(map(str, divisors(self.d_model)))})")
         if self.head_dim % 2:
             fail("n_head", self.n_head, f"d_model/n_head={self.head_dim} must be even for RoPE")
         check_int("seq_len", self.seq_len, 1)
@@ -168,6 +182,43 @@ class ModelConfig:
         check_float("dropout", self.dropout, 0.0, 1.0)
         check_float("init_std", self.init_std, 0.0, low_inclusive=False)
         self.options.validate(self)
+
+
+def divisors(n: int) -> list[int]:
+    """The divisors of ``n`` >= 1, ascending (in about sqrt(n) steps: d_model may be huge)."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
+
+
+def backbone_parameters(cfg: ModelConfig) -> int:
+    """Parameters of the shared backbone of ``cfg``'s sizes, counted in Python ints: embedding
+    and head (V x d each), then per layer attention (4 d^2), the SwiGLU MLP (3 d x hidden) and
+    two norms, and the final norm. Every built-in mechanism adds to it; unlike a count of the
+    built model (even on the meta device) it works for sizes no machine holds."""
+    d = cfg.d_model
+    hidden = 8 * math.ceil(cfg.mlp_ratio * d / 8)             # nn.MLP's width
+    per_layer = 4 * d * d + 3 * d * hidden + 2 * d
+    return 2 * cfg.vocab_size * d + cfg.n_layer * per_layer + d
+
+
+FP32_BYTES = 4
+
+
+def check_backbone_fits(cfg: ModelConfig, device, copies: int, what: str,
+                        name: str = "d_model") -> None:
+    """Refuse (ValueError naming ``name``, d_model as the user gave it) sizes whose backbone
+    alone needs more than the memory available on ``device`` (a torch.device) for ``copies``
+    fp32 values per parameter (``what`` they are): a check in Python numbers, before anything
+    is built."""
+    params = backbone_parameters(cfg)
+    need = params * copies * FP32_BYTES
+    available = available_memory_bytes(device)
+    if available is not None and need > available:
+        fail(name, cfg.d_model,
+             f"this model is too large for this machine: {params:.3g} parameters need about "
+             f"{human_bytes(need)} for {what} in its backbone alone ({cfg.n_layer} layers), "
+             f"and {human_bytes(available)} is available on {device.type}; choose a smaller "
+             "one or fewer layers")
 
 
 SHARED_FIELDS = {f.name: f.default for f in fields(ModelConfig) if f.name != "arch"}
@@ -218,6 +269,9 @@ def unknown_field_help(name: str, arch: str, train_fields=()) -> str:
     return listing
 
 
+MAX_LR = 1.0        # AdamW moves each weight by about lr per step: more is never a schedule
+
+
 @dataclass
 class TrainConfig:
     """How to train: optimiser, schedule, evaluation, checkpoints, device."""
@@ -253,10 +307,14 @@ class TrainConfig:
     def validate(self) -> None:
         check_int("steps", self.steps, 1)
         check_int("batch_size", self.batch_size, 1)
-        check_float("lr", self.lr, 0.0, low_inclusive=False)
+        check_float("lr", self.lr, 0.0, MAX_LR, low_inclusive=False)
         check_float("min_lr_ratio", self.min_lr_ratio, 0.0, 1.0)
         check_int("warmup_steps", self.warmup_steps, 0)
         check_float("weight_decay", self.weight_decay, 0.0)
+        if self.lr * self.weight_decay >= 1:                 # AdamW: w -= lr * wd * w per step
+            fail("weight_decay", self.weight_decay,
+                 f"expected lr * weight_decay < 1, so below {1 / self.lr:.4g} with "
+                 f"lr={self.lr:g} (AdamW shrinks every weight by lr * weight_decay each step)")
         check_float("beta1", self.beta1, 0.0, 1.0)
         check_float("beta2", self.beta2, 0.0, 1.0)
         check_float("grad_clip", self.grad_clip, 0.0)
@@ -265,11 +323,11 @@ class TrainConfig:
         check_int("log_every", self.log_every, 1)
         check_int("checkpoint_every", self.checkpoint_every, 0)
         check_int("seed", self.seed, 0)
-        if self.device not in ("auto", "cpu", "cuda", "mps") and not self.device.startswith("cuda:"):
-            fail("device", self.device, "expected 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'")
+        check_device("device", self.device)
         if self.precision not in PRECISIONS:
             fail("precision", self.precision, f"expected one of {', '.join(map(repr, PRECISIONS))}")
         check_int("num_workers", self.num_workers, 0)
+        check_choice("corpus", self.corpus, CORPUS_NAMES)
         check_bool("compile", self.compile)
         check_bool("check_memory", self.check_memory)
         check_float("val_fraction", self.val_fraction, 0.0, 0.5, low_inclusive=False)

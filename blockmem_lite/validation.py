@@ -16,10 +16,12 @@ def fail(field_name: str, value, allowed: str):
     raise ValueError(f"{field_name}={value!r} is not allowed: {allowed}")
 
 
-def check_int(name: str, value, minimum: int) -> None:
-    """An int (not a bool) >= ``minimum``."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        fail(name, value, f"expected an integer >= {minimum}")
+def check_int(name: str, value, minimum: int, maximum: int | None = None) -> None:
+    """An int (not a bool) >= ``minimum`` (and <= ``maximum`` when given)."""
+    if (isinstance(value, bool) or not isinstance(value, int) or value < minimum
+            or (maximum is not None and value > maximum)):
+        fail(name, value, f"expected an integer >= {minimum}" if maximum is None
+             else f"expected an integer in [{minimum}, {maximum}]")
 
 
 def check_float(name: str, value, low: float, high: float | None = None,
@@ -41,6 +43,15 @@ def check_float(name: str, value, low: float, high: float | None = None,
 def check_bool(name: str, value) -> None:
     if not isinstance(value, bool):
         fail(name, value, "expected True or False")
+
+
+def check_device(name: str, value) -> None:
+    """A device name the kit runs on: auto, cpu, cuda, cuda:N or mps (whether this machine
+    has it is ``runtime.pick_device``'s check)."""
+    index = value.removeprefix("cuda:") if isinstance(value, str) else ""
+    numbered = value != index and index.isascii() and index.isdigit()         # cuda:N
+    if value not in ("auto", "cpu", "cuda", "mps") and not numbered:
+        fail(name, value, "expected 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'")
 
 
 def check_choice(name: str, value, allowed) -> None:

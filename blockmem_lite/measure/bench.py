@@ -83,7 +83,7 @@ from typing import Callable, Iterable
 import torch
 
 from blockmem_lite import registry
-from blockmem_lite.config import ModelConfig
+from blockmem_lite.config import ModelConfig, check_backbone_fits
 from blockmem_lite.measure import bench_steps, bench_table, metrics, roofline
 from blockmem_lite.measure.bench_compile import (
     boundary_span,
@@ -106,7 +106,7 @@ from blockmem_lite.runtime import (
     resolve_precision,
     seed_everything,
 )
-from blockmem_lite.validation import fail
+from blockmem_lite.validation import check_int, fail
 
 PHASES = ("train", "decode")
 MEMORY_CHOICES = ("saved", "rss", "none")
@@ -118,6 +118,7 @@ RECORD_KEYS = ("arch", "variant", "phase", "seq_len", "batch", "tokens_per_s", "
                "memory_method", "state_bytes", "device", "dtype", "threads", "torch_version")
 COUNTED_CALLS = 1    # calls of a decoding step fn the roofline's count makes
 DECODE_BLOCKS = 3    # decoding is timed in this many blocks of rounds, each from the prefill
+MAX_TIMED_STEPS = 1000   # most warm-up steps, timed steps or decoding burst a run takes
 NO_MEMORY = {"memory_bytes": None, "memory_method": "none", "saved_bytes": None,
              "rss_peak_bytes": None, "rss_base_bytes": None}
 
@@ -491,8 +492,9 @@ def _check_run(seq_lens, batch, warmup: int, repeats: int, decode_burst: int) ->
     if batch is not None and (isinstance(batch, bool) or not isinstance(batch, int) or batch < 1):
         fail("batch", batch, "expected an integer >= 1 or None")
     bench_steps.check_timing_counts(warmup, repeats)
-    if isinstance(decode_burst, bool) or not isinstance(decode_burst, int) or decode_burst < 1:
-        fail("decode_burst", decode_burst, "expected an integer >= 1")
+    check_int("warmup", warmup, 0, MAX_TIMED_STEPS)
+    check_int("repeats", repeats, 1, MAX_TIMED_STEPS)
+    check_int("decode_burst", decode_burst, 1, MAX_TIMED_STEPS)
     return seq_lens
 
 
@@ -525,6 +527,7 @@ def run_bench(archs=("dense",), seq_lens=DEFAULT_SEQ_LENS, *, batch: int | None 
     precision = resolve_dtype(dtype, dev)
     opts = registry.checked_bench_options(options)
     base = dict(d_model=d_model, n_layer=n_layer, n_head=n_head, vocab_size=vocab_size)
+    check_backbone_fits(ModelConfig(**base), dev, copies=1, what="weights")
     with bench_steps.pinned_threads(threads) as n_threads:
         ctx = BenchContext(base, seq_lens, batch, dev, precision, n_threads, warmup, repeats,
                            decode_burst, memory, progress, compile=compile)

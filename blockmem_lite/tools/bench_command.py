@@ -5,17 +5,22 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from blockmem_lite import registry
 from blockmem_lite.__main__ import program
-from blockmem_lite.checkpoints import prepare_folder
 from blockmem_lite.measure import bench, roofline
 from blockmem_lite.runtime import keep_freed_memory
-from blockmem_lite.tools.cli import PLUGIN_HELP, load_plugins, mechanisms_help, split_list
-from blockmem_lite.validation import fail, parse_int_list
+from blockmem_lite.tools.cli import (
+    PLUGIN_HELP,
+    load_plugins,
+    mechanisms_help,
+    output_file,
+    split_list,
+)
+from blockmem_lite.validation import check_device, check_float, check_int, parse_int_list
 
 PROTOCOL_WARMUP, PROTOCOL_REPEATS = 3, 5          # the benchmark protocol's minimum counts
+MAX_ROOFLINE_SECONDS = 60.0              # per machine probe (default: roofline.PROBE_SECONDS)
 
 
 def bench_parser() -> argparse.ArgumentParser:
@@ -95,8 +100,9 @@ def bench_main(argv: list[str] | None = None) -> int:
         return 2
     args = bench_parser().parse_args(argv)
     try:
+        check_flags(args)
         options = bench_options_of(args)
-        json_path = _json_target(args.json) if args.json else None
+        json_path = output_file("--json", args.json) if args.json is not None else None
         if args.warmup < PROTOCOL_WARMUP or args.repeats < PROTOCOL_REPEATS:
             print(f"bench: warning: --warmup {args.warmup} --repeats {args.repeats} is below the "
                   f"protocol's {PROTOCOL_WARMUP} and {PROTOCOL_REPEATS}: a smoke test, not a "
@@ -119,10 +125,17 @@ def bench_main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _json_target(text: str) -> Path:
-    """The --json path, checked before any timing: its folder creatable, itself not a folder."""
-    path = Path(text)
-    if path.is_dir():
-        fail("--json", text, "expected a file path, not a folder")
-    prepare_folder(path.parent, name="--json folder")
-    return path
+def check_flags(args) -> None:
+    """The numeric flags and --device, each named as typed, before any work (``run_bench``
+    checks its arguments again under their own names)."""
+    most = bench.MAX_TIMED_STEPS
+    for flag, value, low, high in (
+            ("--warmup", args.warmup, 0, most), ("--repeats", args.repeats, 1, most),
+            ("--decode-burst", args.decode_burst, 1, most), ("--batch", args.batch, 1, None),
+            ("--d-model", args.d_model, 2, None), ("--n-layer", args.n_layer, 1, None),
+            ("--n-head", args.n_head, 1, None), ("--vocab-size", args.vocab_size, 2, None),
+            ("--threads", args.threads, 1, None)):
+        if value is not None:                      # --batch and --threads: None by default
+            check_int(flag, value, low, high)
+    check_float("--roofline-seconds", args.roofline_seconds, 0.0, MAX_ROOFLINE_SECONDS)
+    check_device("--device", args.device)

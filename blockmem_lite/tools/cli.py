@@ -1,5 +1,6 @@
 """What the ``train``, ``bench`` and ``reproduce`` commands share: ``--plugin`` files, the
-mechanisms' help, parsing on every process of a torchrun run, and exit codes.
+mechanisms' help, parsing on every process of a torchrun run, exit codes, and their output
+paths (checked before any work; a refused command leaves no empty folder behind).
 
 Each command is a module of its own (``train_command``, ``bench_command``,
 ``reproduce_command``), so a command imports only what it runs: ``train --help`` loads
@@ -15,8 +16,11 @@ import contextlib
 import io
 import signal
 import sys
+from pathlib import Path
 
 from blockmem_lite import registry
+from blockmem_lite.checkpoints import prepare_folder
+from blockmem_lite.validation import fail
 
 PLUGIN_HELP = "a .py file that registers a mechanism (repeatable); see registry.py"
 
@@ -80,3 +84,39 @@ def parse_command(parser_of, argv: list[str], main: bool):
 def split_list(text: str) -> list[str]:
     """'bcmt, cat,' -> ['bcmt', 'cat']: a comma-separated option's items."""
     return [part.strip() for part in text.split(",") if part.strip()]
+
+
+# --- output paths ----------------------------------------------------------------------------
+def check_path_given(flag: str, text: str | None) -> None:
+    """An output path flag, when given, names a path: '' is refused, never read as the
+    default."""
+    if text is not None and not text.strip():
+        fail(flag, text, "expected a path (leave the flag out for the default)")
+
+
+def output_file(flag: str, text: str) -> Path:
+    """The file ``flag`` names, checked before any work: a path, not a folder, in a folder
+    that can be made and written."""
+    check_path_given(flag, text)
+    path = Path(text)
+    if path.is_dir():
+        fail(flag, text, "expected a file path, not a folder")
+    prepare_folder(path.parent, name=f"{flag} folder")
+    return path
+
+
+@contextlib.contextmanager
+def no_empty_folder_left(folder: Path):
+    """When the block raises (a refused command), remove ``folder`` and the parents of it that
+    the block made, as long as they are empty; a folder that existed before, or that holds
+    anything, is never removed."""
+    made = [p for p in (folder, *folder.parents) if not p.exists()]      # deepest first
+    try:
+        yield
+    except BaseException:
+        for path in made:
+            try:
+                path.rmdir()                                   # an empty folder only
+            except OSError:
+                break
+        raise

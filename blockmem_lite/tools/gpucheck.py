@@ -76,9 +76,10 @@ from blockmem_lite.runtime import (
     seed_everything,
     synchronize,
 )
+from blockmem_lite.tools.cli import output_file
 from blockmem_lite.train import Callback, Trainer
 from blockmem_lite.units import fmt, human_bytes
-from blockmem_lite.validation import fail
+from blockmem_lite.validation import check_device, fail
 
 RESULTS = ("OK", "FAIL", "SKIP")
 TARGET_S = 300.0                       # the whole run, on one H100-class GPU
@@ -554,10 +555,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpucheck: {NO_CUDA}", file=sys.stderr)
         return 2
     try:
+        if args.device is not None:
+            check_device("--device", args.device)
         device = pick_device(args.device or "cuda")
         only = [s.strip() for s in args.only.split(",") if s.strip()]
         if not only or set(only) - set(STEPS):
             fail("--only", args.only, f"expected steps among {', '.join(STEPS)}")
+        path = output_file("--out", args.out) if args.out is not None else None
     except ValueError as err:
         print(f"gpucheck: error: {err}", file=sys.stderr)
         return 2
@@ -567,10 +571,13 @@ def main(argv: list[str] | None = None) -> int:
     total = time.perf_counter() - start
     print(format_rows(rows))
     print(summary(rows, total, device, args.tiny))
-    if args.out:
-        path = Path(args.out)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(to_json(rows, total, device, args.tiny), indent=2),
-                        encoding="utf-8")
+    if path is not None:
+        try:
+            path.write_text(json.dumps(to_json(rows, total, device, args.tiny), indent=2),
+                            encoding="utf-8")
+        except OSError as err:              # the table above is the result: still shown
+            print(f"gpucheck: error: --out={args.out!r} could not be written "
+                  f"({err.strerror or err})", file=sys.stderr)
+            return 2
         print(f"wrote {path}")
     return 1 if any(r.result == "FAIL" for r in rows) else 0

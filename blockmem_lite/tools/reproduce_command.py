@@ -15,17 +15,19 @@ from blockmem_lite import distributed, lab, registry
 from blockmem_lite.__main__ import program
 from blockmem_lite.checkpoints import RunLock, RunLocked, prepare_folder
 from blockmem_lite.config import PRESET_NAMES, preset
-from blockmem_lite.corpora import CorpusUnavailable, load_corpus
+from blockmem_lite.corpora import CORPUS_NAMES, CorpusUnavailable, load_corpus
 from blockmem_lite.lab.parts import TrainingStopped, WorkerLost
 from blockmem_lite.runtime import keep_freed_memory
 from blockmem_lite.tools.cli import (
     PLUGIN_HELP,
+    check_path_given,
     exit_code,
     mechanisms_help,
+    no_empty_folder_left,
     parse_command,
     split_list,
 )
-from blockmem_lite.validation import fail
+from blockmem_lite.validation import check_choice, fail
 
 
 def reproduce_parser() -> argparse.ArgumentParser:
@@ -78,6 +80,12 @@ def reproduce_main(argv: list[str] | None = None) -> int:
     out = Path(args.out or f"runs/reproduce_{args.preset}")
     say = print if world.is_main else (lambda *a, **k: None)
     try:
+        check_path_given("--out", args.out)
+        if args.corpus is not None:
+            check_choice("--corpus", args.corpus, CORPUS_NAMES)
+        if args.workers is not None and args.workers < 0:
+            fail("--workers", args.workers, "expected an integer >= 0 (0 or 1: train in this "
+                                            "process; leave it out for one per CPU thread)")
         if args.steps is not None and args.steps < 1:
             fail("--steps", args.steps, "expected an integer >= 1")
         if args.seed is not None and args.seed < 0:
@@ -96,17 +104,18 @@ def reproduce_main(argv: list[str] | None = None) -> int:
             lock.acquire()
 
         try:
-            world.on_main(claim)
-            try:
-                results = lab.reproduce(args.preset, out,
-                                        split_list(args.arch) if args.arch else None, corpus,
-                                        steps=args.steps, workers=args.workers,
-                                        seed=args.seed, lm_seeds=args.lm_seeds)
-                if world.is_main:
-                    _write_plots(results, out)
-            finally:
-                if world.is_main:
-                    lock.release()
+            with no_empty_folder_left(out):           # a refused run leaves no empty --out
+                world.on_main(claim)
+                try:
+                    results = lab.reproduce(args.preset, out,
+                                            split_list(args.arch) if args.arch else None,
+                                            corpus, steps=args.steps, workers=args.workers,
+                                            seed=args.seed, lm_seeds=args.lm_seeds)
+                    if world.is_main:
+                        _write_plots(results, out)
+                finally:
+                    if world.is_main:
+                        lock.release()
         finally:
             distributed.shutdown()                    # waits for every process, then leaves
     except (FloatingPointError, WorkerLost) as e:     # a training broke, or its worker died

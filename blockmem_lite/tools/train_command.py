@@ -31,13 +31,20 @@ from blockmem_lite.config import (
     config_class,
     preset,
 )
-from blockmem_lite.corpora import CorpusUnavailable, load_corpus, make_loaders
+from blockmem_lite.corpora import CORPUS_NAMES, CorpusUnavailable, load_corpus, make_loaders
 from blockmem_lite.models.base import ModelExited, build_model
 from blockmem_lite.runtime import seed_everything
 from blockmem_lite.tokenizer import get_tokenizer
-from blockmem_lite.tools.cli import PLUGIN_HELP, exit_code, mechanisms_help, parse_command
+from blockmem_lite.tools.cli import (
+    PLUGIN_HELP,
+    check_path_given,
+    exit_code,
+    mechanisms_help,
+    no_empty_folder_left,
+    parse_command,
+)
 from blockmem_lite.train import CheckpointNotSaved, Trainer, check_fits_in_memory
-from blockmem_lite.validation import fail
+from blockmem_lite.validation import check_choice, fail
 
 
 def train_parser() -> argparse.ArgumentParser:
@@ -189,8 +196,8 @@ def _corpus(args, run_cfg: RunConfig):
 
 def _trainer(args, run_cfg: RunConfig, ckpt: dict | None) -> Trainer:
     """Seeded before the model is built, so two identical commands train identically."""
-    check_fits_in_memory(run_cfg.model,
-                         distributed.device_for(run_cfg.train.device, distributed.current()))
+    device = distributed.device_for(run_cfg.train.device, distributed.current())
+    check_fits_in_memory(run_cfg.model, device)       # before anything is built
     train_loader, val_loader = make_loaders(run_cfg, corpus=_corpus(args, run_cfg))
     seed_everything(run_cfg.train.seed)
     trainer = Trainer(build_model(run_cfg), run_cfg, train_loader, val_loader)
@@ -218,18 +225,22 @@ def train_main(argv: list[str] | None = None) -> int:
     if args is None:
         return status
     try:
+        check_path_given("--out", args.out)
+        if args.corpus is not None:
+            check_choice("--corpus", args.corpus, CORPUS_NAMES)
         run_cfg = preset(args.preset, **cli_overrides(args))
         distributed.check_batch_size(run_cfg.train.batch_size, world.world_size)  # before any work
         out = Path(args.out or f"runs/{run_cfg.preset}_{run_cfg.model.arch}")
         run_cfg = run_cfg.replace(checkpoint_dir=str(out))
-        if not world.distributed:
-            return _train_in(args, run_cfg, out, distributed.SINGLE,
-                             _claimable_checkpoint(args, run_cfg, out))
-        world = distributed.setup(run_cfg.train.device)
-        try:
-            return _train_ranks(args, run_cfg, out, world)
-        finally:
-            distributed.shutdown()     # waits for every process: none leaves before rank 0
+        with no_empty_folder_left(out):
+            if not world.distributed:
+                return _train_in(args, run_cfg, out, distributed.SINGLE,
+                                 _claimable_checkpoint(args, run_cfg, out))
+            world = distributed.setup(run_cfg.train.device)
+            try:
+                return _train_ranks(args, run_cfg, out, world)
+            finally:
+                distributed.shutdown()     # waits for every process: none leaves before rank 0
     except (ValueError, RunLocked) as e:
         if world.is_main:
             print(f"error: {e}", file=sys.stderr)

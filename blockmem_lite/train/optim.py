@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from blockmem_lite.config import TrainConfig
+from blockmem_lite.config import TrainConfig, check_backbone_fits
 from blockmem_lite.models.base import LanguageModel, build_model
 from blockmem_lite.runtime import available_memory_bytes
 from blockmem_lite.train.memory import parameter_bytes
@@ -60,7 +60,10 @@ def check_fits_in_memory(cfg, device) -> int:
     """Refuse (ValueError) a model whose weights, gradients and AdamW state alone exceed the
     memory available on ``device``, before it is built (counted on the meta device); returns
     that estimate in bytes. The Trainer then checks the whole run, activations included
-    (``train.memory``)."""
+    (``train.memory``). Sizes too large to count even on the meta device are refused first,
+    from the backbone's size in Python numbers (``config.check_backbone_fits``)."""
+    check_backbone_fits(cfg, torch.device(device), copies=4,     # weight, gradient, 2 moments
+                        what="weights, gradients and AdamW state")
     with torch.device("meta"):
         model = build_model(cfg)
     params = model.num_params()
