@@ -206,6 +206,25 @@ def test_4_a_checkpoint_with_a_non_finite_optimizer_state_is_refused_on_load(tmp
         Trainer.from_checkpoint(path, _data())
 
 
+def test_4_the_command_refuses_a_non_finite_optimizer_state_before_reading_text(
+        tmp_path, monkeypatch, capsys):
+    from blockmem_lite.tools import train_command
+
+    args = ["--preset", "tiny", "--set", "steps=2", "--out", str(tmp_path)]
+    assert train_command.train_main(args) == 0
+    path = tmp_path / "checkpoint.pt"
+    ckpt = torch.load(path, weights_only=True)
+    ckpt["optimizer"]["state"][0]["exp_avg"].fill_(float("inf"))
+    torch.save(ckpt, path)
+    capsys.readouterr()
+
+    def no_text(*args, **kwargs):
+        raise AssertionError("the corpus was read before the checkpoint was checked")
+    monkeypatch.setattr(train_command, "load_corpus", no_text)
+    assert train_command.train_main([*args, "--resume"]) == 2
+    assert "its optimizer state is not finite" in capsys.readouterr().err
+
+
 # --- 5. a run lock whose path is a folder ----------------------------------------------------
 
 def test_5_a_run_lock_path_that_is_a_folder_is_one_clear_error(tmp_path):

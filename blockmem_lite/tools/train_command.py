@@ -43,7 +43,7 @@ from blockmem_lite.tools.cli import (
     no_empty_folder_left,
     parse_command,
 )
-from blockmem_lite.train import CheckpointNotSaved, Trainer, check_fits_in_memory
+from blockmem_lite.train import CheckpointNotSaved, Trainer, check_fits_in_memory, resume
 from blockmem_lite.validation import check_choice, fail
 
 
@@ -263,6 +263,8 @@ def _claimable_checkpoint(args, run_cfg: RunConfig, out: Path) -> dict | None:
         ckpt = load_checkpoint_file(ckpt_path)
     except OSError as e:
         raise ValueError(str(e)) from None
+    resume.check_finite_weights(ckpt, ckpt_path)          # before the corpus loads
+    resume.check_finite_optimizer(ckpt, ckpt_path)
     for warning in resume_check(ckpt, run_cfg):
         print(f"warning: {warning}", file=sys.stderr)
     return ckpt
