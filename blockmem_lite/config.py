@@ -57,7 +57,6 @@ import os
 from dataclasses import dataclass, field, fields
 
 from blockmem_lite import registry
-from blockmem_lite.corpora import CORPUS_NAMES
 from blockmem_lite.measure.flops import training_flops_per_token
 from blockmem_lite.registry import PRESET_NAMES, Options
 from blockmem_lite.runtime import (
@@ -269,6 +268,8 @@ def unknown_field_help(name: str, arch: str, train_fields=()) -> str:
     return listing
 
 
+# the corpora ``corpora.load_corpus`` reads (named here, below it, so a config can check one)
+CORPUS_NAMES = ("offline", "pydoc", "longrange", "wikitext-2", "wikitext-103", "files")
 MAX_LR = 1.0        # AdamW moves each weight by about lr per step: more is never a schedule
 
 

@@ -40,11 +40,11 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from blockmem_lite.config import CORPUS_NAMES
 from blockmem_lite.runtime import usable_workers
 from blockmem_lite.tokenizer import ByteTokenizer, get_tokenizer
 from blockmem_lite.validation import check_int
 
-CORPUS_NAMES = ("offline", "pydoc", "longrange", "wikitext-2", "wikitext-103", "files")
 WIKITEXT_REPO = "Salesforce/wikitext"
 WIKITEXT_CONFIGS = {"wikitext-2": "wikitext-2-raw-v1", "wikitext-103": "wikitext-103-raw-v1"}
 WIKITEXT_SPLITS = ("train", "validation", "test")
