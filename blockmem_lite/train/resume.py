@@ -97,31 +97,39 @@ def checkpoint_bytes(model: torch.nn.Module) -> int:
     return 3 * sum(p.numel() * p.element_size() for p in model.parameters())
 
 
+def non_finite(named: Mapping[str, torch.Tensor]) -> list[str]:
+    """The names of the tensors of ``named`` that hold NaN or inf, in order (one host sync)."""
+    if not named:
+        return []
+    device = next(iter(named.values())).device
+    finite = torch.stack([torch.isfinite(t).all().to(device) for t in named.values()]).tolist()
+    return [name for name, ok in zip(named, finite, strict=True) if not ok]
+
+
+def _nan_and_inf(tensor: torch.Tensor) -> str:
+    """'3 NaN and 0 inf values'."""
+    return f"{int(tensor.isnan().sum())} NaN and {int(tensor.isinf().sum())} inf values"
+
+
 def non_finite_tensors(model: torch.nn.Module) -> str:
     """'3/17' when 3 of the 17 floating-point tensors of the model are not finite, else ''."""
-    tensors = [t for t in model.state_dict().values() if t.is_floating_point()]
-    bad = sum(not bool(torch.isfinite(t).all()) for t in tensors)
-    return f"{bad}/{len(tensors)}" if bad else ""
+    tensors = {k: t for k, t in model.state_dict().items() if t.is_floating_point()}
+    bad = non_finite(tensors)
+    return f"{len(bad)}/{len(tensors)}" if bad else ""
 
 
 def check_finite_parameters(model: torch.nn.Module) -> None:
     """Refuse (ValueError) a model whose parameters hold NaN or inf before training, naming
     the first such parameter: every update would be NaN and no checkpoint of it could be
-    saved. One pass over the parameters, one host sync."""
-    named = list(model.named_parameters())
-    if not named:
-        return
-    device = named[0][1].device
-    finite = torch.stack([torch.isfinite(p).all().to(device) for _, p in named]).tolist()
-    bad = [name for (name, _), ok in zip(named, finite, strict=True) if not ok]
+    saved."""
+    named = dict(model.named_parameters())
+    bad = non_finite(named)
     if bad:
-        first = dict(named)[bad[0]]
         raise ValueError(
             f"model is not allowed: its parameter {bad[0]!r} is not finite before training "
-            f"({int(first.isnan().sum())} NaN and {int(first.isinf().sum())} inf values; "
-            f"{len(bad)} of {len(named)} parameters are not finite), so every update would be "
-            "NaN and no checkpoint of it could be saved: build the model again or load finite "
-            "weights")
+            f"({_nan_and_inf(named[bad[0]])}; {len(bad)} of {len(named)} parameters are not "
+            "finite), so every update would be NaN and no checkpoint of it could be saved: "
+            "build the model again or load finite weights")
 
 
 def run_config_dict(model: torch.nn.Module, cfg: TrainConfig,
@@ -353,29 +361,27 @@ def check_finite_weights(ckpt: dict, path=None) -> None:
         raise CheckpointError(f"{_checkpoint(path)} is not usable: its 'model' entry is a "
                               f"{type(weights).__name__}, not a state dict")
     floats = {k: t for k, t in weights.items() if torch.is_tensor(t) and t.is_floating_point()}
-    bad = [k for k, t in floats.items() if not bool(torch.isfinite(t).all())]
+    bad = non_finite(floats)
     if bad:
-        first = floats[bad[0]]
         raise CheckpointError(
             f"{_checkpoint(path)} is not usable: its weights are not finite (tensor {bad[0]!r} "
-            f"holds {int(first.isnan().sum())} NaN and {int(first.isinf().sum())} inf values; "
-            f"{len(bad)} of {len(floats)} tensors are not finite): it comes from a run that "
-            "diverged; resume from an earlier copy, or train again")
+            f"holds {_nan_and_inf(floats[bad[0]])}; {len(bad)} of {len(floats)} tensors are "
+            "not finite): it comes from a run that diverged; resume from an earlier copy, or "
+            "train again")
 
 
 def check_finite_optimizer(ckpt: dict, path=None) -> None:
     """Refuse (CheckpointError) a checkpoint whose optimizer state (AdamW's moments, its
     settings) holds NaN or inf, naming the file and the first such entry: its first update
     would turn the weights to NaN."""
-    entries = [(name, torch.as_tensor(value)) for name, value in _numbers(ckpt["optimizer"], "")]
-    bad = [(name, value) for name, value in entries if not bool(torch.isfinite(value).all())]
+    entries = {name: torch.as_tensor(value) for name, value in _numbers(ckpt["optimizer"], "")}
+    bad = non_finite(entries)
     if bad:
-        name, value = bad[0]
         raise CheckpointError(
             f"{_checkpoint(path)} is not usable: its optimizer state is not finite (entry "
-            f"{name} holds {int(value.isnan().sum())} NaN and {int(value.isinf().sum())} inf "
-            f"values; {len(bad)} of {len(entries)} entries are not finite): it comes from a "
-            "run that diverged; resume from an earlier copy, or train again")
+            f"{bad[0]} holds {_nan_and_inf(entries[bad[0]])}; {len(bad)} of {len(entries)} "
+            "entries are not finite): it comes from a run that diverged; resume from an "
+            "earlier copy, or train again")
 
 
 def _numbers(value, name: str):
